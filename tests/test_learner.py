@@ -1,0 +1,273 @@
+"""The learner on real decisions: a tiny random Qwen3 model plays TicTacToe and Nim through vLLM
+(CPU), and the learner trains on the stored token ids and sampling logprobs of those decisions.
+
+One vLLM engine (LoRA enabled) and one learner (one loaded base model) serve the whole module.
+The engine starts first: an in-process vLLM pins this process's threads when it starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+import torch
+
+from ub.actors.spec import parse_actor
+from ub.batch import BatchConfig, collate
+from ub.data.shards import ShardId, write_shard
+from ub.games.specs import GameSpec
+from ub.inference.vllm_engine import (
+    EngineConfig,
+    GenerationRequest,
+    SamplingConfig,
+    configure_vllm_environment,
+    get_engine,
+    shutdown_engine,
+)
+from ub.learner import (
+    Learner,
+    LearnerConfig,
+    TrainBatch,
+    get_learner,
+    learn_step,
+    read_manifest,
+)
+from ub.learner.testing import build_random_model, synthetic_batch
+from ub.model.lora import LoraSettings
+from ub.rollout import assign_games, play_games
+
+GAMES = (GameSpec("TicTacToe-v0-train"), GameSpec("Nim-v0-train"))
+MAX_TOKENS = 16
+LORA = LoraSettings(rank=8, alpha=16)
+
+
+def learner_config(model_dir: Path, **overrides) -> LearnerConfig:
+    settings = dict(base_model=str(model_dir), lora=LORA, length_normalizer=MAX_TOKENS,
+                    learning_rate=1e-3, max_grad_norm=None, micro_batch_tokens=2048)
+    return LearnerConfig(**{**settings, **overrides})
+
+
+# ------------------------------------------------------------------------------------------
+# Fixtures
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A random model whose tokenizer knows the games' text (prompts of 40-80 tokens)."""
+    random_players = [parse_actor("random")] * 2
+    scripted = play_games([a for i, game in enumerate(GAMES)
+                           for a in assign_games(game, random_players, 20, 0, first_index=20 * i)])
+    corpus = [o + "\n\nYour action:" for o in scripted.steps["observation"].to_pylist()]
+    return build_random_model(tmp_path_factory.mktemp("model"), corpus=corpus)
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    configure_vllm_environment(cache_dir=tmp_path_factory.mktemp("vllm"))
+    config = EngineConfig(model=str(model_dir), max_model_len=512, max_num_seqs=64,
+                          enable_lora=True, max_lora_rank=LORA.rank, max_loras=2,
+                          kv_cache_gib=0.25)
+    yield get_engine(config, SamplingConfig(temperature=1.0, max_tokens=MAX_TOKENS))
+    shutdown_engine()
+
+
+@pytest.fixture(scope="module")
+def learner(model_dir: Path, engine) -> Learner:
+    # The process's learner (learn_step finds and reuses it), loaded after the engine started.
+    return get_learner(learner_config(model_dir))
+
+
+@pytest.fixture(scope="module")
+def trained(learner: Learner, model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A checkpoint whose adapter visibly changes the model (a few large REINFORCE steps)."""
+    learner.configure(learner_config(model_dir, learning_rate=0.05))
+    learner.start(None)
+    batch = synthetic_batch(16, vocab_size=500, seed=1)
+    for _ in range(3):
+        learner.update(batch)
+    return learner.save(tmp_path_factory.mktemp("ckpt") / "trained")
+
+
+@pytest.fixture(scope="module")
+def rollout(engine, trained: Path):
+    """Real decisions: the trained checkpoint plays TicTacToe and Nim against a random player
+    (either seat) at temperature 1 through vLLM: prompts of several lengths."""
+    actors = [parse_actor(f"model:{trained}"), parse_actor("random")]
+    games = [a for i, game in enumerate(GAMES)
+             for a in assign_games(game, actors, 8, base_seed=5, first_index=8 * i)]
+    return play_games(games, engine=engine, run="t", base_seed=5)
+
+
+def model_rows(rollout) -> pa.Table:
+    return rollout.steps.filter(pc.equal(rollout.steps["actor_kind"], "model"))
+
+
+def decisions(rollout, advantages=None) -> TrainBatch:
+    """The rollout's model decisions as a batch; advantages ``+-1`` by a hash of the
+    completion unless given (identical completions get the same sign)."""
+    rows = model_rows(rollout)
+    tensors = collate(rows)
+    if advantages is None:
+        signs = [1.0 if hashlib.md5(str(ids).encode()).digest()[0] % 2 else -1.0
+                 for ids in rows["completion_token_ids"].to_pylist()]
+        advantages = torch.tensor(signs)
+    return TrainBatch(input_ids=tensors.input_ids, completion_mask=tensors.completion_mask,
+                      behaviour_logprobs=tensors.behaviour_logprobs,
+                      advantages=advantages.float(), lengths=tensors.lengths)
+
+
+def sequence_logprobs(learner: Learner, batch: TrainBatch) -> torch.Tensor:
+    return (learner.token_logprobs(batch) * batch.completion_mask).sum(1)
+
+
+# ------------------------------------------------------------------------------------------
+# Algorithms on real decisions
+# ------------------------------------------------------------------------------------------
+
+
+def test_reinforce_raises_positive_and_lowers_negative_completions(
+        learner: Learner, model_dir: Path, rollout, trained: Path) -> None:
+    learner.configure(learner_config(model_dir, learning_rate=2e-3))
+    learner.start(trained)
+    batch = decisions(rollout)
+    positive = batch.advantages > 0
+    assert 0 < int(positive.sum()) < len(batch), "the test needs both signs"
+    before = sequence_logprobs(learner, batch)
+    metrics = learner.update(batch)
+    delta = sequence_logprobs(learner, batch) - before
+    assert metrics["update"] == read_manifest(trained)["update"] + 1
+    assert metrics["rows_trained"] == len(batch) and metrics["completion_tokens"] > 0
+    assert bool((delta[positive] > 0).all()), delta[positive]
+    assert bool((delta[~positive] < 0).all()), delta[~positive]
+
+
+def test_ppo_is_on_policy_on_vllm_samples(learner: Learner, model_dir: Path, rollout,
+                                          trained: Path) -> None:
+    """vLLM's sampling logprobs (temperature 1, the trained adapter) are the learner's logprobs
+    of the same tokens: the learner scores exactly what was sampled, so PPO's ratio is 1."""
+    learner.configure(learner_config(model_dir, algorithm="ppo",
+                                     algorithm_params={"clip_eps": 0.2}))
+    learner.start(trained)
+    batch = decisions(rollout)
+    mask = batch.completion_mask.bool()
+    diff = (learner.token_logprobs(batch) - batch.behaviour_logprobs)[mask]
+    assert float(diff.abs().max()) < 1e-3
+
+    metrics = learner.accumulate_gradients(batch)
+    assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics["clip_fraction"] == 0.0
+    assert 0.0 <= metrics["approx_kl"] < 1e-6
+    assert metrics["logprob_abs_diff_max"] < 1e-3
+
+    # After a large step on the same data the policy has moved: ratios leave 1, some clip.
+    learner.configure(learner_config(model_dir, algorithm="ppo", learning_rate=0.05))
+    learner.update(batch)
+    moved = learner.accumulate_gradients(batch)
+    assert moved["clip_fraction"] > 0 and moved["approx_kl"] > 1e-4
+
+
+def test_learner_scores_at_the_sampling_temperature(learner: Learner, engine, model_dir: Path,
+                                                    rollout, trained: Path) -> None:
+    prompts = model_rows(rollout)["prompt_token_ids"].to_pylist()[:6]
+    sampling = SamplingConfig(temperature=0.7, max_tokens=MAX_TOKENS)
+    gens = engine.generate([GenerationRequest(f"temp-{i}", p, seed=i, adapter=str(trained),
+                                              sampling=sampling) for i, p in enumerate(prompts)])
+    table = pa.table({"prompt_token_ids": [g.prompt_token_ids for g in gens],
+                      "completion_token_ids": [g.completion_token_ids for g in gens],
+                      "completion_logprobs": [g.completion_logprobs for g in gens]})
+    batch = decisions_from(table)
+    learner.configure(learner_config(model_dir, algorithm="ppo", temperature=0.7))
+    learner.start(trained)
+    assert learner.accumulate_gradients(batch)["logprob_abs_diff_max"] < 1e-3
+    learner.configure(learner_config(model_dir, algorithm="ppo", temperature=1.0))
+    assert learner.accumulate_gradients(batch)["logprob_abs_diff_max"] > 1e-2
+
+
+def decisions_from(table: pa.Table) -> TrainBatch:
+    tensors = collate(table)
+    return TrainBatch(input_ids=tensors.input_ids, completion_mask=tensors.completion_mask,
+                      behaviour_logprobs=tensors.behaviour_logprobs,
+                      advantages=torch.ones(table.num_rows), lengths=tensors.lengths)
+
+
+@pytest.mark.parametrize("algorithm", ["reinforce", "ppo"])
+def test_micro_batching_gives_the_full_batch_gradient(learner: Learner, model_dir: Path,
+                                                      rollout, trained: Path,
+                                                      algorithm: str) -> None:
+    generator = torch.Generator().manual_seed(0)
+    rows = model_rows(rollout)
+    rows = rows.take(list(range(0, rows.num_rows, max(1, rows.num_rows // 8))))
+    batch = decisions_from(rows)
+    batch.advantages = torch.randn(len(batch), generator=generator)
+    assert len(set(batch.lengths.tolist())) > 1, "the test needs rows of several lengths"
+    results = {}
+    for name, tokens, size in [("full", None, None), ("one_row", None, 1),
+                               ("tokens", 200, None), ("mixed", 400, 3)]:
+        learner.configure(learner_config(model_dir, algorithm=algorithm,
+                                         micro_batch_tokens=tokens, micro_batch_size=size))
+        learner.start(trained)
+        metrics = learner.accumulate_gradients(batch)
+        results[name] = (metrics, learner.lora_gradients())
+    full_metrics, full = results["full"]
+    assert full_metrics["micro_batches"] == 1
+    for name in ("one_row", "tokens", "mixed"):
+        metrics, grads = results[name]
+        assert metrics["micro_batches"] > 1
+        assert metrics["loss"] == pytest.approx(full_metrics["loss"], rel=1e-5, abs=1e-7)
+        for key, g in full.items():
+            torch.testing.assert_close(grads[key], g, rtol=1e-4, atol=1e-7)
+    assert results["one_row"][0]["padding_fraction"] == 0.0
+    assert full_metrics["padding_fraction"] > 0
+    assert results["tokens"][0]["padded_tokens"] < full_metrics["padded_tokens"]
+
+
+# ------------------------------------------------------------------------------------------
+# Checkpoints in vLLM
+# ------------------------------------------------------------------------------------------
+
+
+def test_checkpoint_serves_in_vllm_like_peft(engine, model_dir: Path, rollout,
+                                             trained: Path) -> None:
+    """The learner's checkpoint is a LoRA adapter vLLM serves; vLLM's greedy tokens equal
+    transformers + PEFT greedy tokens with the same adapter."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    prompts = [list(p) for p in dict.fromkeys(
+        tuple(p) for p in model_rows(rollout)["prompt_token_ids"].to_pylist())][:4]
+    greedy = SamplingConfig(temperature=0.0, max_tokens=MAX_TOKENS)
+    gens = engine.generate([GenerationRequest(f"greedy-{i}", p, seed=0, adapter=str(trained),
+                                              sampling=greedy) for i, p in enumerate(prompts)])
+    base = engine.generate([GenerationRequest(f"base-{i}", p, seed=0, sampling=greedy)
+                            for i, p in enumerate(prompts)])
+    assert [g.completion_token_ids for g in gens] != [g.completion_token_ids for g in base]
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    model = PeftModel.from_pretrained(model, str(trained)).eval()
+    eos = model.config.eos_token_id
+    for prompt, gen in zip(prompts, gens, strict=True):
+        with torch.no_grad():
+            out = model.generate(torch.tensor([prompt]), max_new_tokens=MAX_TOKENS,
+                                 do_sample=False, eos_token_id=eos, pad_token_id=eos)
+        assert out[0, len(prompt):].tolist() == gen.completion_token_ids
+
+
+def test_learn_step_from_shards(learner: Learner, model_dir: Path, rollout, trained: Path,
+                                tmp_path: Path) -> None:
+    """The lead's entry point: shards -> DuckDB batch -> update -> checkpoint; then reuse."""
+    root = tmp_path / "run"
+    write_shard(root, ShardId(0, 0), "t", rollout.steps, rollout.games)
+    batch_config = BatchConfig(batch_size=64, final=["win_draw_loss"], sampling=[])
+    config = learner_config(model_dir)
+    out = tmp_path / "checkpoints" / "update-1"
+    metrics = learn_step(root, batch_config, config, trained, out)
+    assert metrics["update"] == read_manifest(trained)["update"] + 1
+    assert metrics["batch"]["size"] == model_rows(rollout).num_rows
+    assert metrics["rows_trained"] > 0 and metrics["grad_norm"] > 0
+    assert read_manifest(out)["update"] == metrics["update"]
+    again = learn_step(root, batch_config, config, trained, out)
+    assert again["reused"] is True and again["loss"] == pytest.approx(metrics["loss"])

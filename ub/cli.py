@@ -1,0 +1,362 @@
+"""The ``ub`` command line.
+
+Every expected failure is a :class:`ub.errors.UbError`: printed as one ``ub: error: ...`` line on
+stderr with exit code 2, no traceback. Heavy imports (vLLM, torch) happen inside the commands
+that need them, so ``ub --help`` and argument errors are instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+from ub.errors import UbError
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that reports bad arguments as a UbError (one line) instead of usage + exit."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UbError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _check_writable(folder: Path) -> None:
+    """Fail before any work if ``folder`` cannot take our files."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".ub-write-check-"):
+            pass
+    except OSError as exc:
+        raise UbError(f"output folder {folder} is not writable ({exc.strerror or exc})") from None
+
+
+# --------------------------------------------------------------------------------------------
+# ub model tiny
+
+
+def cmd_model_tiny(args: argparse.Namespace) -> int:
+    from ub.model.tiny import build_tiny_model
+
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        _check_writable(out.parent if out.parent != Path("") else Path("."))
+    path = build_tiny_model(out, seed=args.seed)
+    print(path)
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# ub play
+
+
+def cmd_play(args: argparse.Namespace) -> int:
+    from ub.actors.spec import parse_actor
+    from ub.data.shards import next_free_shard, write_shard
+    from ub.games.specs import GameSpec, check_env
+    from ub.rollout import assign_games, play_games
+
+    actors = [parse_actor(name) for name in args.players.split(",") if name.strip()]
+    if not actors:
+        raise UbError("--players needs at least one actor, e.g. --players model,random")
+    spec = GameSpec(args.env, num_players=len(actors), template=args.template)
+    out = Path(args.out)
+    _check_writable(out)
+    check_env(spec)  # fail in a second, before the engine starts
+
+    engine = None
+    if any(a.kind == "model" for a in actors):
+        engine = _engine_from_args(args)
+        for actor in actors:  # validate adapters (paths, rank) before playing anything
+            engine.lora_request(actor.adapter)
+
+    assignments = assign_games(spec, actors, args.games, args.seed, round_=args.round)
+    sid = next_free_shard(out, args.round)
+    rollout = play_games(
+        assignments, engine=engine, run=args.run, round_=args.round, shard=sid.shard,
+        base_seed=args.seed, concurrency=args.concurrency,
+    )
+    extra = {"env_id": spec.env_id, "players": [a.name for a in actors], "seed": args.seed}
+    if engine is not None:
+        extra["model"] = str(engine.config.model)
+    _, games_path = write_shard(out, sid, args.run, rollout.steps, rollout.games, extra)
+    _print_play_summary(rollout, actors, games_path)
+    return 0
+
+
+def _engine_from_args(args: argparse.Namespace):
+    from ub.inference.vllm_engine import (
+        EngineConfig,
+        SamplingConfig,
+        configure_vllm_environment,
+        get_engine,
+    )
+
+    configure_vllm_environment()
+    model = args.model
+    if model is None:
+        from ub.model.tiny import build_tiny_model
+
+        model = str(build_tiny_model())
+    elif not Path(model).exists():
+        raise UbError(
+            f"model directory {model} does not exist (build the default with `ub model tiny`)"
+        )
+    config = EngineConfig(model=model, max_model_len=args.max_model_len,
+                          max_lora_rank=args.max_lora_rank)
+    sampling = SamplingConfig(temperature=args.temperature, max_tokens=args.max_tokens)
+    return get_engine(config, sampling)
+
+
+def _rate(flags: list[bool]) -> str:
+    return f"{sum(flags) / len(flags):.1%}" if flags else "-"
+
+
+def _print_play_summary(rollout, actors, games_path: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    steps = rollout.steps.to_pylist()
+    games = rollout.games.to_pylist()
+    stats = rollout.stats
+    table = Table(title=f"{stats.games} games of {games[0]['env_id'] if games else '?'}")
+    for col in ("actor", "games", "win", "draw", "loss", "invalid moves", "format ok"):
+        table.add_column(col, justify="left" if col == "actor" else "right")
+    for name in dict.fromkeys(a.name for a in actors):
+        results = [g["results"][s] for g in games if g["results"]
+                   for s, a in enumerate(g["actors"]) if a == name]
+        mine = [s for s in steps if s["actor"] == name]
+        played = sum(1 for g in games for a in g["actors"] if a == name)
+        table.add_row(
+            name, str(played), str(results.count("win")), str(results.count("draw")),
+            str(results.count("loss")), _rate([s["invalid_move"] for s in mine]),
+            _rate([s["format_ok"] for s in mine]),
+        )
+    console = Console()
+    console.print(table)
+    console.print(
+        f"{stats.decisions} decisions ({stats.model_decisions} by the model), "
+        f"{stats.errored_games} errored games, {stats.generated_tokens} tokens generated, "
+        f"{stats.tokens_per_second:.0f} tokens/s, {stats.games_per_second:.1f} games/s "
+        f"in {stats.seconds:.1f} s"
+    )
+    console.print(f"wrote {games_path.parent.parent.parent}  (query it: ub sql "
+                  f"{games_path.parent.parent.parent} \"SELECT ...\")")
+
+
+# --------------------------------------------------------------------------------------------
+# ub sql
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    from ub.data.sql import query
+
+    root = Path(args.root)
+    if not root.exists():
+        raise UbError(f"{root} does not exist: give the folder `ub play --out` or a run wrote")
+    result = query(root, args.query)
+    _print_arrow(result, args.format)
+    return 0
+
+
+def _print_arrow(table, fmt: str) -> None:
+    if fmt == "csv":
+        import pyarrow.csv as pacsv
+
+        pacsv.write_csv(table, sys.stdout.buffer)
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    view = Table(show_lines=False)
+    for name in table.column_names:
+        view.add_column(name)
+    for row in table.to_pylist():
+        view.add_row(*[_cell(v) for v in row.values()])
+    Console().print(view)
+    print(f"({table.num_rows} row{'s' if table.num_rows != 1 else ''})")
+
+
+def _cell(value: object, width: int = 80) -> str:
+    text = "NULL" if value is None else str(value)
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+# --------------------------------------------------------------------------------------------
+# ub batch
+
+
+def _batch_config(args: argparse.Namespace):
+    from ub.batch import BatchConfig
+
+    data: dict = {}
+    if args.config:
+        import yaml
+
+        path = Path(args.config)
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except OSError as exc:
+            raise UbError(f"cannot read batch config {path}: {exc.strerror}") from None
+        except yaml.YAMLError as exc:
+            raise UbError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+        if not isinstance(loaded, dict):
+            raise UbError(f"{path} must hold a mapping of batch settings")
+        data = dict(loaded.get("batch", loaded))
+    for key in ("batch_size", "seed", "max_train_len"):
+        if getattr(args, key) is not None:
+            data[key] = getattr(args, key)
+    if args.rounds:
+        first, _, last = args.rounds.partition(":")
+        try:
+            data["first_round"] = int(first) if first else None
+            data["last_round"] = int(last) if last else (None if _ else data["first_round"])
+        except ValueError:
+            raise UbError(
+                f"--rounds takes A:B, A: or :B with round numbers, got {args.rounds!r}"
+            ) from None
+    return BatchConfig.from_dict(data)
+
+
+def cmd_batch(args: argparse.Namespace) -> int:
+    from ub.batch import assemble_batch, explain
+
+    root = Path(args.root)
+    if not root.exists():
+        raise UbError(f"{root} does not exist: give a data folder or run directory")
+    config = _batch_config(args)
+    if args.explain:
+        print(explain(root, config))
+        return 0
+    batch = assemble_batch(root, config)
+    stats = batch.stats
+    print(f"batch: {stats.size} decisions (asked {stats.requested}) from rounds "
+          f"{stats.window[0]}..{stats.window[1]} ({stats.shards} shards), per env {stats.per_env}")
+    print(f"tokens: {stats.total_tokens} ({stats.prompt_tokens} prompt, "
+          f"{stats.completion_tokens} completion), longest {stats.max_len}; truncated "
+          f"{stats.truncated} sequences by {stats.truncated_tokens} tokens")
+    print(f"reward: mean {stats.reward_mean:.3f} std {stats.reward_std:.3f} "
+          f"[{stats.reward_min:.3f}, {stats.reward_max:.3f}]; advantage: mean "
+          f"{stats.advantage_mean:.3f} std {stats.advantage_std:.3f} "
+          f"[{stats.advantage_min:.3f}, {stats.advantage_max:.3f}]")
+    print(f"assembled in {stats.seconds:.2f} s; the query (see --explain for the full plan):")
+    print(batch.sql)
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# ub envs
+
+
+def cmd_envs(args: argparse.Namespace) -> int:
+    from ub.games.legal import SUPPORTED_GAMES
+    from ub.games.specs import NETWORK_GAMES, base_game, registered_env_ids
+
+    for env_id in registered_env_ids():
+        game = base_game(env_id)
+        if args.all or game in SUPPORTED_GAMES:
+            notes = []
+            if game in SUPPORTED_GAMES:
+                notes.append("scripted players")
+            if game in NETWORK_GAMES:
+                notes.append("needs network: refused")
+            print(f"{env_id}" + (f"  ({', '.join(notes)})" if notes else ""))
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="ub", description="Self-play RL for language models on TextArena games.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+
+    model = sub.add_parser("model", help="build models")
+    model_sub = model.add_subparsers(dest="model_command", required=True, parser_class=_Parser)
+    tiny = model_sub.add_parser("tiny", help="build (or find cached) the tiny CPU default model")
+    tiny.add_argument("--seed", type=int, default=0, help="build seed (default 0)")
+    tiny.add_argument("--out", help="build into this folder instead of the cache")
+    tiny.set_defaults(func=cmd_model_tiny)
+
+    play = sub.add_parser("play", help="play games and write a Parquet shard")
+    play.add_argument("--env", required=True, help="TextArena env id, e.g. TicTacToe-v0-train")
+    play.add_argument("--games", type=_positive_int, default=16, help="number of games")
+    play.add_argument("--players", default="model,random",
+                      help="actors by seat, comma-separated: model, model:ADAPTER, random")
+    play.add_argument("--out", required=True, help="data folder (steps/ and games/ go inside)")
+    play.add_argument("--model", help="model directory (default: the tiny CPU model)")
+    play.add_argument("--template", default="plain", help="prompt template (plain, qwen3-zs, chat)")
+    play.add_argument("--seed", type=int, default=0, help="seed of games and sampling")
+    play.add_argument("--round", type=int, default=0, help="round number stored with the data")
+    play.add_argument("--run", default="play", help="run name stored with the data")
+    play.add_argument("--temperature", type=_non_negative_float, default=1.0)
+    play.add_argument("--max-tokens", type=_positive_int, default=32,
+                      help="most tokens per model decision")
+    play.add_argument("--max-model-len", type=_positive_int, default=2048)
+    play.add_argument("--max-lora-rank", type=_positive_int, default=16)
+    play.add_argument("--concurrency", type=_positive_int, default=128,
+                      help="most games in flight at once")
+    play.set_defaults(func=cmd_play)
+
+    sql = sub.add_parser("sql", help="run read-only SQL over a data folder (views steps, games)")
+    sql.add_argument("root", help="a data folder or run directory")
+    sql.add_argument("query", help="the SQL query")
+    sql.add_argument("--format", choices=("table", "csv"), default="table")
+    sql.set_defaults(func=cmd_sql)
+
+    batch = sub.add_parser("batch", help="show the training batch a config would assemble")
+    batch.add_argument("root", help="a data folder or run directory")
+    batch.add_argument("--config", help="YAML file of batch settings (or with a `batch:` key)")
+    batch.add_argument("--batch-size", type=_positive_int)
+    batch.add_argument("--rounds", help="window of rounds, A:B inclusive (A: or :B open)")
+    batch.add_argument("--seed", type=int)
+    batch.add_argument("--max-train-len", type=_positive_int)
+    batch.add_argument("--explain", action="store_true", help="print the plan and SQL only")
+    batch.set_defaults(func=cmd_batch)
+
+    envs = sub.add_parser("envs", help="list TextArena env ids ub can play")
+    envs.add_argument("--all", action="store_true", help="every registered id, not just scripted")
+    envs.set_defaults(func=cmd_envs)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``ub`` command."""
+    try:
+        args = build_parser().parse_args(argv)
+        return args.func(args)
+    except UbError as exc:
+        print(f"ub: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ub: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `ub sql ... | head`
+        os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

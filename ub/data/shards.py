@@ -1,0 +1,189 @@
+"""Parquet shards on disk: paths, atomic writes, and which shards are committed.
+
+Layout under a data root::
+
+    steps/round=000003/shard-0001.parquet     one row per decision
+    games/round=000003/shard-0001.parquet     one row per game
+
+A shard's ``steps`` file is written first and its ``games`` file last: the games file is the
+shard's commit marker. Every file goes to a temporary name in the same folder, is flushed and
+fsync'ed, then renamed into place, so a reader never sees a partial file and a killed writer
+leaves nothing that looks finished (only ``.*.tmp-*`` litter, which the next writer ignores).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+import ub
+from ub.data.schema import SCHEMA_VERSION, TABLES
+from ub.errors import UbError
+
+_SHARD_FILE = re.compile(r"^shard-(\d{4,})\.parquet$")
+_ROUND_DIR = re.compile(r"^round=(\d{6,})$")
+
+
+@dataclass(frozen=True, order=True)
+class ShardId:
+    """Where a shard lives: its round and its index within the round."""
+
+    round: int
+    shard: int
+
+
+def shard_path(root: Path, table: str, sid: ShardId) -> Path:
+    """The path of ``table``'s file for shard ``sid``: a pure function of (root, round, shard)."""
+    if table not in TABLES:
+        raise ValueError(f"unknown table {table!r}")
+    return Path(root) / table / f"round={sid.round:06d}" / f"shard-{sid.shard:04d}.parquet"
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_parquet_atomic(
+    table: pa.Table, path: Path, metadata: dict[str, Any] | None = None
+) -> Path:
+    """Write ``table`` to ``path`` (zstd) so that the file appears whole or not at all.
+
+    ``metadata`` is stored JSON-encoded in the Parquet key-value metadata under ``ub.*`` keys.
+    """
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UbError(f"cannot create output folder {path.parent}: {exc.strerror}") from None
+    kv = dict(table.schema.metadata or {})
+    for key, value in (metadata or {}).items():
+        kv[f"ub.{key}".encode()] = json.dumps(value, sort_keys=True, default=str).encode()
+    table = table.replace_schema_metadata(kv)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    try:
+        with open(tmp, "wb") as handle:
+            pq.write_table(table, handle, compression="zstd")
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+        _fsync_dir(path.parent)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise UbError(f"cannot write {path}: {exc.strerror or exc}") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def provenance(run: str, table: str, sid: ShardId, extra: dict[str, Any] | None = None) -> dict:
+    """The metadata every shard carries: what wrote it, when, for which run, round and shard."""
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "table": table,
+        "ub_version": ub.__version__,
+        "run": run,
+        "round": sid.round,
+        "shard": sid.shard,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "host": socket.gethostname(),
+        **(extra or {}),
+    }
+
+
+def write_shard(
+    root: Path,
+    sid: ShardId,
+    run: str,
+    steps: pa.Table,
+    games: pa.Table,
+    extra_metadata: dict[str, Any] | None = None,
+) -> tuple[Path, Path]:
+    """Commit one shard: steps first, then games (the commit marker). Returns both paths."""
+    steps_path = write_parquet_atomic(
+        steps.cast(TABLES["steps"]), shard_path(root, "steps", sid),
+        provenance(run, "steps", sid, extra_metadata),
+    )
+    games_path = write_parquet_atomic(
+        games.cast(TABLES["games"]), shard_path(root, "games", sid),
+        provenance(run, "games", sid, extra_metadata),
+    )
+    return steps_path, games_path
+
+
+def is_committed(root: Path, sid: ShardId) -> bool:
+    """A shard is committed when both files exist (games is written last)."""
+    return shard_path(root, "games", sid).exists() and shard_path(root, "steps", sid).exists()
+
+
+def committed_shards(root: Path) -> list[ShardId]:
+    """Every committed shard under ``root``, sorted by (round, shard)."""
+    found = []
+    games_root = Path(root) / "games"
+    if not games_root.is_dir():
+        return []
+    for round_dir in games_root.iterdir():
+        round_match = _ROUND_DIR.match(round_dir.name)
+        if not round_match or not round_dir.is_dir():
+            continue
+        for file in round_dir.iterdir():
+            shard_match = _SHARD_FILE.match(file.name)
+            if shard_match:
+                sid = ShardId(int(round_match.group(1)), int(shard_match.group(1)))
+                if shard_path(root, "steps", sid).exists():
+                    found.append(sid)
+    return sorted(found)
+
+
+def next_free_shard(root: Path, round_: int) -> ShardId:
+    """The lowest shard index of ``round_`` with no committed or half-written files."""
+    index = 0
+    while (
+        shard_path(root, "games", ShardId(round_, index)).exists()
+        or shard_path(root, "steps", ShardId(round_, index)).exists()
+    ):
+        index += 1
+    return ShardId(round_, index)
+
+
+def read_metadata(path: Path) -> dict[str, Any]:
+    """The ``ub.*`` metadata of a shard file, decoded."""
+    try:
+        raw = pq.read_schema(path).metadata or {}
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise UbError(f"{path} is not a readable Parquet file ({exc}); "
+                      "run `ub doctor` on the run to quarantine it") from None
+    return {
+        k.decode()[3:]: json.loads(v) for k, v in raw.items() if k.decode().startswith("ub.")
+    }
+
+
+def check_shard_schema(path: Path, table: str) -> None:
+    """Refuse a shard of another schema version or with missing columns, naming the file."""
+    meta = read_metadata(path)
+    version = meta.get("schema_version")
+    if version is None:
+        raise UbError(f"{path} has no ub schema version: it was not written by ub")
+    if version > SCHEMA_VERSION:
+        raise UbError(
+            f"{path} has schema version {version}, newer than this ub's {SCHEMA_VERSION}: "
+            "upgrade ub to read it"
+        )
+    columns = set(pq.read_schema(path).names)
+    missing = [f.name for f in TABLES[table] if f.name not in columns]
+    if missing:
+        raise UbError(f"{path} is missing columns {', '.join(missing)} of table {table!r}")

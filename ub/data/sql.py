@@ -1,0 +1,55 @@
+"""Read-only DuckDB over a data root: views ``steps`` and ``games`` over the committed shards.
+
+The views are Arrow datasets registered in DuckDB (filters and projections are pushed down to
+the Parquet files), after which DuckDB's external access is switched off and the configuration
+locked: a query can read the run's data and nothing else, and cannot write files.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from ub.data.schema import TABLES
+from ub.data.shards import committed_shards, shard_path
+from ub.errors import UbError
+
+
+def table_dataset(root: Path, table: str) -> ds.Dataset:
+    """An Arrow dataset over ``table``'s committed shard files (empty when there are none)."""
+    schema = TABLES[table]
+    files = [str(shard_path(root, table, sid)) for sid in committed_shards(root)]
+    if not files:
+        return ds.dataset(pa.Table.from_batches([], schema=schema))
+    try:
+        return ds.dataset(files, schema=schema, format="parquet")
+    except (OSError, pa.ArrowInvalid) as exc:
+        raise UbError(f"cannot read the {table} shards under {root}: {exc}") from None
+
+
+def connect(root: Path) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with read-only views over the data under ``root``."""
+    root = Path(root)
+    if not root.is_dir():
+        raise UbError(f"{root} is not a directory of ub data (expected steps/ and games/ inside)")
+    con = duckdb.connect(":memory:")
+    for table in TABLES:
+        con.register(table, table_dataset(root, table))
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+    return con
+
+
+def query(root: Path, sql: str) -> pa.Table:
+    """Run ``sql`` against the views of ``root`` and return the result as an Arrow table."""
+    con = connect(root)
+    try:
+        relation = con.sql(sql)
+        return relation.to_arrow_table() if relation is not None else pa.table({})
+    except duckdb.Error as exc:
+        raise UbError(f"SQL error: {str(exc).splitlines()[0]}") from None
+    finally:
+        con.close()

@@ -1,0 +1,189 @@
+"""One TextArena game, played a decision at a time.
+
+A :class:`Game` does not choose moves: the rollout asks it whose turn it is and what they see,
+gets an action from that seat's actor (a scripted player, the model, a hosted LLM), and applies
+it. That inversion lets one loop interleave hundreds of games around a single batched engine.
+
+TextArena envs draw from Python's *global* ``random`` (``State`` reseeds it at reset). Each
+:class:`Game` keeps its own copy of that state and swaps it in around every env call, so a game's
+randomness depends only on its own seed, never on which other games were interleaved with it.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from ub.games.specs import GameSpec, make_env
+
+T = TypeVar("T")
+
+
+@dataclass
+class Decision:
+    """What one seat did on one turn, plus what the actor reports about how it got there."""
+
+    turn: int
+    seat: int
+    observation: str
+    action: str
+    format_ok: bool
+    invalid_move: bool = False
+    env_seconds: float = 0.0
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class GameResult:
+    """The end of a game: rewards by seat (``None`` when the game errored)."""
+
+    rewards: list[float] | None
+    roles: list[str]
+    invalid_moves: list[bool]
+    reason: str
+    error: str | None
+    seconds: float
+
+    @property
+    def outcome(self) -> str:
+        if self.rewards is None:
+            return "error"
+        if len(self.rewards) == 1:
+            return "draw" if self.rewards[0] == 0 else "decisive"
+        return "draw" if len(set(self.rewards)) == 1 else "decisive"
+
+    @property
+    def winner(self) -> int | None:
+        """The seat with the strictly highest reward, if there is one."""
+        if self.rewards is None or len(self.rewards) < 2:
+            return None
+        best = max(self.rewards)
+        top = [seat for seat, r in enumerate(self.rewards) if r == best]
+        return top[0] if len(top) == 1 else None
+
+    @property
+    def results(self) -> list[str] | None:
+        """``win``/``draw``/``loss`` per seat: vs the other seats, or by sign when alone."""
+        if self.rewards is None:
+            return None
+        if len(self.rewards) == 1:
+            r = self.rewards[0]
+            return ["win" if r > 0 else "loss" if r < 0 else "draw"]
+        best = max(self.rewards)
+        n_best = self.rewards.count(best)
+        return [
+            "draw" if n_best == len(self.rewards)
+            else ("win" if r == best and n_best == 1 else "draw" if r == best else "loss")
+            for r in self.rewards
+        ]
+
+
+class Game:
+    """A TextArena game with isolated randomness and a record of every decision."""
+
+    def __init__(self, spec: GameSpec, seed: int, game_id: str) -> None:
+        self.spec = spec
+        self.seed = seed
+        self.game_id = game_id
+        self.decisions: list[Decision] = []
+        self.result: GameResult | None = None
+        self.current_seat: int = -1
+        self.observation: str = ""
+        self._rng_state = random.Random(seed).getstate()
+        self._started = time.perf_counter()
+        self.env = None
+        try:
+            self.env = make_env(spec.env_id)
+            self._isolated(lambda: self.env.reset(num_players=spec.num_players, seed=seed))
+            self._observe()
+        except Exception as exc:
+            self._fail(exc)
+
+    @property
+    def done(self) -> bool:
+        return self.result is not None
+
+    @property
+    def turn(self) -> int:
+        return len(self.decisions)
+
+    def _isolated(self, call: Callable[[], T]) -> T:
+        outer = random.getstate()
+        random.setstate(self._rng_state)
+        try:
+            return call()
+        finally:
+            self._rng_state = random.getstate()
+            random.setstate(outer)
+
+    def _observe(self) -> None:
+        seat, observation = self._isolated(self.env.get_observation)
+        self.current_seat = int(seat)
+        self.observation = observation if isinstance(observation, str) else str(observation)
+
+    def act_with(self, choose: Callable[[Any], T]) -> T:
+        """Call ``choose(env)`` with the game's randomness isolated (for scripted players)."""
+        return self._isolated(lambda: choose(self.env))
+
+    def apply(self, action: str, format_ok: bool = True, **details: Any) -> Decision:
+        """Play ``action`` for the current seat; record the decision; end the game if it ended."""
+        assert not self.done, "apply() on a finished game"
+        state = getattr(self.env, "state", None)
+        errors_before = getattr(state, "error_count", 0)
+        decision = Decision(self.turn, self.current_seat, self.observation, action, format_ok,
+                            details=details)
+        self.decisions.append(decision)
+        t0 = time.perf_counter()
+        try:
+            done, _info = self._isolated(lambda: self.env.step(action=action))
+            decision.env_seconds = time.perf_counter() - t0
+            decision.invalid_move = getattr(state, "error_count", 0) > errors_before
+            if done:
+                self._close(decision)
+            elif self.turn >= self.spec.max_turns:
+                self._fail(RuntimeError(f"turn limit {self.spec.max_turns} reached"))
+            else:
+                self._observe()
+        except Exception as exc:
+            decision.env_seconds = time.perf_counter() - t0
+            self._fail(exc)
+        return decision
+
+    def _close(self, last: Decision) -> None:
+        rewards, game_info = self._isolated(self.env.close)
+        n = self.spec.num_players
+        info = [game_info.get(seat, {}) for seat in range(n)]
+        invalid = [bool(i.get("invalid_move", False)) for i in info]
+        # The move that ended the game by its invalidity is flagged on the decision too.
+        if invalid[last.seat]:
+            last.invalid_move = True
+        reasons = {str(i.get("reason", "")) for i in info if i.get("reason")}
+        self.result = GameResult(
+            rewards=[float(rewards.get(seat, 0.0)) for seat in range(n)],
+            roles=[str(i.get("role", f"Player {seat}")) for seat, i in enumerate(info)],
+            invalid_moves=invalid,
+            reason="; ".join(sorted(reasons)),
+            error=None,
+            seconds=time.perf_counter() - self._started,
+        )
+
+    def _fail(self, exc: BaseException) -> None:
+        """Record the game as errored; the rollout goes on with the other games."""
+        n = self.spec.num_players
+        self.result = GameResult(
+            rewards=None,
+            roles=[f"Player {seat}" for seat in range(n)],
+            invalid_moves=[False] * n,
+            reason="error",
+            error=f"{type(exc).__name__}: {exc}",
+            seconds=time.perf_counter() - self._started,
+        )
+
+    def role(self, seat: int) -> str:
+        """The seat's role name as the env reports it (e.g. 'Player 0')."""
+        state = getattr(self.env, "state", None)
+        info = getattr(state, "game_info", None) or {}
+        return str(info.get(seat, {}).get("role", f"Player {seat}"))

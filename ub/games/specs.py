@@ -1,0 +1,110 @@
+"""Game specs: which TextArena env, how many players, how prompts are built and actions read.
+
+``check_env`` starts an env once before any expensive work (engine start, model load), so a bad
+env id or an env that cannot run offline fails in a second with a clear message.
+"""
+
+from __future__ import annotations
+
+import difflib
+import random
+from dataclasses import dataclass
+
+from ub.errors import UbError
+from ub.games.actions import get_extractor
+from ub.games.templates import get_template
+
+# Base games whose TextArena implementation needs the network at reset: an nltk corpus download
+# (word games) or a hosted LLM judge (Debate, ScenarioPlanning). Refused up front so a run never
+# hangs on a download.
+NETWORK_GAMES = frozenset(
+    {
+        "Codenames", "Crosswords", "Debate", "DontSayIt", "GuessWho", "Hangman", "LetterAuction",
+        "ScenarioPlanning", "SpellingBee", "TwentyQuestions", "WordChains", "WordLadder",
+        "WordSearch", "Wordle",
+    }
+)
+
+
+@dataclass(frozen=True)
+class GameSpec:
+    """One game a rollout can play.
+
+    :param env_id: a TextArena env id, e.g. ``TicTacToe-v0-train``.
+    :param num_players: seats per game (1 for single-player games).
+    :param template: the prompt template name (see :mod:`ub.games.templates`).
+    :param extractor: the action extractor name; ``None`` uses the template's own.
+    :param max_turns: ub's safety limit on decisions per game; a game past it is recorded as
+        errored (some TextArena games have no turn limit of their own).
+    """
+
+    env_id: str
+    num_players: int = 2
+    template: str = "plain"
+    extractor: str | None = None
+    max_turns: int = 200
+
+    def __post_init__(self) -> None:
+        if self.num_players < 1:
+            raise UbError(f"game {self.env_id}: num_players must be >= 1, got {self.num_players}")
+        if self.max_turns < 1:
+            raise UbError(f"game {self.env_id}: max_turns must be >= 1, got {self.max_turns}")
+        get_template(self.template)
+        get_extractor(self.extractor_name)
+
+    @property
+    def extractor_name(self) -> str:
+        return self.extractor or get_template(self.template).extractor
+
+    @property
+    def base_game(self) -> str:
+        return base_game(self.env_id)
+
+
+def base_game(env_id: str) -> str:
+    """``TicTacToe-v0-train`` -> ``TicTacToe``."""
+    return env_id.split("-v", 1)[0]
+
+
+def registered_env_ids() -> list[str]:
+    import textarena  # noqa: F401  (registers the envs)
+    from textarena.envs.registration import ENV_REGISTRY
+
+    return sorted(ENV_REGISTRY)
+
+
+def make_env(env_id: str):
+    """``textarena.make`` with ub's errors: unknown ids list close matches."""
+    import textarena as ta
+
+    known = registered_env_ids()
+    if env_id not in known:
+        close = difflib.get_close_matches(env_id, known, n=5, cutoff=0.6)
+        hint = f"; did you mean: {', '.join(close)}" if close else "; list them with `ub envs`"
+        raise UbError(f"unknown TextArena env {env_id!r}{hint}")
+    if base_game(env_id) in NETWORK_GAMES:
+        raise UbError(
+            f"env {env_id!r} needs the network at start-up (a corpus download or a hosted judge), "
+            "which ub does not allow at run time: choose another game"
+        )
+    return ta.make(env_id=env_id)
+
+
+def check_env(spec: GameSpec) -> None:
+    """Make and reset the env once, offline, with the spec's player count."""
+    env = make_env(spec.env_id)
+    state = random.getstate()  # TextArena reseeds the global RNG; leave the caller's alone
+    try:
+        env.reset(num_players=spec.num_players, seed=0)
+        env.get_observation()
+    except SyntaxError as exc:
+        raise UbError(f"env {spec.env_id!r} cannot run on this Python ({exc.msg})") from None
+    except (LookupError, ConnectionError, TimeoutError) as exc:
+        raise UbError(f"env {spec.env_id!r} needs the network or a download: {exc}") from None
+    except Exception as exc:
+        raise UbError(
+            f"env {spec.env_id!r} failed to start with {spec.num_players} player(s): "
+            f"{type(exc).__name__}: {exc}"
+        ) from None
+    finally:
+        random.setstate(state)

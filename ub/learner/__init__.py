@@ -1,0 +1,64 @@
+"""The learner: LoRA policy-gradient updates on stored token ids, and their checkpoints.
+
+Entry points: :func:`learn_step` (assemble a batch from shards, update, write a checkpoint),
+:func:`learn_on_batch`, :func:`write_initial_checkpoint`, and the :class:`Learner` class they
+use. Algorithms are pluggable (:mod:`ub.learner.algorithms`); checkpoints are described in
+:mod:`ub.learner.checkpoint`. Importing this package loads no model.
+"""
+
+from ub.learner.algorithms import (
+    ALGORITHMS,
+    PPO,
+    Algorithm,
+    Reinforce,
+    TokenBatch,
+    make_algorithm,
+    register_algorithm,
+)
+from ub.learner.batching import TrainBatch, plan_micro_batches
+from ub.learner.checkpoint import (
+    CheckpointState,
+    is_checkpoint,
+    latest_checkpoint,
+    model_identity,
+    read_checkpoint,
+    read_manifest,
+    read_metrics,
+)
+from ub.learner.config import LearnerConfig
+from ub.learner.learner import (
+    Learner,
+    NonFiniteError,
+    get_learner,
+    learn_on_batch,
+    learn_step,
+    release_learner,
+    write_initial_checkpoint,
+)
+
+__all__ = [
+    "ALGORITHMS",
+    "PPO",
+    "Algorithm",
+    "CheckpointState",
+    "Learner",
+    "LearnerConfig",
+    "NonFiniteError",
+    "Reinforce",
+    "TokenBatch",
+    "TrainBatch",
+    "get_learner",
+    "is_checkpoint",
+    "latest_checkpoint",
+    "learn_on_batch",
+    "learn_step",
+    "make_algorithm",
+    "model_identity",
+    "plan_micro_batches",
+    "read_checkpoint",
+    "read_manifest",
+    "read_metrics",
+    "register_algorithm",
+    "release_learner",
+    "write_initial_checkpoint",
+]

@@ -1,0 +1,183 @@
+"""Policy-gradient losses, pluggable by name.
+
+An algorithm is one small class: an optional :meth:`Algorithm.prepare` that sees the whole batch
+once per update, and :meth:`Algorithm.loss`, which turns the completion tokens of one micro-batch
+into that micro-batch's share of the batch loss. Register it with :func:`register_algorithm`
+and select it by name in :class:`ub.learner.LearnerConfig` (``algorithm`` and
+``algorithm_params``). See ``docs/algorithms.md`` for the formulas and a worked example.
+
+The normalizer (Dr. GRPO): every loss is a *sum* over completion tokens divided by the constant
+``B * L`` (``B`` the rows of the whole batch, ``L`` the configured ``length_normalizer``), never
+by a sequence's own length or by the micro-batch size. Long and short completions then weigh
+the same per token, and the micro-batch losses add up to the full-batch loss, so gradient
+accumulation gives the full-batch gradient whatever the micro-batching.
+"""
+
+from __future__ import annotations
+
+import inspect
+import random
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from ub.errors import UbError
+from ub.learner.batching import TrainBatch
+
+
+@dataclass
+class TokenBatch:
+    """The completion tokens of one micro-batch, flattened (``N`` tokens).
+
+    :param logprobs: (N,) the learner's logprob of each token (``log_softmax(logits / T)``,
+        float32, with gradient).
+    :param behaviour_logprobs: (N,) the sampler's logprob of the same token.
+    :param advantages: (N,) the advantage of the token's sequence.
+    :param rows: (N,) the index of the token's sequence in the full batch.
+    :param normalizer: ``B * L``: divide summed token terms by it (see the module docstring).
+    """
+
+    logprobs: torch.Tensor
+    behaviour_logprobs: torch.Tensor
+    advantages: torch.Tensor
+    rows: torch.Tensor
+    normalizer: float
+
+
+class Algorithm:
+    """Base class of the learner's algorithms.
+
+    Subclasses set :attr:`name`, take their parameters as keyword arguments of ``__init__``
+    (with defaults; they come from ``LearnerConfig.algorithm_params``) and implement
+    :meth:`loss`.
+    """
+
+    name: ClassVar[str] = ""
+    # Rows whose advantage is exactly 0 get no gradient from a loss linear in the advantage;
+    # the learner skips their forward pass unless this is True (e.g. a loss with a KL term).
+    needs_zero_advantage_rows: ClassVar[bool] = False
+
+    def prepare(self, batch: TrainBatch, rng: random.Random) -> TrainBatch:
+        """Called once per update with the whole batch, before micro-batching.
+
+        Return the batch to train on (e.g. with transformed advantages). ``rng`` is the
+        learner's Python RNG, saved in checkpoints: use it (not ``random``) for any
+        randomness, so a resumed run repeats it.
+        """
+        return batch
+
+    def loss(self, tokens: TokenBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The micro-batch's share of the batch loss, and token statistics.
+
+        :returns: ``(loss, stats)``: ``loss`` a scalar, a sum over the tokens divided by
+            ``tokens.normalizer``; ``stats`` detached scalars, each a **sum over the tokens**
+            (the learner adds them over micro-batches and reports ``sum / completion tokens``).
+        """
+        raise NotImplementedError
+
+
+ALGORITHMS: dict[str, type[Algorithm]] = {}
+
+
+def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
+    """Class decorator: make ``cls`` available under ``cls.name``."""
+    if not cls.name:
+        raise UbError(f"algorithm class {cls.__name__} has no name")
+    ALGORITHMS[cls.name] = cls
+    return cls
+
+
+def algorithm_parameters(name: str) -> dict[str, Any]:
+    """The parameters of algorithm ``name`` and their defaults."""
+    signature = inspect.signature(_algorithm_class(name).__init__)
+    return {p.name: p.default for p in list(signature.parameters.values())[1:]
+            if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+
+
+def make_algorithm(name: str, params: dict[str, Any] | None = None) -> Algorithm:
+    """An instance of algorithm ``name`` with ``params``; unknown names or params are errors."""
+    params = dict(params or {})
+    known = algorithm_parameters(name)
+    unknown = sorted(set(params) - set(known))
+    if unknown:
+        valid = ", ".join(known) or "none"
+        raise UbError(f"algorithm {name!r} has no parameter(s) {', '.join(unknown)}; "
+                      f"valid: {valid}")
+    try:
+        return _algorithm_class(name)(**params)
+    except (TypeError, ValueError) as e:
+        raise UbError(f"algorithm {name!r}: {e}") from e
+
+
+def _algorithm_class(name: str) -> type[Algorithm]:
+    try:
+        return ALGORITHMS[name]
+    except KeyError:
+        raise UbError(f"unknown algorithm {name!r}; registered: "
+                      f"{', '.join(sorted(ALGORITHMS))}") from None
+
+
+# --------------------------------------------------------------------------------------------
+# REINFORCE with the Dr. GRPO normalizer
+# --------------------------------------------------------------------------------------------
+
+
+@register_algorithm
+class Reinforce(Algorithm):
+    """Policy gradient: raise the logprob of tokens of positive-advantage completions.
+
+    ``loss = -sum_{b,t} A_b * logp_{b,t} * mask_{b,t} / (B * L)``
+    """
+
+    name = "reinforce"
+
+    def loss(self, tokens: TokenBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        loss = -(tokens.advantages * tokens.logprobs).sum() / tokens.normalizer
+        return loss, {}
+
+
+# --------------------------------------------------------------------------------------------
+# PPO: clipped importance ratio against the behaviour (sampling) policy
+# --------------------------------------------------------------------------------------------
+
+
+@register_algorithm
+class PPO(Algorithm):
+    """PPO's clipped surrogate, per token, with the Dr. GRPO normalizer.
+
+    ``r = exp(logp - logp_behaviour)``;
+    ``loss = -sum min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A) * mask / (B * L)``.
+
+    :param clip_eps: ``eps_low``, and ``eps_high`` unless that is given.
+    :param clip_eps_high: upper clip range (``> clip_eps`` is DAPO's "clip higher", which
+        lets unlikely tokens with positive advantage grow faster); ``None``: ``clip_eps``.
+    """
+
+    name = "ppo"
+
+    def __init__(self, clip_eps: float = 0.2, clip_eps_high: float | None = None) -> None:
+        if not 0 < clip_eps < 1:
+            raise ValueError(f"clip_eps must be in (0, 1), got {clip_eps}")
+        if clip_eps_high is not None and not clip_eps_high > 0:
+            raise ValueError(f"clip_eps_high must be > 0, got {clip_eps_high}")
+        self.clip_low = clip_eps
+        self.clip_high = clip_eps if clip_eps_high is None else clip_eps_high
+
+    def loss(self, tokens: TokenBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        log_ratio = tokens.logprobs - tokens.behaviour_logprobs
+        ratio = log_ratio.exp()
+        unclipped = ratio * tokens.advantages
+        clipped = ratio.clamp(1 - self.clip_low, 1 + self.clip_high) * tokens.advantages
+        # The pessimistic bound: a token stops pushing once its ratio left the trust region in
+        # the direction its advantage favours.
+        loss = -torch.minimum(unclipped, clipped).sum() / tokens.normalizer
+        with torch.no_grad():
+            outside = (ratio < 1 - self.clip_low) | (ratio > 1 + self.clip_high)
+            stats = {
+                "ratio_mean": ratio.sum(),
+                "clip_fraction": outside.float().sum(),
+                # k3 estimator of KL(behaviour || current): unbiased, always >= 0.
+                "approx_kl": ((ratio - 1) - log_ratio).sum(),
+            }
+        return loss, stats

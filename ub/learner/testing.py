@@ -1,0 +1,111 @@
+"""Small models and batches for the learner's tests and benchmark (no model hub, seconds to build).
+
+:func:`build_random_model` writes a random-init Qwen3 model with a locally trained byte-level BPE
+tokenizer: vLLM, transformers and PEFT load it like any hub checkpoint. :func:`synthetic_batch`
+makes a :class:`~ub.learner.batching.TrainBatch` of random token ids with variable prompt and
+completion lengths, for tests that need a real forward pass but no real games.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import torch
+
+from ub.learner.batching import TrainBatch
+
+
+def build_random_model(path: str | Path, hidden_size: int = 128, num_layers: int = 2,
+                       vocab_size: int = 1000, seed: int = 0,
+                       corpus: list[str] | None = None) -> Path:
+    """Write a tiny random Qwen3 model and its tokenizer to ``path``; return ``path``.
+
+    :param hidden_size: residual width (4 heads of ``hidden_size // 4``, 2 KV heads).
+    :param num_layers: transformer blocks.
+    :param vocab_size: BPE vocabulary upper bound (``<|endoftext|>`` is eos and pad).
+    :param seed: tokenizer corpus and weight seed. A large init scale keeps the logits peaked,
+        so greedy decoding has no near-ties that a different summation order could flip.
+    :param corpus: texts to train the tokenizer on (e.g. game observations, which then
+        tokenize into few tokens: BPE may merge across spaces within a line); ``None``: random
+        words.
+    """
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer = Tokenizer(models.BPE())
+    if corpus is None:
+        rng = random.Random(seed)
+        letters = "abcdefghijklmnopqrstuvwxyz"
+        words = ["".join(rng.choice(letters) for _ in range(rng.randint(2, 7)))
+                 for _ in range(3000)]
+        words += ["[0]", "[1]", "[4]", "[8]", "X", "O", "move", "board", "player", "pass"]
+        lines = [" ".join(rng.choice(words) for _ in range(rng.randint(4, 16)))
+                 for _ in range(4000)]
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    else:
+        # Digits alone, any other run of text up to a line end: recurring sentences of a game's
+        # text become single tokens, as in ub's tiny model.
+        lines = list(corpus)
+        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(r"\p{N}|[^\p{N}\r\n]+[\r\n]*|[\r\n]+"),
+                                 behavior="isolated"),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tokenizer.train_from_iterator(lines, trainer)
+    hf_tokenizer = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>",
+                                           pad_token="<|endoftext|>")
+    hf_tokenizer.save_pretrained(path)
+
+    eos = hf_tokenizer.eos_token_id
+    config = Qwen3Config(
+        vocab_size=len(hf_tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
+        head_dim=hidden_size // 4, max_position_embeddings=2048, tie_word_embeddings=True,
+        initializer_range=0.2, eos_token_id=eos, pad_token_id=eos, bos_token_id=eos,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        Qwen3ForCausalLM(config).to(torch.float32).save_pretrained(path)
+    return path
+
+
+def synthetic_batch(num_rows: int, vocab_size: int, *, seed: int = 0,
+                    prompt_lengths: tuple[int, int] = (4, 40),
+                    completion_lengths: tuple[int, int] = (1, 12),
+                    pad_token_id: int = 0) -> TrainBatch:
+    """Random right-padded sequences: a prompt, then a completion with made-up sampling logprobs.
+
+    :param num_rows: sequences in the batch.
+    :param vocab_size: token ids are drawn from ``[1, vocab_size)``.
+    :param seed: makes the batch reproducible.
+    :param prompt_lengths: inclusive range of prompt lengths.
+    :param completion_lengths: inclusive range of completion lengths.
+    :param pad_token_id: the id that fills the padding.
+    """
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(num_rows):
+        prompt = [rng.randrange(1, vocab_size) for _ in range(rng.randint(*prompt_lengths))]
+        completion = [rng.randrange(1, vocab_size)
+                      for _ in range(rng.randint(*completion_lengths))]
+        rows.append((prompt, completion))
+    width = max(len(p) + len(c) for p, c in rows)
+    input_ids = torch.full((num_rows, width), pad_token_id, dtype=torch.int64)
+    completion_mask = torch.zeros(num_rows, width)
+    behaviour = torch.zeros(num_rows, width)
+    for b, (prompt, completion) in enumerate(rows):
+        n = len(prompt) + len(completion)
+        input_ids[b, :n] = torch.tensor(prompt + completion)
+        completion_mask[b, len(prompt):n] = 1.0
+        behaviour[b, len(prompt):n] = torch.tensor(
+            [-rng.uniform(0.05, 6.0) for _ in completion])
+    advantages = torch.tensor([rng.gauss(0.0, 1.0) for _ in rows])
+    lengths = torch.tensor([len(p) + len(c) for p, c in rows], dtype=torch.int64)
+    return TrainBatch(input_ids=input_ids, completion_mask=completion_mask,
+                      behaviour_logprobs=behaviour, advantages=advantages, lengths=lengths)

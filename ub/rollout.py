@@ -1,0 +1,264 @@
+"""Batched rollouts: play many games at once around one inference engine.
+
+Games advance independently. Whenever a game needs a model move, its prompt is submitted to the
+engine, which batches every pending request (base model and any number of LoRA adapters mixed)
+and returns each completion as soon as it finishes; that game then steps and, if it needs the
+model again, submits its next prompt while the others are still generating. Scripted seats move
+instantly. New games start as soon as others finish, up to ``concurrency`` at once, so the engine
+stays full.
+
+The result is two Arrow tables in the ``steps`` and ``games`` schemas (:mod:`ub.data.schema`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+
+from ub.actors.spec import ActorSpec
+from ub.data.schema import GAMES_SCHEMA, STEPS_SCHEMA
+from ub.games.actions import get_extractor
+from ub.games.loop import Game
+from ub.games.specs import GameSpec
+from ub.games.templates import get_template
+from ub.seeding import derive_seed
+
+
+@dataclass(frozen=True)
+class GameAssignment:
+    """One game to play: which env, which seed, who sits where."""
+
+    spec: GameSpec
+    game_index: int
+    seed: int
+    actors: tuple[ActorSpec, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.actors) != self.spec.num_players:
+            from ub.errors import UbError
+
+            raise UbError(
+                f"{self.spec.env_id} has {self.spec.num_players} seat(s) but "
+                f"{len(self.actors)} actor(s) were given"
+            )
+
+
+def assign_games(
+    spec: GameSpec, actors: list[ActorSpec], num_games: int, base_seed: int, round_: int = 0,
+    first_index: int = 0, rotate_seats: bool = True,
+) -> list[GameAssignment]:
+    """``num_games`` games of ``spec``; with ``rotate_seats`` the actors take turns in each seat."""
+    out = []
+    for i in range(first_index, first_index + num_games):
+        shift = i % len(actors) if rotate_seats else 0
+        seated = tuple(actors[shift:] + actors[:shift])
+        out.append(GameAssignment(spec, i, derive_seed(base_seed, round_, i, "env"), seated))
+    return out
+
+
+@dataclass
+class RolloutStats:
+    """Counters of one rollout, for summaries and throughput figures."""
+
+    games: int = 0
+    errored_games: int = 0
+    decisions: int = 0
+    model_decisions: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    seconds: float = 0.0
+    outcomes: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def games_per_second(self) -> float:
+        return self.games / self.seconds if self.seconds > 0 else 0.0
+
+
+@dataclass
+class Rollout:
+    steps: pa.Table
+    games: pa.Table
+    stats: RolloutStats
+
+
+@dataclass
+class _Live:
+    assignment: GameAssignment
+    game: Game
+    players: dict[int, Any]
+
+
+def play_games(
+    assignments: list[GameAssignment],
+    *,
+    engine: Any = None,
+    run: str = "",
+    round_: int = 0,
+    shard: int = 0,
+    base_seed: int = 0,
+    concurrency: int = 128,
+) -> Rollout:
+    """Play every assignment and return the ``steps`` and ``games`` tables.
+
+    :param engine: a :class:`ub.inference.VLLMEngine`; needed only if a model sits in some seat.
+    :param run: the run name stored in every row.
+    :param round_: the round number stored in every row and mixed into every sampling seed.
+    :param shard: the shard index stored in every row.
+    :param base_seed: the run seed; sampling and scripted-player seeds derive from it.
+    :param concurrency: the most games in flight at once.
+    """
+    from ub.actors.scripted import make_scripted_player
+
+    if engine is None and any(a.kind == "model" for g in assignments for a in g.actors):
+        raise ValueError("a model actor needs an engine")
+    tokenizer = engine.tokenizer if engine is not None else None
+    max_prompt = (engine.config.max_model_len - 1) if engine is not None else 0
+    step_rows: list[dict] = []
+    game_rows: list[dict] = []
+    stats = RolloutStats()
+    queue = deque(assignments)
+    live: dict[str, _Live] = {}
+    waiting: dict[str, tuple[_Live, dict]] = {}  # request id -> game waiting on it
+    started = time.perf_counter()
+
+    def game_id(a: GameAssignment) -> str:
+        return f"{run or 'play'}-r{round_:06d}-g{a.game_index:06d}"
+
+    def finish(item: _Live) -> None:
+        a, g = item.assignment, item.game
+        result = g.result
+        stats.games += 1
+        stats.errored_games += result.outcome == "error"
+        stats.outcomes[result.outcome] = stats.outcomes.get(result.outcome, 0) + 1
+        for d in g.decisions:
+            actor = a.actors[d.seat]
+            det = d.details
+            step_rows.append({
+                "run": run, "round": round_, "shard": shard, "game_id": g.game_id,
+                "env_id": a.spec.env_id, "turn": d.turn, "seat": d.seat,
+                "role": result.roles[d.seat], "actor": actor.name, "actor_kind": actor.kind,
+                "checkpoint": actor.checkpoint, "template": det.get("template"),
+                "observation": d.observation, "prompt": det.get("prompt"),
+                "completion": det.get("completion"),
+                "prompt_token_ids": det.get("prompt_token_ids"),
+                "completion_token_ids": det.get("completion_token_ids"),
+                "completion_logprobs": det.get("completion_logprobs"),
+                "num_prompt_tokens": det.get("num_prompt_tokens"),
+                "num_completion_tokens": det.get("num_completion_tokens"),
+                "action": d.action, "format_ok": d.format_ok, "invalid_move": d.invalid_move,
+                "step_reward": 0.0,
+                "final_reward": None if result.rewards is None else result.rewards[d.seat],
+                "finish_reason": det.get("finish_reason"),
+                "sampling_seed": det.get("sampling_seed"),
+                "gen_seconds": det.get("gen_seconds"), "env_seconds": d.env_seconds,
+            })
+        game_rows.append({
+            "run": run, "round": round_, "shard": shard, "game_id": g.game_id,
+            "game_index": a.game_index, "env_id": a.spec.env_id, "seed": a.seed,
+            "num_players": a.spec.num_players, "actors": [x.name for x in a.actors],
+            "roles": result.roles, "rewards": result.rewards, "results": result.results,
+            "invalid_moves": result.invalid_moves, "outcome": result.outcome,
+            "winner": result.winner, "num_turns": g.turn, "reason": result.reason,
+            "error": result.error, "seconds": result.seconds,
+        })
+
+    def advance(item: _Live) -> None:
+        """Move scripted seats until the game ends or waits for the model."""
+        g = item.game
+        while not g.done:
+            actor = item.assignment.actors[g.current_seat]
+            if actor.kind == "scripted":
+                player = item.players[g.current_seat]
+                try:
+                    action = g.act_with(player.act)
+                except Exception as exc:  # a broken scripted player must not stop the rollout
+                    g._fail(exc)
+                    break
+                g.apply(action, format_ok=True)
+                continue
+            submit(item, actor)
+            return
+        finish(item)
+        del live[g.game_id]
+
+    def submit(item: _Live, actor: ActorSpec) -> None:
+        g, spec = item.game, item.assignment.spec
+        template = get_template(spec.template)
+        prompt = template.render(g.observation, tokenizer)
+        ids = tokenizer.encode(prompt)
+        if len(ids) > max_prompt:
+            g._fail(ValueError(
+                f"prompt of {len(ids)} tokens does not fit engine.max_model_len "
+                f"{engine.config.max_model_len}"
+            ))
+            return
+        from ub.inference.vllm_engine import GenerationRequest
+
+        seed = derive_seed(base_seed, round_, item.assignment.game_index, g.turn, "sample")
+        request_id = f"{g.game_id}-t{g.turn}"
+        engine.submit(GenerationRequest(request_id, ids, seed, actor.adapter))
+        waiting[request_id] = (item, {
+            "template": template.name, "prompt": prompt, "prompt_token_ids": ids,
+            "sampling_seed": seed, "submitted": time.perf_counter(),
+        })
+
+    def start_more() -> None:
+        while queue and len(live) < concurrency:
+            a = queue.popleft()
+            game = Game(a.spec, a.seed, game_id(a))
+            players = {
+                seat: make_scripted_player(actor.name, derive_seed(base_seed, round_,
+                                                                    a.game_index, seat, "player"))
+                for seat, actor in enumerate(a.actors) if actor.kind == "scripted"
+            }
+            item = _Live(a, game, players)
+            live[game.game_id] = item
+            advance(item)
+
+    start_more()
+    while live or queue:
+        if not waiting:
+            start_more()
+            if not waiting and not live and not queue:
+                break
+            if not waiting:
+                continue
+        for gen in engine.step():
+            item, det = waiting.pop(gen.request_id)
+            g = item.game
+            extract = get_extractor(item.assignment.spec.extractor_name)
+            action, format_ok = extract(gen.text)
+            stats.model_decisions += 1
+            stats.prompt_tokens += len(det["prompt_token_ids"])
+            stats.generated_tokens += len(gen.completion_token_ids)
+            det.update(
+                completion=gen.text,
+                completion_token_ids=list(gen.completion_token_ids),
+                completion_logprobs=list(gen.completion_logprobs),
+                num_prompt_tokens=len(det["prompt_token_ids"]),
+                num_completion_tokens=len(gen.completion_token_ids),
+                finish_reason=gen.finish_reason,
+                gen_seconds=time.perf_counter() - det.pop("submitted"),
+            )
+            g.apply(action, format_ok=format_ok, **det)
+            advance(item)
+        start_more()
+    stats.seconds = time.perf_counter() - started
+    stats.decisions = len(step_rows)
+    # Rows are ordered by game then turn whatever order games finished in: shards are
+    # byte-for-byte reproducible.
+    step_rows.sort(key=lambda r: (r["game_id"], r["turn"]))
+    game_rows.sort(key=lambda r: r["game_index"])
+    return Rollout(
+        pa.Table.from_pylist(step_rows, schema=STEPS_SCHEMA),
+        pa.Table.from_pylist(game_rows, schema=GAMES_SCHEMA),
+        stats,
+    )
