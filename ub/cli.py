@@ -184,9 +184,12 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
 def _print_arrow(table, fmt: str) -> None:
     if fmt == "csv":
-        import pyarrow.csv as pacsv
+        import csv
 
-        pacsv.write_csv(table, sys.stdout.buffer)
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(table.column_names)
+        for row in table.to_pylist():
+            writer.writerow(["" if v is None else v for v in row.values()])
         return
     from rich.console import Console
     from rich.table import Table
@@ -209,23 +212,31 @@ def _cell(value: object, width: int = 80) -> str:
 # ub batch
 
 
+def _yaml_section(path_text: str | None, section: str) -> dict:
+    """The ``section:`` mapping of a YAML file (or the whole file if it has no such key)."""
+    if not path_text:
+        return {}
+    import yaml
+
+    path = Path(path_text)
+    try:
+        loaded = yaml.safe_load(path.read_text()) or {}
+    except OSError as exc:
+        raise UbError(f"cannot read config {path}: {exc.strerror}") from None
+    except yaml.YAMLError as exc:
+        raise UbError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(loaded, dict):
+        raise UbError(f"{path} must hold a mapping of settings")
+    value = loaded.get(section, loaded)
+    if not isinstance(value, dict):
+        raise UbError(f"{path}: `{section}` must be a mapping of settings")
+    return dict(value)
+
+
 def _batch_config(args: argparse.Namespace):
     from ub.batch import BatchConfig
 
-    data: dict = {}
-    if args.config:
-        import yaml
-
-        path = Path(args.config)
-        try:
-            loaded = yaml.safe_load(path.read_text()) or {}
-        except OSError as exc:
-            raise UbError(f"cannot read batch config {path}: {exc.strerror}") from None
-        except yaml.YAMLError as exc:
-            raise UbError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
-        if not isinstance(loaded, dict):
-            raise UbError(f"{path} must hold a mapping of batch settings")
-        data = dict(loaded.get("batch", loaded))
+    data = _yaml_section(args.config, "batch")
     for key in ("batch_size", "seed", "max_train_len"):
         if getattr(args, key) is not None:
             data[key] = getattr(args, key)
@@ -264,6 +275,40 @@ def cmd_batch(args: argparse.Namespace) -> int:
           f"[{stats.advantage_min:.3f}, {stats.advantage_max:.3f}]")
     print(f"assembled in {stats.seconds:.2f} s; the query (see --explain for the full plan):")
     print(batch.sql)
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# ub learn
+
+
+def cmd_learn(args: argparse.Namespace) -> int:
+    import json
+
+    from ub.learner import LearnerConfig, learn_step
+
+    root = Path(args.shards)
+    if not root.exists():
+        raise UbError(f"{root} does not exist: give the data folder of the decisions to learn from")
+    if args.from_checkpoint and not Path(args.from_checkpoint).exists():
+        raise UbError(f"checkpoint {args.from_checkpoint} does not exist")
+    batch_config = _batch_config(args)
+    data = _yaml_section(args.config, "learner")
+    for key in ("algorithm", "learning_rate", "init_adapter", "base_model"):
+        if getattr(args, key) is not None:
+            data[key] = getattr(args, key)
+    if not data.get("base_model"):
+        from ub.model.tiny import build_tiny_model
+
+        data["base_model"] = str(build_tiny_model())
+    learner_config = LearnerConfig.from_dict(data)
+    out = Path(args.out)
+    _check_writable(out.parent)
+    metrics = learn_step(root, batch_config, learner_config, args.from_checkpoint, out,
+                         overwrite=args.overwrite)
+    summary = {k: v for k, v in metrics.items() if not isinstance(v, dict)}
+    print(json.dumps(summary, indent=2, default=str))
+    print(f"checkpoint: {out}")
     return 0
 
 
@@ -336,6 +381,23 @@ def build_parser() -> argparse.ArgumentParser:
     batch.add_argument("--max-train-len", type=_positive_int)
     batch.add_argument("--explain", action="store_true", help="print the plan and SQL only")
     batch.set_defaults(func=cmd_batch)
+
+    learn = sub.add_parser("learn", help="one learner update: shards -> new LoRA checkpoint")
+    learn.add_argument("--shards", required=True, help="data folder with the decisions")
+    learn.add_argument("--from", dest="from_checkpoint", help="checkpoint to continue from "
+                       "(default: a cold start from --init-adapter or a fresh adapter)")
+    learn.add_argument("--out", required=True, help="checkpoint folder to write")
+    learn.add_argument("--config", help="YAML with `batch:` and `learner:` sections")
+    learn.add_argument("--base-model", help="base model directory (default: the tiny model)")
+    learn.add_argument("--init-adapter", help="PEFT adapter to start a cold start from")
+    learn.add_argument("--algorithm", help="reinforce (default) or ppo")
+    learn.add_argument("--learning-rate", type=_non_negative_float)
+    learn.add_argument("--batch-size", type=_positive_int)
+    learn.add_argument("--rounds", help="window of rounds, A:B inclusive")
+    learn.add_argument("--seed", type=int)
+    learn.add_argument("--max-train-len", type=_positive_int)
+    learn.add_argument("--overwrite", action="store_true", help="redo an existing --out")
+    learn.set_defaults(func=cmd_learn)
 
     envs = sub.add_parser("envs", help="list TextArena env ids ub can play")
     envs.add_argument("--all", action="store_true", help="every registered id, not just scripted")
