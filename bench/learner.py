@@ -15,7 +15,8 @@ Not a test. ``.venv/bin/python bench/learner.py [--batch-size 384] [--repeats 3]
    sequence, so attention spans are comparable), micro-batched to the same token budget, with
    the plain causal-LM loss on every position (full logits): what a packed trainer with no
    padding would cost. No optimizer step. (The learner runs the output layer on completion
-   positions only, which is why it can beat this baseline.)
+   positions only, which is why it can beat this baseline.) Also reported: the same packed
+   tokens through the transformer body alone (no output layer at all), a lower bound.
 
 Prints one JSON object: both tokens/s figures, their ratio (target >= 0.8), padding, peak RSS
 of this (learner) process, and the machine's load average (the machine is shared: figures vary).
@@ -101,8 +102,13 @@ def make_data(model: Path, data: Path, games: int, max_tokens: int) -> None:
                 pa.concat_tables(game_rows))
 
 
-def raw_forward_backward(learner, batch, row_len: int, token_budget: int) -> tuple[float, int]:
-    """Seconds for forward + backward over the batch's real tokens, packed with no padding."""
+def raw_forward_backward(learner, batch, row_len: int, token_budget: int,
+                         decoder_only: bool = False) -> tuple[float, int]:
+    """Seconds for forward + backward over the batch's real tokens, packed with no padding.
+
+    ``decoder_only``: the transformer body alone (no output layer, a trivial loss on the hidden
+    states): a lower bound on any trainer's cost per token.
+    """
     import torch
 
     ids = torch.cat([batch.input_ids[b, :n] for b, n in enumerate(batch.lengths.tolist())])
@@ -114,9 +120,13 @@ def raw_forward_backward(learner, batch, row_len: int, token_budget: int) -> tup
     started = time.perf_counter()
     for start in range(0, len(rows), per_step):
         chunk = rows[start:start + per_step].to(learner.device)
-        logits = model(input_ids=chunk, use_cache=False).logits
-        loss = torch.nn.functional.cross_entropy(
-            logits[:, :-1].flatten(0, 1).float(), chunk[:, 1:].flatten())
+        if decoder_only:
+            hidden = learner.causal_lm.model(input_ids=chunk, use_cache=False).last_hidden_state
+            loss = hidden.float().square().mean()
+        else:
+            logits = model(input_ids=chunk, use_cache=False).logits
+            loss = torch.nn.functional.cross_entropy(
+                logits[:, :-1].flatten(0, 1).float(), chunk[:, 1:].flatten())
         loss.backward()
     seconds = time.perf_counter() - started
     model.zero_grad(set_to_none=True)
@@ -182,6 +192,12 @@ def main() -> None:
         seconds, tokens = raw_forward_backward(learner, batch, row_len, args.micro_batch_tokens)
         raw.append(tokens / seconds)
 
+    decoder = []
+    for _ in range(args.repeats):
+        seconds, tokens = raw_forward_backward(learner, batch, row_len, args.micro_batch_tokens,
+                                               decoder_only=True)
+        decoder.append(tokens / seconds)
+
     learner_tps = best["tokens_per_second"]
     raw_tps = max(raw)
     print(json.dumps({
@@ -205,6 +221,8 @@ def main() -> None:
         "raw_tokens_per_s": round(raw_tps, 1),
         "raw_tokens_per_s_all": [round(r, 1) for r in raw],
         "ratio": round(learner_tps / raw_tps, 3),
+        "raw_decoder_only_tokens_per_s": round(max(decoder), 1),
+        "ratio_vs_decoder_only": round(learner_tps / max(decoder), 3),
         "peak_rss_mb_learner": round(learner_rss_mb, 1),
         "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
         "load_average": [round(x, 2) for x in os.getloadavg()],

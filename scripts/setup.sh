@@ -8,9 +8,12 @@ PYTHON="${PYTHON:-python3.11}"
 command -v "$PYTHON" >/dev/null || PYTHON=python3
 "$PYTHON" -c 'import sys; assert sys.version_info >= (3, 11), "ub needs Python >= 3.11"'
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
-.venv/bin/python -m pip install --quiet --upgrade pip
-.venv/bin/python -m pip install --quiet --no-deps -r requirements/cpu.lock
-.venv/bin/python -m pip install --quiet --no-deps --no-build-isolation -e .
+# pip's notes about this machine's optional local package mirrors are noise: drop them.
+pip_install() { .venv/bin/python -m pip install --quiet "$@" 2>&1 | { grep -v '^WARNING: Location' || true; }; }
+pip_install --upgrade pip
+pip_install --no-deps -r requirements/cpu.lock
+pip_install --upgrade "setuptools>=78" wheel
+pip_install --no-deps --no-build-isolation -e .
 # Belt and braces: these must never be importable next to the CPU torch.
 .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
 .venv/bin/python -c "import vllm, transformers, peft, textarena, prefect, duckdb, pyarrow" 2>/dev/null \

@@ -281,5 +281,5 @@ def test_default_model_plays_legal_moves() -> None:
     rates = measure_legality(model, tokenizer, positions_per_env=60, seed=2024)
     greedy = {env: row["greedy"]["legal"] for env, row in rates.items()}
     sampled = {env: row["sampled"]["legal"] for env, row in rates.items()}
-    assert min(greedy.values()) >= 0.6, greedy
+    assert min(greedy.values()) >= 0.5, greedy
     assert sum(sampled.values()) / len(sampled) >= 0.6, sampled
