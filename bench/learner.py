@@ -18,8 +18,9 @@ Not a test. ``.venv/bin/python bench/learner.py [--batch-size 384] [--repeats 3]
    positions only, which is why it can beat this baseline.) Also reported: the same packed
    tokens through the transformer body alone (no output layer at all), a lower bound.
 
-Prints one JSON object: both tokens/s figures, their ratio (target >= 0.8), padding, peak RSS
-of this (learner) process, and the machine's load average (the machine is shared: figures vary).
+Prints one JSON object: both tokens/s figures (best of ``--repeats``, the measurements
+interleaved), their ratio (target >= 0.8), padding, peak RSS of this (learner) process, and the
+machine's load average (the machine is shared: figures vary).
 
 The model: ``--model``, else the tiny CPU default if it is already built (``ub model tiny``),
 else a random model of the tiny model's shape (same compute per token).
@@ -177,26 +178,22 @@ def main() -> None:
     learner = Learner(config)
     start = learner.save(Path(tempfile.mkdtemp()) / "start")
 
-    learner.update(batch)  # warm-up: kernels, allocator
-    runs = []
+    row_len = args.raw_row_len or int(batch.lengths.max())
+    learner.update(batch)  # warm-ups: kernels, allocator
+    # Peak RSS of the learner alone (the baselines below run in this process too).
+    learner_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    raw_forward_backward(learner, batch, row_len, args.micro_batch_tokens)
+    # Interleaved, so that the three measurements see the same machine load (it is shared).
+    runs, raw, decoder = [], [], []
     for _ in range(args.repeats):
         learner.start(start)
         runs.append(learner.update(batch))
-    best = max(runs, key=lambda m: m["tokens_per_second"])
-    learner_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-    row_len = args.raw_row_len or int(batch.lengths.max())
-    raw_forward_backward(learner, batch, row_len, args.micro_batch_tokens)  # warm-up
-    raw = []
-    for _ in range(args.repeats):
         seconds, tokens = raw_forward_backward(learner, batch, row_len, args.micro_batch_tokens)
         raw.append(tokens / seconds)
-
-    decoder = []
-    for _ in range(args.repeats):
         seconds, tokens = raw_forward_backward(learner, batch, row_len, args.micro_batch_tokens,
                                                decoder_only=True)
         decoder.append(tokens / seconds)
+    best = max(runs, key=lambda m: m["tokens_per_second"])
 
     learner_tps = best["tokens_per_second"]
     raw_tps = max(raw)
@@ -221,6 +218,8 @@ def main() -> None:
         "raw_tokens_per_s": round(raw_tps, 1),
         "raw_tokens_per_s_all": [round(r, 1) for r in raw],
         "ratio": round(learner_tps / raw_tps, 3),
+        "ratio_median_of_pairs": round(statistics.median(
+            m["tokens_per_second"] / r for m, r in zip(runs, raw, strict=True)), 3),
         "raw_decoder_only_tokens_per_s": round(max(decoder), 1),
         "ratio_vs_decoder_only": round(learner_tps / max(decoder), 3),
         "peak_rss_mb_learner": round(learner_rss_mb, 1),

@@ -651,9 +651,7 @@ def _batch_loss(model: Any, examples: Sequence[Example], prompt_weight: float) -
     target = torch.zeros_like(logp)
     index = torch.tensor(tok_index)
     target[index[:, 0], index[:, 1]] = torch.tensor(tok_prob)
-    loss = -(target * logp).sum(-1)
-    import os
-    loss = loss.sum() / len(examples) if os.environ.get("UB_SUMLOSS") else loss.mean()
+    loss = -(target * logp).sum(-1).mean()
 
     if prompt_weight > 0:
         p_rows, p_cols, p_next = [], [], []
