@@ -4,7 +4,7 @@
 VENV := .venv
 STAMP := $(VENV)/.ub-installed
 UB := $(VENV)/bin/ub
-DEMO_DIR ?= runs/demo-play
+DEMO_RUN ?= demo
 
 .PHONY: demo test lint setup clean-demo
 
@@ -15,8 +15,8 @@ setup: $(STAMP)
 
 demo: $(STAMP)
 	$(UB) model tiny
-	$(UB) play --env TicTacToe-v0-train --games 64 --players model,random --out $(DEMO_DIR)
-	$(UB) sql $(DEMO_DIR) "SELECT env_id, actor, count(*) AS decisions, round(avg(invalid_move::INT), 3) AS invalid_rate, round(avg(format_ok::INT), 3) AS format_rate FROM steps GROUP BY ALL ORDER BY actor"
+	$(UB) train tiny-cpu --run $(DEMO_RUN)
+	$(UB) sql runs/$(DEMO_RUN) "SELECT round, count(*) AS decisions, round(avg(invalid_move::INT), 3) AS invalid_rate, round(avg(num_completion_tokens), 1) AS completion_tokens FROM steps GROUP BY round ORDER BY round"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -26,4 +26,4 @@ test: $(STAMP)
 	$(VENV)/bin/python -m pytest -q
 
 clean-demo:
-	rm -rf $(DEMO_DIR)
+	rm -rf runs/$(DEMO_RUN)

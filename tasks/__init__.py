@@ -1,0 +1,14 @@
+"""Prefect tasks: thin wrappers over :mod:`ub.run.rounds`, one module per step of a round.
+
+Each declares its retries and returns small things (paths, counts, metrics). Engines and the
+learner's base model live in the worker process and stay loaded across rounds. The tasks carry
+no tags on purpose: Prefect checks tag concurrency limits with a server round trip per task run
+(~1 s each on a busy 2-core machine, a fifth of a tiny-cpu round).
+"""
+
+from tasks.evaluate import evaluate
+from tasks.learn import learn, start_checkpoint
+from tasks.rate import commit, plan, rate
+from tasks.rollout import rollout
+
+__all__ = ["commit", "evaluate", "learn", "plan", "rate", "rollout", "start_checkpoint"]

@@ -218,9 +218,11 @@ def _yaml_section(path_text: str | None, section: str) -> dict:
         return {}
     import yaml
 
+    from ub.run.config import load_yaml
+
     path = Path(path_text)
     try:
-        loaded = yaml.safe_load(path.read_text()) or {}
+        loaded = load_yaml(path.read_text()) or {}
     except OSError as exc:
         raise UbError(f"cannot read config {path}: {exc.strerror}") from None
     except yaml.YAMLError as exc:
@@ -333,6 +335,40 @@ def cmd_envs(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------------------------------
+# ub train
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from ub.run.config import load_config
+    from ub.run.layout import RunPaths
+    from ub.run.lock import RunLock
+    from ub.run.prefect_env import configure_prefect
+    from ub.run.rounds import resolve_run_config
+
+    if args.resume and args.config:
+        raise UbError("give a CONFIG to start (or continue) a run, or --resume NAME to continue "
+                      "one with its own config, not both")
+    name = args.resume or args.run or (Path(args.config).stem if args.config else "tiny-cpu")
+    paths = RunPaths.of(args.root, name)
+    config, source = None, None
+    if not args.resume and (args.config or not paths.config.exists()):
+        source = args.config or "tiny-cpu"
+        config = load_config(source, args.set)
+    elif args.set:
+        raise UbError("--set changes a run's settings: it needs CONFIG (the run's data must "
+                      "come from one config; start a new --run to change them)")
+    # Everything that can be refused is refused here, in a second, before Prefect starts.
+    resolve_run_config(paths, config, rounds=args.rounds)
+    if paths.root.exists():
+        RunLock(paths.lock).acquire().release()
+    _check_writable(paths.root.parent)
+
+    configure_prefect(Path(args.root) / ".prefect")
+    from flows.selfplay import selfplay
+
+    selfplay(run_name=name, config=source, root=str(args.root), rounds=args.rounds,
+             overrides=list(args.set), quiet=args.quiet)
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -398,6 +434,18 @@ def build_parser() -> argparse.ArgumentParser:
     learn.add_argument("--max-train-len", type=_positive_int)
     learn.add_argument("--overwrite", action="store_true", help="redo an existing --out")
     learn.set_defaults(func=cmd_learn)
+
+    train = sub.add_parser("train", help="train by self-play: a resumable Prefect run")
+    train.add_argument("config", nargs="?", help="a preset (tiny-cpu, qwen3-1.7b-simpletak, "
+                       "spiral-kuhn) or a YAML file (default: tiny-cpu, or the run's own)")
+    train.add_argument("--run", help="run name (default: the config's name)")
+    train.add_argument("--resume", metavar="NAME", help="continue run NAME with its own config")
+    train.add_argument("--root", default="runs", help="folder of runs (default: runs)")
+    train.add_argument("--rounds", type=_positive_int, help="total rounds (extends a finished run)")
+    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a setting, e.g. --set rollout.games_per_round=64")
+    train.add_argument("--quiet", action="store_true", help="no progress output")
+    train.set_defaults(func=cmd_train)
 
     envs = sub.add_parser("envs", help="list TextArena env ids ub can play")
     envs.add_argument("--all", action="store_true", help="every registered id, not just scripted")

@@ -291,8 +291,9 @@ def build_transforms(stage: str, specs: Iterable[str | Mapping[str, Any] | Rewar
 
 
 def _is_model_actor(name: str) -> bool:
-    # Actor names are "model", "model:ADAPTER_PATH" or a scripted player (ub.actors.spec).
-    return name == "model" or name.startswith("model:")
+    # Actor names are "model", "model:ADAPTER_PATH", a training run's checkpoint "ckpt-NNNNNN"
+    # (ub.run.rounds) or a fixed opponent (ub.actors.spec).
+    return name == "model" or name.startswith(("model:", "ckpt-"))
 
 
 @register
@@ -342,8 +343,9 @@ class RoleAdvantage(FinalTransform):
 
     For each game in canonical order, every seat gets ``R - b`` with ``b`` read *before* the game
     updates it; then, in seat order, ``b <- ema * b + (1 - ema) * R``. ``b`` starts at 0.
-    With ``update_from="model"`` only seats played by a model (actor ``model`` or
-    ``model:...``) update ``b``: the baseline estimates the learner's return in that role, not a
+    With ``update_from="model"`` only seats played by a model (actor ``model``,
+    ``model:...`` or a run's checkpoint ``ckpt-...``) update ``b``: the baseline estimates
+    the learner's return in that role, not a
     scripted opponent's. In self-play every seat is a model, which is SPIRAL exactly.
     """
 

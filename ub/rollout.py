@@ -21,6 +21,7 @@ import pyarrow as pa
 
 from ub.actors.spec import ActorSpec
 from ub.data.schema import GAMES_SCHEMA, STEPS_SCHEMA
+from ub.faults import fault_point
 from ub.games.actions import get_extractor
 from ub.games.loop import Game
 from ub.games.specs import GameSpec
@@ -105,6 +106,7 @@ def play_games(
     shard: int = 0,
     base_seed: int = 0,
     concurrency: int = 128,
+    sampling: Any = None,
 ) -> Rollout:
     """Play every assignment and return the ``steps`` and ``games`` tables.
 
@@ -114,6 +116,8 @@ def play_games(
     :param shard: the shard index stored in every row.
     :param base_seed: the run seed; sampling and scripted-player seeds derive from it.
     :param concurrency: the most games in flight at once.
+    :param sampling: a :class:`ub.inference.SamplingConfig` for this rollout's model turns
+        (e.g. greedy evaluation); ``None``: the engine's default.
     """
     from ub.actors.scripted import make_scripted_player
 
@@ -204,7 +208,7 @@ def play_games(
 
         seed = derive_seed(base_seed, round_, item.assignment.game_index, g.turn, "sample")
         request_id = f"{g.game_id}-t{g.turn}"
-        engine.submit(GenerationRequest(request_id, ids, seed, actor.adapter))
+        engine.submit(GenerationRequest(request_id, ids, seed, actor.adapter, sampling))
         waiting[request_id] = (item, {
             "template": template.name, "prompt": prompt, "prompt_token_ids": ids,
             "sampling_seed": seed, "submitted": time.perf_counter(),
@@ -231,6 +235,7 @@ def play_games(
                 break
             if not waiting:
                 continue
+        fault_point("rollout.step")
         for gen in engine.step():
             item, det = waiting.pop(gen.request_id)
             g = item.game

@@ -14,11 +14,9 @@ leaves nothing that looks finished (only ``.*.tmp-*`` litter, which the next wri
 from __future__ import annotations
 
 import json
-import os
 import re
 import socket
 import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,8 +25,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 import ub
+from ub.data.atomic import write_atomic
 from ub.data.schema import SCHEMA_VERSION, TABLES
 from ub.errors import UbError
+from ub.faults import fault_point
 
 _SHARD_FILE = re.compile(r"^shard-(\d{4,})\.parquet$")
 _ROUND_DIR = re.compile(r"^round=(\d{6,})$")
@@ -49,14 +49,6 @@ def shard_path(root: Path, table: str, sid: ShardId) -> Path:
     return Path(root) / table / f"round={sid.round:06d}" / f"shard-{sid.shard:04d}.parquet"
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_parquet_atomic(
     table: pa.Table, path: Path, metadata: dict[str, Any] | None = None
 ) -> Path:
@@ -64,30 +56,12 @@ def write_parquet_atomic(
 
     ``metadata`` is stored JSON-encoded in the Parquet key-value metadata under ``ub.*`` keys.
     """
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UbError(f"cannot create output folder {path.parent}: {exc.strerror}") from None
     kv = dict(table.schema.metadata or {})
     for key, value in (metadata or {}).items():
         kv[f"ub.{key}".encode()] = json.dumps(value, sort_keys=True, default=str).encode()
     table = table.replace_schema_metadata(kv)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    try:
-        with open(tmp, "wb") as handle:
-            pq.write_table(table, handle, compression="zstd")
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-        _fsync_dir(path.parent)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise UbError(f"cannot write {path}: {exc.strerror or exc}") from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
+    return write_atomic(Path(path), lambda handle: pq.write_table(table, handle,
+                                                                  compression="zstd"))
 
 
 def provenance(run: str, table: str, sid: ShardId, extra: dict[str, Any] | None = None) -> dict:
@@ -118,6 +92,7 @@ def write_shard(
         steps.cast(TABLES["steps"]), shard_path(root, "steps", sid),
         provenance(run, "steps", sid, extra_metadata),
     )
+    fault_point("shard.between-files")
     games_path = write_parquet_atomic(
         games.cast(TABLES["games"]), shard_path(root, "games", sid),
         provenance(run, "games", sid, extra_metadata),

@@ -21,7 +21,6 @@ the complete new checkpoint or nothing (plus, at worst, a hidden ``.NAME.tmp-*``
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import math
@@ -35,7 +34,9 @@ from typing import Any
 
 import torch
 
+from ub.data.atomic import fsync_dir
 from ub.errors import UbError
+from ub.faults import fault_point
 from ub.model.lora import LoraSettings
 
 FORMAT = "ub-learner-checkpoint"
@@ -182,7 +183,8 @@ def write_checkpoint(out_dir: str | os.PathLike[str], state: CheckpointState,
         # The manifest last: a folder without it is never taken for a checkpoint.
         (tmp / MANIFEST).write_text(_dumps(manifest))
         _fsync_file(tmp / MANIFEST)
-        _fsync_dir(tmp)
+        fsync_dir(tmp)
+        fault_point("checkpoint.before-rename")
         if out.exists():  # overwrite: move the old one aside, swap in the new, drop the old
             old = out.parent / f".{out.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             os.replace(out, old)
@@ -190,7 +192,7 @@ def write_checkpoint(out_dir: str | os.PathLike[str], state: CheckpointState,
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.replace(tmp, out)
-        _fsync_dir(out.parent)
+        fsync_dir(out.parent)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(e, OSError):
@@ -226,15 +228,6 @@ def _fsync_file(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    with contextlib.suppress(OSError):  # some file systems refuse directory fsync
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
 
 
 def _sha256(path: Path) -> str:

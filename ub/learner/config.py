@@ -25,8 +25,8 @@ class LearnerConfig:
         (path and a fingerprint of its ``config.json``) and refuse to load on another model.
     :param dtype: base model weights: ``auto`` = bfloat16 on a GPU, float32 on the CPU. The
         LoRA weights, optimizer and logprobs are always float32.
-    :param attn_implementation: ``auto`` = ``flash_attention_2`` on a GPU when the
-        ``flash_attn`` package is installed, else ``sdpa``.
+    :param attn_implementation: ``auto`` = ``flash_attention_2`` on a GPU with a 16-bit dtype
+        when the ``flash_attn`` package is installed, else ``sdpa``.
     :param device: ``auto`` = ``cuda`` if available, else ``cpu``; or a torch device string.
     :param lora: LoRA rank, alpha, dropout and target modules (:class:`LoraSettings`). Rank,
         alpha and targets must match those of the checkpoint being resumed.

@@ -80,10 +80,11 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return getattr(torch, name)
 
 
-def resolve_attention(name: str, device: torch.device) -> str:
+def resolve_attention(name: str, device: torch.device, dtype: torch.dtype) -> str:
     if name != "auto":
         return name
-    if device.type == "cuda":
+    # FlashAttention-2 runs on a GPU in 16-bit dtypes only.
+    if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
         import importlib.util
 
         if importlib.util.find_spec("flash_attn") is not None:
@@ -114,12 +115,16 @@ class Learner:
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
-        self.attn_implementation = resolve_attention(config.attn_implementation, self.device)
+        self.attn_implementation = resolve_attention(config.attn_implementation, self.device,
+                                                     self.dtype)
         if config.num_threads is not None and self.device.type == "cpu":
             torch.set_num_threads(config.num_threads)
         self.base_identity = model_identity(config.base_model)
 
         started = time.perf_counter()
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # a per-load bar in every round's log is noise
         try:
             base = AutoModelForCausalLM.from_pretrained(
                 config.base_model, dtype=self.dtype, attn_implementation=self.attn_implementation)
@@ -459,11 +464,13 @@ class Learner:
         self.model.train()
         for p in self.params.values():
             p.grad = None
-        totals: dict[str, float] = {}
-        loss_total = 0.0
-        tokens = padded = completion_tokens = 0
-        diff_max = 0.0
-        for index, group in enumerate(groups):
+        # Statistics stay on the device until the end: one host sync per update, not per
+        # micro-batch (which matters on a GPU).
+        losses: list[torch.Tensor] = []
+        totals: dict[str, torch.Tensor] = {}
+        diff_max = torch.zeros((), device=self.device)
+        tokens = padded = 0
+        for group in groups:
             batch_rows = [rows[i] for i in group]
             mb = batch.select(batch_rows)
             input_ids = mb.input_ids.to(self.device)
@@ -479,18 +486,11 @@ class Learner:
                 normalizer=normalizer,
             )
             loss, stats = self.algorithm.loss(token_batch)
-            if not bool(torch.isfinite(loss)):
-                for p in self.params.values():
-                    p.grad = None
-                raise NonFiniteError(self._non_finite_message(
-                    f"the loss is {loss.item()} in micro-batch {index + 1} of {len(groups)}",
-                    batch))
+            # A NaN loss only spoils the gradients, which are dropped below before any step.
             loss.backward()
 
-            # Bookkeeping (token sums; divided by the token count at the end).
-            loss_total += float(loss.detach())
-            n = int(scored.sum())
-            completion_tokens += n
+            # Bookkeeping: token sums, divided by the token count at the end.
+            losses.append(loss.detach())
             tokens += int(mb.lengths.sum())
             padded += int(mb.input_ids.numel())
             with torch.no_grad():
@@ -498,19 +498,32 @@ class Learner:
                     "logprob_mean": logprobs.detach().sum(),
                     "behaviour_logprob_mean": token_batch.behaviour_logprobs.sum(),
                     "entropy_mean": entropy.sum(),
+                    "completion_tokens": scored.sum(),
                     **stats,
                 }
-                diff = (logprobs.detach() - token_batch.behaviour_logprobs).abs().max()
-                diff_max = max(diff_max, float(diff)) if n else diff_max
-            for key, value in sums.items():
-                totals[key] = totals.get(key, 0.0) + float(value)
+                for key, value in sums.items():
+                    totals[key] = totals.get(key, 0.0) + value.detach().double()
+                diff_max = torch.maximum(
+                    diff_max, (logprobs.detach() - token_batch.behaviour_logprobs).abs().max())
 
+        if losses:
+            per_micro_batch = torch.stack(losses).cpu()
+            bad = torch.nonzero(~torch.isfinite(per_micro_batch)).flatten().tolist()
+            if bad:
+                for p in self.params.values():
+                    p.grad = None
+                raise NonFiniteError(self._non_finite_message(
+                    f"the loss is {per_micro_batch[bad[0]].item()} in micro-batch {bad[0] + 1} "
+                    f"of {len(groups)}", batch))
         for p in self.params.values():  # rows all skipped: a zero gradient, still a step
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
-        metrics: dict[str, Any] = {"loss": loss_total}
+        sums_host = {k: float(v) for k, v in totals.items()}
+        completion_tokens = int(sums_host.pop("completion_tokens", 0))
+        metrics: dict[str, Any] = {"loss": float(per_micro_batch.sum()) if losses else 0.0}
         metrics.update({k: v / completion_tokens if completion_tokens else 0.0
-                        for k, v in totals.items()})
+                        for k, v in sums_host.items()})
+        diff_max = float(diff_max)
         metrics.update(
             logprob_abs_diff_max=diff_max,
             rows=rows_total,

@@ -1,23 +1,30 @@
-"""Models: the locally built tiny CPU default (`ub model tiny`) and its pre-training data."""
+"""Models: the locally built tiny CPU default (`ub model tiny`) and its pre-training data.
 
-from ub.model.tiny import (
-    RECIPE_VERSION,
-    TinyModelConfig,
-    build_tiny_model,
-    cache_key,
-    measure_legality,
-    tiny_model_path,
-)
-from ub.model.transcripts import TranscriptStep, iter_transcripts, transcript_pairs
+Names are imported lazily, so ``python -m ub.model.tiny`` runs the module cleanly and importing
+the package costs nothing until a name is used.
+"""
 
-__all__ = [
-    "RECIPE_VERSION",
-    "TinyModelConfig",
-    "TranscriptStep",
-    "build_tiny_model",
-    "cache_key",
-    "iter_transcripts",
-    "measure_legality",
-    "tiny_model_path",
-    "transcript_pairs",
-]
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "RECIPE_VERSION": "ub.model.tiny",
+    "TinyModelConfig": "ub.model.tiny",
+    "build_tiny_model": "ub.model.tiny",
+    "cache_key": "ub.model.tiny",
+    "measure_legality": "ub.model.tiny",
+    "tiny_model_path": "ub.model.tiny",
+    "TranscriptStep": "ub.model.transcripts",
+    "iter_transcripts": "ub.model.transcripts",
+    "transcript_pairs": "ub.model.transcripts",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'ub.model' has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -95,7 +95,8 @@ class TinyModelConfig:
 
     # --- tokenizer ---
     vocab_size: int = 4096
-    """Upper bound for the BPE vocabulary; game text saturates it earlier (~1.3k tokens)."""
+    """Upper bound for the BPE vocabulary; the default games' text runs out of merges first
+    (~1.3k tokens), so this only bites with many more games."""
 
     # --- model (Qwen3 shape) ---
     hidden_size: int = 256
@@ -116,10 +117,11 @@ class TinyModelConfig:
     """RoPE base; 1e4 suits a 2k context (Qwen3's 1e6 is for 32k+)."""
 
     # --- pre-training ---
-    train_steps: int = 400
-    """Optimizer steps."""
-    batch_tokens: int = 4096
-    """Token budget per batch, padding included (batches are bucketed by length)."""
+    train_steps: int = 800
+    """Optimizer steps (~0.15 s each on 2 idle cores at the default sizes)."""
+    batch_tokens: int = 1024
+    """Token budget per batch, padding included (batches are bucketed by length). Small batches
+    and more steps learned faster per CPU second than 2k or 4k-token batches."""
     learning_rate: float = 3e-3
     """Peak AdamW learning rate (after warm-up; cosine decay to ``min_lr_ratio`` of it)."""
     warmup_steps: int = 30
@@ -130,10 +132,13 @@ class TinyModelConfig:
     """AdamW weight decay (matrices only; not norms)."""
     max_grad_norm: float = 1.0
     """Gradient clipping norm."""
-    prompt_loss_weight: float = 0.0
-    """Weight of the plain LM loss on prompt tokens, relative to the completion loss."""
-    bf16_autocast: bool = False
-    """Run forward/backward matmuls in bfloat16 (weights and optimizer stay float32)."""
+    prompt_loss_weight: float = 0.5
+    """Weight of the plain LM loss on prompt tokens, relative to the completion loss. Predicting
+    the listed moves from the board trains the same attend-and-copy skill the move needs; it
+    lifted TicTacToe/SimpleTak legality by ~10-25 points at equal compute."""
+    bf16_autocast: bool = True
+    """Run forward/backward matmuls in bfloat16 (weights, optimizer and saved model stay
+    float32): ~1.3-1.5x faster on AVX512-BF16 CPUs, same legality."""
     num_threads: int = 2
     """Torch CPU threads; fixed because float sums (and so the bytes) depend on it."""
 
@@ -182,9 +187,9 @@ def cache_key(seed: int = 0, config: TinyModelConfig = TinyModelConfig()) -> str
 
 
 def cache_dir() -> Path:
-    """``$UB_CACHE_DIR`` or ``~/.cache/ub``."""
+    """``$UB_CACHE_DIR`` or ``~/.cache/ub``, as an absolute path."""
     root = os.environ.get("UB_CACHE_DIR")
-    return Path(root).expanduser() if root else Path.home() / ".cache" / "ub"
+    return (Path(root).expanduser() if root else Path.home() / ".cache" / "ub").absolute()
 
 
 def tiny_model_path(seed: int = 0, config: TinyModelConfig = TinyModelConfig()) -> Path:

@@ -1,0 +1,160 @@
+"""The self-play training loop, as a Prefect flow.
+
+Each round: the pool plans the games, rollout tasks play them into shards, the learner turns the
+round's decisions into the next checkpoint, evaluation measures it against fixed opponents when
+due, ratings absorb the round's games, and the round manifest commits it. Starting the flow again
+on the same run continues after the last committed round.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import Iterator
+from concurrent.futures import Future
+from contextlib import contextmanager
+from typing import Any
+
+from prefect import flow
+
+from tasks import commit, evaluate, learn, plan, rate, rollout, start_checkpoint
+from ub.run.config import load_config
+from ub.run.layout import RunPaths, remove_orphans
+from ub.run.lock import RunLock
+from ub.run.progress import Progress
+from ub.run.rounds import Run, ShardResult, eval_due, open_run, resolve_base_model
+
+
+@flow(name="selfplay", validate_parameters=True)
+def selfplay(run_name: str, config: str | None = None, root: str = "runs",
+             rounds: int | None = None, add_rounds: int | None = None,
+             overrides: list[str] | None = None, quiet: bool = False) -> dict[str, Any]:
+    """Train run ``run_name`` under ``root`` until ``rounds`` rounds are committed.
+
+    :param config: a preset name or YAML path; ``None`` resumes the run with its own config.
+    :param rounds: the total number of rounds (extends a finished run); default: the config's.
+    :param add_rounds: rounds to add to what is committed (a nightly deployment's "continue").
+    :param overrides: ``key.sub=value`` settings applied over ``config``.
+    :param quiet: no progress lines on stdout (Prefect's logs still record the run).
+    :returns: where the run lives and its last evaluation.
+    """
+    paths = RunPaths.of(root, run_name)
+    new_config = load_config(config, overrides) if config is not None else None
+    with RunLock(paths.lock) as lock, GcClock() as gc_clock:
+        train_config = open_run(paths, new_config, rounds=rounds, add_rounds=add_rounds)
+        run = Run(paths, train_config, resolve_base_model(train_config))
+        progress = Progress(run, quiet=quiet)
+        if lock.recovered_from:
+            progress.note(f"recovered the lock of a process that died "
+                          f"(pid {lock.recovered_from.get('pid')})")
+        removed = remove_orphans(paths.root)
+        if removed:
+            progress.note(f"removed {len(removed)} unfinished file(s) of an interrupted process")
+        first = paths.next_round()
+        progress.start(first)
+        start_checkpoint(run)
+        staleness = train_config.pipeline.max_staleness
+        pending: dict[int, list[ShardResult]] = {}
+        for round_ in range(first, train_config.rounds):
+            started, gc_before = time.perf_counter(), gc_clock.seconds
+            phases: dict[str, float] = {}  # wall time of each task call, for the breakdown
+            evaluated: dict[int, dict[str, Any]] = {}
+            if round_ == 0 and eval_due(train_config, 0):
+                with timed(phases, "eval_task"):
+                    evaluated[0] = evaluate(run, 0)
+            with timed(phases, "rollout_tasks"):
+                shards = pending.pop(round_, None) or play_round(run, round_)
+            with timed(phases, "learn_task"):
+                learning: Future = learn.submit(run, round_)
+                if staleness and round_ + 1 < train_config.rounds:
+                    # Pipelined: the next round plays checkpoint r while the learner makes r+1.
+                    pending[round_ + 1] = play_round(run, round_ + 1)
+                metrics = learning.result()
+            if eval_due(train_config, round_ + 1):
+                with timed(phases, "eval_task"):
+                    evaluated[round_ + 1] = evaluate(run, round_ + 1)
+            with timed(phases, "rate_task"):
+                leaderboard = rate(run, round_, sorted(evaluated))
+            phases["gc"] = gc_clock.seconds - gc_before
+            manifest = round_manifest(shards, metrics, evaluated, leaderboard,
+                                      time.perf_counter() - started, phases)
+            commit(run, round_, manifest)
+            progress.round_done(round_, manifest)
+        return progress.finish()
+
+
+def play_round(run: Run, round_: int) -> list[ShardResult]:
+    """Plan the round and play its shards. On one machine the shards share the process's
+    engine, so they run one after another; on a Ray cluster they run in parallel."""
+    shards = plan(run, round_)
+    return [rollout(run, round_, i, games) for i, games in enumerate(shards)]
+
+
+def round_manifest(shards: list[ShardResult], metrics: dict[str, Any],
+                   evaluated: dict[int, dict[str, Any]], leaderboard: list[dict[str, Any]],
+                   seconds: float, phases: dict[str, float]) -> dict[str, Any]:
+    """The round's record: what was played, learned, measured, and how long each part took."""
+    rollout_seconds = sum(s.seconds for s in shards if not s.reused)
+    eval_seconds = sum(e["seconds"] for e in evaluated.values())
+    learner_seconds = 0.0 if metrics.get("reused") else float(metrics.get("seconds", 0.0))
+    batch = metrics.get("batch", {})
+    return {
+        "shards": [s.games_path for s in shards],
+        "games": sum(s.games for s in shards),
+        "decisions": sum(s.decisions for s in shards),
+        "model_decisions": sum(s.model_decisions for s in shards),
+        "invalid_moves": sum(s.invalid_moves for s in shards),
+        "generated_tokens": sum(s.generated_tokens for s in shards),
+        "outcomes": _sum_counts(s.outcomes for s in shards),
+        "learner": {k: metrics[k] for k in (
+            "update", "loss", "grad_norm", "entropy_mean", "logprob_mean", "tokens",
+            "tokens_per_second", "seconds", "clip_fraction", "ratio_mean", "reused",
+            "assemble_seconds") if k in metrics},
+        "batch": {k: batch[k] for k in ("size", "total_tokens", "truncated", "reward_mean",
+                                        "advantage_std") if k in batch},
+        "evals": {str(u): e["rows"] for u, e in evaluated.items()},
+        "leaderboard": leaderboard[:20],
+        "timings": {"round": seconds, "rollout": rollout_seconds, "eval": eval_seconds,
+                    "learner": learner_seconds,
+                    "other": max(0.0, seconds - rollout_seconds - eval_seconds - learner_seconds),
+                    "tasks": phases},
+    }
+
+
+class GcClock:
+    """Total time spent in Python's cyclic garbage collector while installed: in a process
+    holding an engine and a model, a full collection walks millions of objects."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._started
+
+    def __enter__(self) -> GcClock:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self)
+
+
+@contextmanager
+def timed(phases: dict[str, float], name: str) -> Iterator[None]:
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        phases[name] = phases.get(name, 0.0) + time.perf_counter() - started
+
+
+def _sum_counts(items) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for counts in items:
+        for key, value in counts.items():
+            out[key] = out.get(key, 0) + value
+    return out

@@ -1,0 +1,22 @@
+"""Learn: assemble round r's batch with DuckDB and update checkpoint r into r+1."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import task
+from prefect.cache_policies import NONE
+
+from ub.run.rounds import Run, initial_checkpoint, learn_round
+
+
+@task(name="start-checkpoint", cache_policy=NONE)
+def start_checkpoint(run: Run) -> str:
+    return initial_checkpoint(run)
+
+
+# No retries: a failed update (NaN loss, a bad batch) fails the same way again; the previous
+# checkpoint stays the latest and the error says what to change.
+@task(name="learn", cache_policy=NONE, task_run_name="learn r{round_}")
+def learn(run: Run, round_: int) -> dict[str, Any]:
+    return learn_round(run, round_)

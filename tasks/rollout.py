@@ -1,0 +1,16 @@
+"""Rollout: play one shard of a round's games with the checkpoints the pool chose."""
+
+from __future__ import annotations
+
+from prefect import task
+from prefect.cache_policies import NONE
+
+from ub.run.rounds import PlannedGame, Run, ShardResult, rollout_shard
+
+
+# A retry helps when the engine died mid-shard: the shard was not committed, the engine is
+# restarted on next use and the same seeds replay the same games.
+@task(name="rollout", retries=1, retry_delay_seconds=2, cache_policy=NONE,
+      task_run_name="rollout r{round_}-s{shard}")
+def rollout(run: Run, round_: int, shard: int, games: list[PlannedGame]) -> ShardResult:
+    return rollout_shard(run, round_, shard, games)

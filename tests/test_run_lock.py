@@ -1,0 +1,82 @@
+"""One process per run: a live holder refuses others, a dead one's lock is taken over."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from ub.run.layout import RunPaths, check_run_name, remove_orphans
+from ub.run.lock import RunLock, RunLocked
+
+HOLD = """
+import sys, time
+from pathlib import Path
+from ub.run.lock import RunLock
+RunLock(Path(sys.argv[1])).acquire()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def _holder(path):
+    child = subprocess.Popen([sys.executable, "-c", HOLD, str(path)], stdout=subprocess.PIPE,
+                             text=True)
+    assert child.stdout.readline().strip() == "held"
+    return child
+
+
+def test_a_live_holder_refuses_a_second_process(tmp_path):
+    path = tmp_path / "run" / "run.lock"
+    child = _holder(path)
+    try:
+        with pytest.raises(RunLocked, match=rf"in use by pid {child.pid} on .* since"):
+            RunLock(path).acquire()
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_killed_holder_leaves_a_lock_that_is_taken_over(tmp_path):
+    path = tmp_path / "run" / "run.lock"
+    child = _holder(path)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    lock = RunLock(path).acquire()
+    try:
+        assert lock.recovered_from is not None and lock.recovered_from["pid"] == child.pid
+    finally:
+        lock.release()
+    # Released cleanly: the next taker has nothing to recover.
+    with RunLock(path) as again:
+        assert again.recovered_from is None
+
+
+def test_orphaned_temporary_files_are_removed_and_nothing_else(tmp_path):
+    keep = [tmp_path / "steps" / "round=000000" / "shard-0000.parquet",
+            tmp_path / "config.yaml", tmp_path / ".prefect" / "prefect.db"]
+    orphans = [tmp_path / "steps" / "round=000000" / ".shard-0001.parquet.tmp-123-0badc0de",
+               tmp_path / "checkpoints" / ".ckpt-000002.tmp-77-deadbeef" / "adapter.bin"]
+    for path in keep + orphans:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("x")
+    time.sleep(0.01)
+    removed = remove_orphans(tmp_path)
+    assert {p.name for p in removed} == {".shard-0001.parquet.tmp-123-0badc0de",
+                                          ".ckpt-000002.tmp-77-deadbeef"}
+    assert all(p.exists() for p in keep)
+    assert not any(p.exists() for p in orphans)
+
+
+@pytest.mark.parametrize("name", ["../escape", "a/b", "", ".hidden", "x" * 200, "a..b"])
+def test_run_names_cannot_escape_the_runs_root(name, tmp_path):
+    from ub.errors import UbError
+
+    with pytest.raises(UbError, match="invalid run name"):
+        check_run_name(name)
+    with pytest.raises(UbError, match="invalid run name"):
+        RunPaths.of(tmp_path, name)

@@ -1,0 +1,124 @@
+"""Evaluation: one actor against fixed opponents on a set of games, seats balanced.
+
+Each (env, opponent) pair plays ``games`` games, the evaluated actor taking every seat equally
+often. The games are ordinary ``steps``/``games`` shards (under the run's ``eval/`` root), so they
+are as queryable as training games; :func:`summarize` turns them into win/draw/loss rates with
+95% Wilson confidence intervals, and invalid-move and format rates.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import pyarrow as pa
+
+from ub.actors.spec import ActorSpec
+from ub.games.specs import GameSpec
+from ub.rollout import GameAssignment
+from ub.seeding import derive_seed
+
+
+def wilson_interval(successes: int, trials: int, z: float = 1.959964) -> tuple[float, float]:
+    """The Wilson score interval of a binomial proportion (95% by default).
+
+    Unlike the normal approximation it stays inside [0, 1] and behaves at 0 and n successes.
+    ``trials == 0`` gives the uninformative (0, 1).
+    """
+    if trials <= 0:
+        return 0.0, 1.0
+    p = successes / trials
+    denom = 1 + z * z / trials
+    centre = (p + z * z / (2 * trials)) / denom
+    half = z * math.sqrt(p * (1 - p) / trials + z * z / (4 * trials * trials)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def eval_assignments(actor: ActorSpec, opponents: list[ActorSpec], specs: list[GameSpec],
+                     games: int, seed: int) -> list[GameAssignment]:
+    """``games`` games per (env, opponent); the actor sits in seat ``i % num_players`` of game
+    ``i``, the opponent in every other seat. Env seeds derive from (seed, game index) only,
+    so every checkpoint is measured on the same starting positions."""
+    out = []
+    index = 0
+    for spec in specs:
+        for opponent in opponents:
+            for i in range(games):
+                seat = i % spec.num_players
+                seated = [opponent] * spec.num_players
+                seated[seat] = actor
+                env_seed = derive_seed(seed, index, "eval")
+                out.append(GameAssignment(spec, index, env_seed, tuple(seated)))
+                index += 1
+    return out
+
+
+@dataclass(frozen=True)
+class EvalRow:
+    """One (env, opponent) line of an evaluation."""
+
+    actor: str
+    env_id: str
+    opponent: str
+    games: int
+    wins: int
+    draws: int
+    losses: int
+    errors: int
+    win_rate: float
+    win_low: float
+    win_high: float
+    invalid_move_rate: float
+    format_rate: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def summarize(games: pa.Table, steps: pa.Table, actor: str) -> list[EvalRow]:
+    """Win/draw/loss of ``actor`` per (env, opponent) from eval ``games`` and ``steps`` tables.
+
+    A decisive game is a win when the actor's seat has the highest reward; errored games count
+    in ``errors`` and in neither rate's denominator.
+    """
+    per: dict[tuple[str, str], dict[str, int]] = {}
+    for g in games.to_pylist():
+        seats = [i for i, name in enumerate(g["actors"]) if name == actor]
+        others = sorted({name for name in g["actors"] if name != actor})
+        if not seats or not others:
+            continue
+        key = (g["env_id"], ",".join(others))
+        c = per.setdefault(key, {"games": 0, "wins": 0, "draws": 0, "losses": 0, "errors": 0})
+        c["games"] += 1
+        if g["outcome"] == "error" or g["rewards"] is None:
+            c["errors"] += 1
+        elif g["outcome"] == "draw":
+            c["draws"] += 1
+        else:
+            mine = max(g["rewards"][s] for s in seats)
+            theirs = max(r for i, r in enumerate(g["rewards"]) if i not in seats)
+            c["wins" if mine > theirs else "losses"] += 1
+    moves: dict[tuple[str, str], list[int]] = {}
+    opponent_of = {g["game_id"]: ",".join(sorted({a for a in g["actors"] if a != actor}))
+                   for g in games.to_pylist()}
+    for s in steps.select(["game_id", "env_id", "actor", "invalid_move", "format_ok"]).to_pylist():
+        if s["actor"] != actor:
+            continue
+        key = (s["env_id"], opponent_of.get(s["game_id"], ""))
+        m = moves.setdefault(key, [0, 0, 0])
+        m[0] += 1
+        m[1] += bool(s["invalid_move"])
+        m[2] += bool(s["format_ok"])
+    rows = []
+    for (env_id, opponent), c in sorted(per.items()):
+        decided = c["games"] - c["errors"]
+        low, high = wilson_interval(c["wins"], decided)
+        m = moves.get((env_id, opponent), [0, 0, 0])
+        rows.append(EvalRow(
+            actor=actor, env_id=env_id, opponent=opponent, games=c["games"], wins=c["wins"],
+            draws=c["draws"], losses=c["losses"], errors=c["errors"],
+            win_rate=c["wins"] / decided if decided else 0.0, win_low=low, win_high=high,
+            invalid_move_rate=m[1] / m[0] if m[0] else 0.0,
+            format_rate=m[2] / m[0] if m[0] else 0.0,
+        ))
+    return rows

@@ -1,0 +1,139 @@
+"""A run's directory: every path is a function of (run root, round, shard).
+
+::
+
+    runs/NAME/
+      config.yaml                     the resolved config (training settings are frozen)
+      run.lock                        held (flock) by the process driving the run
+      steps/round=NNNNNN/shard-NNNN.parquet, games/...   training games
+      eval/steps/..., eval/games/...  evaluation games (round = the checkpoint's update)
+      checkpoints/ckpt-NNNNNN/        LoRA adapter + optimizer/RNG state; ckpt-000000 = start
+      state/final-rewards-NNNNNN.json the final-reward transforms' state after round N
+      ratings/round-NNNNNN.json       rating snapshot after round N
+      rounds/round-NNNNNN.json        round manifest: written last, the round's commit point
+      logs/                           one log file per component
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ub.data.atomic import write_atomic
+from ub.errors import UbError
+
+RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def check_run_name(name: str) -> str:
+    """Run names are one path component: no separators, no ``..``, nothing hidden."""
+    if not RUN_NAME.match(name or "") or ".." in name:
+        raise UbError(f"invalid run name {name!r}: use letters, digits, '.', '_' and '-' "
+                      "(starting with a letter or digit), at most 128 characters")
+    return name
+
+
+def checkpoint_name(update: int) -> str:
+    return f"ckpt-{update:06d}"
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Where everything of one run lives."""
+
+    root: Path
+
+    @classmethod
+    def of(cls, runs_root: str | Path, name: str) -> RunPaths:
+        return cls((Path(runs_root).expanduser() / check_run_name(name)).absolute())
+
+    @property
+    def name(self) -> str:
+        return self.root.name
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.yaml"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / "run.lock"
+
+    @property
+    def data(self) -> Path:
+        """The training data root (``steps/``, ``games/``)."""
+        return self.root
+
+    @property
+    def eval_data(self) -> Path:
+        return self.root / "eval"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    def checkpoint(self, update: int) -> Path:
+        return self.root / "checkpoints" / checkpoint_name(update)
+
+    def final_rewards_state(self, round_: int) -> Path:
+        return self.root / "state" / f"final-rewards-{round_:06d}.json"
+
+    def ratings(self, round_: int) -> Path:
+        return self.root / "ratings" / f"round-{round_:06d}.json"
+
+    def manifest(self, round_: int) -> Path:
+        return self.root / "rounds" / f"round-{round_:06d}.json"
+
+    def committed_rounds(self) -> list[int]:
+        folder = self.root / "rounds"
+        if not folder.is_dir():
+            return []
+        found = (re.fullmatch(r"round-(\d{6,})\.json", p.name) for p in folder.iterdir())
+        return sorted(int(m.group(1)) for m in found if m)
+
+    def next_round(self) -> int:
+        """The first round not yet committed (rounds commit in order)."""
+        rounds = self.committed_rounds()
+        if rounds != list(range(len(rounds))):
+            raise UbError(f"run {self.root}: round manifests {rounds} are not 0..N-1; the run "
+                          "directory was edited by hand (run `ub doctor`)")
+        return len(rounds)
+
+
+ORPHAN = re.compile(r"^\..+\.(tmp|old)-\d+-[0-9a-f]{8}$")
+
+
+def remove_orphans(root: Path) -> list[Path]:
+    """Delete the hidden temporary files and folders that killed writers left under ``root``.
+
+    Call only while holding the run's lock: then no live writer owns any of them.
+    """
+    import shutil
+
+    removed = []
+    for path in sorted(root.rglob(".*")):
+        if ORPHAN.match(path.name) and path.exists():
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+            removed.append(path)
+    return removed
+
+
+def write_json_atomic(path: Path, data: Any) -> Path:
+    """Write JSON so the file appears whole or not at all (temp name, fsync, rename)."""
+    text = json.dumps(data, indent=1, sort_keys=True) + "\n"
+    return write_atomic(path, lambda handle: handle.write(text.encode()))
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UbError(f"{path} is missing") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UbError(f"{path} is corrupt ({exc}); run `ub doctor` on the run") from None

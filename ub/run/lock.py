@@ -1,0 +1,75 @@
+"""One process drives a run at a time.
+
+The lock is an ``flock`` on ``run.lock``: the kernel releases it when the holder dies, however it
+dies, so a lock left by a killed process is recovered by simply taking it again. The file holds
+the holder's pid and host, for the message a second process gets.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+
+from ub.errors import UbError
+
+
+class RunLocked(UbError):
+    """Another live process holds the run."""
+
+
+class RunLock:
+    """``with RunLock(path):`` holds the run for the block (and the process's life)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+        self.recovered_from: dict | None = None
+        """The previous holder's record when it died without releasing (a stale lock)."""
+
+    def acquire(self) -> RunLock:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            who = (f"pid {holder.get('pid')} on {holder.get('host')} since "
+                   f"{holder.get('since')}") if holder else "another process"
+            raise RunLocked(f"run {self.path.parent} is in use by {who}; wait for it to finish "
+                            "or stop it (a dead process releases the lock by itself)") from None
+        previous = _read_holder(fd)
+        if previous and previous.get("pid") != os.getpid():
+            self.recovered_from = previous
+        record = {"pid": os.getpid(), "host": socket.gethostname(),
+                  "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(record).encode(), 0)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        if self._fd is None:
+            return
+        os.ftruncate(self._fd, 0)  # an empty file = released cleanly
+        fcntl.flock(self._fd, fcntl.LOCK_UN)
+        os.close(self._fd)
+        self._fd = None
+
+    def __enter__(self) -> RunLock:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _read_holder(fd: int) -> dict | None:
+    try:
+        data = os.pread(fd, 4096, 0)
+        return json.loads(data) if data.strip() else None
+    except (OSError, ValueError):
+        return None

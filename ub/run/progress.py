@@ -1,0 +1,92 @@
+"""What ``ub train`` prints: a line per round and, at the end, the learning curve.
+
+Everything shown is read back from the round manifests, so a resumed run's summary covers the
+rounds of earlier processes too.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from ub.run.layout import read_json
+from ub.run.rounds import Run
+
+
+def _pct(value: float) -> str:
+    return f"{100 * value:.1f}%"
+
+
+def eval_cell(row: dict[str, Any]) -> str:
+    return f"{_pct(row['win_rate'])} [{_pct(row['win_low'])}, {_pct(row['win_high'])}]"
+
+
+class Progress:
+    """Round-by-round console output of one ``selfplay`` call."""
+
+    def __init__(self, run: Run, quiet: bool = False) -> None:
+        self.run = run
+        self.console = Console(quiet=quiet, highlight=False)
+        self.started = time.perf_counter()
+
+    def note(self, text: str) -> None:
+        self.console.print(f"[dim]{text}[/dim]")
+
+    def start(self, first_round: int) -> None:
+        c = self.run.config
+        what = "starting" if first_round == 0 else f"resuming at round {first_round}"
+        self.console.print(
+            f"[bold]ub train[/bold] run [cyan]{self.run.name}[/cyan] ({what}; "
+            f"{c.rounds} rounds of {c.rollout.games_per_round} games on "
+            f"{', '.join(e.env_id for e in c.envs)}) -> {self.run.paths.root}")
+
+    def round_done(self, round_: int, m: dict[str, Any]) -> None:
+        t = m["timings"]
+        play = t["rollout"]
+        rate = (f"{m['games'] / play:.1f} games/s, {m['generated_tokens'] / play:.0f} tok/s"
+                if play > 0 else "reused")
+        invalid = m["invalid_moves"] / m["model_decisions"] if m["model_decisions"] else 0.0
+        learner = m["learner"]
+        line = (f"round {round_ + 1}/{self.run.config.rounds}  {m['games']} games ({rate})  "
+                f"invalid {_pct(invalid)}  loss {learner.get('loss', 0.0):+.4f}  "
+                f"grad {learner.get('grad_norm', 0.0):.3f}")
+        for update, rows in sorted(m["evals"].items(), key=lambda kv: int(kv[0])):
+            for row in rows:
+                line += (f"\n    eval ckpt {int(update)} vs {row['opponent']} on "
+                         f"{row['env_id']}: win {eval_cell(row)}, "
+                         f"invalid {_pct(row['invalid_move_rate'])}")
+        self.console.print(f"{line}  [dim]({t['round']:.0f} s)[/dim]")
+
+    def finish(self) -> dict[str, Any]:
+        """Print the learning curve over every committed round; return the run's summary."""
+        curve = learning_curve(self.run)
+        table = Table(title=f"learning curve of {self.run.name}")
+        for column in ("checkpoint", "env", "opponent", "games", "win rate [95% CI]",
+                       "draws", "invalid moves"):
+            table.add_column(column)
+        for update, row in curve:
+            table.add_row(str(update), row["env_id"], row["opponent"], str(row["games"]),
+                          eval_cell(row), str(row["draws"]), _pct(row["invalid_move_rate"]))
+        if curve:
+            self.console.print(table)
+        root = self.run.paths.root
+        self.console.print(
+            f"run data: {root}  (query it: ub sql {root} \"SELECT ...\"; "
+            f"resume or extend: ub train --resume {self.run.name} --rounds N)  "
+            f"[dim]{time.perf_counter() - self.started:.0f} s[/dim]")
+        last = self.run.paths.committed_rounds()
+        return {"run": self.run.name, "root": str(root),
+                "rounds": len(last), "evals": [{"update": u, **row} for u, row in curve]}
+
+
+def learning_curve(run: Run) -> list[tuple[int, dict[str, Any]]]:
+    """Every evaluation of the run, in checkpoint order: ``(update, row)``."""
+    out = []
+    for round_ in run.paths.committed_rounds():
+        manifest = read_json(run.paths.manifest(round_))
+        for update, rows in sorted(manifest.get("evals", {}).items(), key=lambda kv: int(kv[0])):
+            out.extend((int(update), row) for row in rows)
+    return out

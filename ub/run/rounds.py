@@ -1,0 +1,448 @@
+"""The steps of one self-play round, as plain functions over a run directory.
+
+The Prefect tasks in ``tasks/`` are thin wrappers of these; ``ub`` itself imports no Prefect.
+Every step is idempotent: its output path is a function of (run, round, shard), an existing
+committed output is returned instead of redone, and every seed derives from (run seed, round,
+game, turn). So a run killed at any moment and started again redoes only unfinished work and
+produces what an uninterrupted run would have.
+
+Round ``r`` (synchronous mode)::
+
+    plan      the pool picks each game's env and seats           (pure, from ratings r-1)
+    rollout   games played by checkpoint r  -> steps/games shards (one per rollout task)
+    learn     batch of round r's decisions  -> checkpoint r+1     (+ final-reward state r)
+    evaluate  checkpoint r+1 vs fixed opponents, if due -> eval shard
+    rate      ratings r-1 + round r's games + its eval games -> ratings r
+    commit    round manifest r (written last: the commit point)
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import yaml
+
+from ub.actors.spec import ActorSpec, parse_actor
+from ub.data.shards import ShardId, is_committed, read_metadata, shard_path, write_shard
+from ub.errors import UbError
+from ub.faults import fault_point
+from ub.games.specs import GameSpec
+from ub.run.config import TrainConfig, load_yaml, validate_config
+from ub.run.layout import RunPaths, checkpoint_name, read_json, write_json_atomic
+from ub.seeding import derive_seed
+
+CHECKPOINT_PREFIX = "ckpt-"
+
+
+@dataclass(frozen=True)
+class Run:
+    """What every step needs: where the run lives, its config and the resolved base model."""
+
+    paths: RunPaths
+    config: TrainConfig
+    base_model: str
+
+    @property
+    def name(self) -> str:
+        return self.paths.name
+
+
+# --------------------------------------------------------------------------------------------
+# Starting and resuming
+# --------------------------------------------------------------------------------------------
+
+
+def resolve_base_model(config: TrainConfig) -> str:
+    """``tiny`` -> the locally built tiny model (built on first use, then cached)."""
+    if config.model.base == "tiny":
+        from ub.model.tiny import build_tiny_model
+
+        return str(build_tiny_model(seed=config.model.tiny_seed))
+    path = Path(config.model.base).expanduser()
+    return str(path.absolute()) if path.exists() else config.model.base
+
+
+def _first_difference(old: Any, new: Any, where: str = "") -> str | None:
+    if isinstance(old, dict) and isinstance(new, dict):
+        for key in sorted(set(old) | set(new)):
+            found = _first_difference(old.get(key), new.get(key), f"{where}.{key}" if where
+                                      else str(key))
+            if found:
+                return found
+        return None
+    return None if old == new else f"{where} ({old!r} in the run, {new!r} now)"
+
+
+def open_run(paths: RunPaths, config: TrainConfig | None, *, rounds: int | None = None,
+             add_rounds: int | None = None) -> TrainConfig:
+    """:func:`resolve_run_config`, and the result stored as the run's ``config.yaml``."""
+    chosen, changed = resolve_run_config(paths, config, rounds=rounds, add_rounds=add_rounds)
+    if changed:
+        _write_config(paths, chosen)
+    return chosen
+
+
+def resolve_run_config(paths: RunPaths, config: TrainConfig | None, *,
+                       rounds: int | None = None, add_rounds: int | None = None
+                       ) -> tuple[TrainConfig, bool]:
+    """The run's config and whether it differs from the stored one (nothing is written).
+
+    A new run takes ``config``; an existing run keeps its own.
+
+    Resuming with a config is allowed when the training settings match (``rounds`` and
+    ``eval`` may change: more rounds extend a finished run); anything else is refused, since
+    the run's data would mix two setups. ``rounds`` sets the total, ``add_rounds`` adds to the
+    committed count.
+    """
+    stored = None
+    if paths.config.exists():
+        try:
+            data = load_yaml(paths.config.read_text())
+        except yaml.YAMLError as exc:
+            raise UbError(f"{paths.config} is corrupt ({exc})".replace("\n", " ")) from None
+        stored = validate_config(data, str(paths.config))
+        if config is not None:
+            diff = _first_difference(stored.training_settings(), config.training_settings())
+            if diff:
+                raise UbError(
+                    f"run {paths.name} at {paths.root} was started with another config: {diff}. "
+                    f"Resume it as it is with `ub train --resume {paths.name}` (optionally "
+                    "--rounds N), or start a new run with another --run NAME")
+    elif config is None:
+        raise UbError(f"no run {paths.name} under {paths.root.parent}: start it with "
+                      f"`ub train CONFIG --run {paths.name}`")
+    chosen = config if config is not None else stored
+    assert chosen is not None
+    if add_rounds is not None:
+        rounds = len(paths.committed_rounds()) + add_rounds
+    if rounds is not None:
+        if rounds < 1:
+            raise UbError(f"--rounds must be >= 1, got {rounds}")
+        chosen = chosen.model_copy(update={"rounds": rounds})
+    return chosen, chosen != stored
+
+
+def _write_config(paths: RunPaths, config: TrainConfig) -> None:
+    text = yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    paths.root.mkdir(parents=True, exist_ok=True)
+    tmp = paths.config.with_name(".config.yaml.tmp")
+    tmp.write_text(text)
+    tmp.replace(paths.config)
+
+
+# --------------------------------------------------------------------------------------------
+# Actors and the pool
+# --------------------------------------------------------------------------------------------
+
+
+def is_checkpoint_actor(name: str) -> bool:
+    return name.startswith(CHECKPOINT_PREFIX)
+
+
+def actor_spec(run: Run, name: str) -> ActorSpec:
+    """A pool member's actor: ``ckpt-NNNNNN`` is the learner's checkpoint as a LoRA adapter;
+    anything else is a fixed opponent named as in ``ub play --players``."""
+    if is_checkpoint_actor(name):
+        update = int(name[len(CHECKPOINT_PREFIX):])
+        return ActorSpec(name, "model", adapter=str(run.paths.checkpoint(update)))
+    return parse_actor(name)
+
+
+def behaviour_update(config: TrainConfig, round_: int) -> int:
+    """The checkpoint that plays round ``round_``: ``r``, or ``r - 1`` when pipelined."""
+    return max(0, round_ - config.pipeline.max_staleness)
+
+
+def game_specs(config: TrainConfig) -> list[GameSpec]:
+    return [GameSpec(e.env_id, e.num_players, e.template, e.extractor, e.max_turns)
+            for e in config.envs]
+
+
+def split_by_weight(total: int, weights: list[float]) -> list[int]:
+    """``total`` split in proportion to ``weights`` (largest remainders; ties to the first)."""
+    scale = sum(weights)
+    exact = [total * w / scale for w in weights]
+    counts = [int(x) for x in exact]
+    order = sorted(range(len(weights)), key=lambda i: (-(exact[i] - counts[i]), i))
+    for i in order[: total - sum(counts)]:
+        counts[i] += 1
+    return counts
+
+
+def fixed_opponents(config: TrainConfig) -> tuple[str, ...]:
+    """Fixed pool members: those the opponent modes name, plus the eval opponents."""
+    from ub.pool.sampling import OpponentConfig
+
+    names = list(OpponentConfig.from_dict(config.opponents).fixed_names())
+    for name in config.eval.opponents:
+        if name not in names:
+            names.append(name)
+    return tuple(names)
+
+
+def load_ratings(run: Run, round_: int):
+    """The rating table after round ``round_`` (``-1``: the initial pool)."""
+    from ub.pool.ratings import RatingConfig, RatingTable
+
+    if round_ >= 0:
+        return RatingTable.from_snapshot(read_json(run.paths.ratings(round_)))
+    table = RatingTable(RatingConfig.from_dict(run.config.rating))
+    table.add_checkpoint(checkpoint_name(0))
+    for name in fixed_opponents(run.config):
+        table.add_fixed(name)
+    return table
+
+
+@dataclass(frozen=True)
+class PlannedGame:
+    """One game of a round: env (index into ``config.envs``), game index, actors by seat."""
+
+    env: int
+    game_index: int
+    actors: tuple[str, ...]
+
+
+def plan_round(run: Run, round_: int) -> list[list[PlannedGame]]:
+    """The round's games, split into ``rollout.shards`` contiguous shards.
+
+    A pure function of the config, the round and committed ratings: a resumed run plans
+    exactly the games the interrupted one did.
+    """
+    from ub.pool.sampling import OpponentConfig, PoolView, sample_opponents, seat_players
+
+    config = run.config
+    current = behaviour_update(config, round_)
+    # Pipelined, round r is planned while round r-1 is still learning: use the ratings before.
+    ratings = load_ratings(run, round_ - 1 - config.pipeline.max_staleness)
+    view = PoolView(current=checkpoint_name(current),
+                    checkpoints=tuple(checkpoint_name(u) for u in range(current + 1)),
+                    fixed=fixed_opponents(config), ratings=ratings)
+    opponents_config = OpponentConfig.from_dict(config.opponents)
+    counts = split_by_weight(config.rollout.games_per_round, [e.weight for e in config.envs])
+    games: list[PlannedGame] = []
+    for env_index, (env, count) in enumerate(zip(config.envs, counts, strict=True)):
+        if count == 0:
+            continue
+        drawn = sample_opponents(opponents_config, view, count,
+                                 derive_seed(config.seed, round_, env_index, "opponents"),
+                                 num_opponents=env.num_players - 1)
+        for opponents in drawn:
+            index = len(games)
+            seats = seat_players(view.current, list(opponents), env.num_players, index,
+                                 derive_seed(config.seed, round_, index, "seats"))
+            games.append(PlannedGame(env_index, index, tuple(seats)))
+    n = config.rollout.shards
+    size = -(-len(games) // n)
+    return [games[i * size:(i + 1) * size] for i in range(n)]
+
+
+# --------------------------------------------------------------------------------------------
+# Engine
+# --------------------------------------------------------------------------------------------
+
+
+def get_run_engine(run: Run):
+    """The process's vLLM engine for this run (started once, kept across rounds)."""
+    from ub.inference.vllm_engine import (
+        EngineConfig,
+        SamplingConfig,
+        configure_vllm_environment,
+        get_engine,
+    )
+
+    configure_vllm_environment()
+    e, s = run.config.engine, run.config.sampling
+    engine_config = EngineConfig(
+        model=run.base_model, dtype=e.dtype, max_model_len=e.max_model_len,
+        max_num_seqs=e.max_num_seqs, max_lora_rank=e.max_lora_rank, max_loras=e.max_loras,
+        kv_cache_gib=e.kv_cache_gib, gpu_memory_utilization=e.gpu_memory_utilization,
+        seed=run.config.seed)
+    return get_engine(engine_config, SamplingConfig(s.temperature, s.top_p, s.max_tokens))
+
+
+# --------------------------------------------------------------------------------------------
+# Steps
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ShardResult:
+    """What a rollout or eval task returns: the shard's paths and a few counts."""
+
+    games_path: str
+    games: int
+    decisions: int
+    model_decisions: int
+    generated_tokens: int
+    seconds: float
+    reused: bool
+    invalid_moves: int = 0
+    """Invalid moves among the model's decisions."""
+    outcomes: dict[str, int] = field(default_factory=dict)
+
+
+def _play_shard(run: Run, root: Path, sid: ShardId, assignments: list, *, sampling: Any = None,
+                kind: str) -> ShardResult:
+    from ub.rollout import play_games
+
+    games_path = shard_path(root, "games", sid)
+    if is_committed(root, sid):
+        meta = read_metadata(games_path)
+        return ShardResult(str(games_path), pq.read_metadata(games_path).num_rows,
+                           meta.get("decisions", 0), meta.get("model_decisions", 0),
+                           meta.get("generated_tokens", 0), meta.get("seconds", 0.0), True,
+                           meta.get("invalid_moves", 0), meta.get("outcomes", {}))
+    needs_engine = any(a.kind == "model" for g in assignments for a in g.actors)
+    engine = get_run_engine(run) if needs_engine else None
+    rollout = play_games(assignments, engine=engine, run=run.name, round_=sid.round,
+                         shard=sid.shard, base_seed=run.config.seed,
+                         concurrency=run.config.rollout.concurrency, sampling=sampling)
+    st = rollout.stats
+    model_rows = rollout.steps.filter(pc.equal(rollout.steps["actor_kind"], "model"))
+    invalid = int(pc.sum(model_rows["invalid_move"].cast(pa.int64())).as_py() or 0)
+    extra = {"kind": kind, "model": run.base_model, "decisions": st.decisions,
+             "model_decisions": st.model_decisions, "generated_tokens": st.generated_tokens,
+             "seconds": st.seconds, "invalid_moves": invalid, "outcomes": st.outcomes}
+    write_shard(root, sid, run.name, rollout.steps, rollout.games, extra)
+    return ShardResult(str(games_path), st.games, st.decisions, st.model_decisions,
+                       st.generated_tokens, st.seconds, False, invalid, dict(st.outcomes))
+
+
+def rollout_shard(run: Run, round_: int, shard: int, games: list[PlannedGame]) -> ShardResult:
+    """Play one shard of round ``round_`` (or return it if already committed)."""
+    from ub.rollout import GameAssignment
+
+    specs = game_specs(run.config)
+    actors: dict[str, ActorSpec] = {}
+    assignments = []
+    for g in games:
+        seated = tuple(actors.setdefault(n, actor_spec(run, n)) for n in g.actors)
+        env_seed = derive_seed(run.config.seed, round_, g.game_index, "env")
+        assignments.append(GameAssignment(specs[g.env], g.game_index, env_seed, seated))
+    return _play_shard(run, run.paths.data, ShardId(round_, shard), assignments, kind="train")
+
+
+def initial_checkpoint(run: Run) -> str:
+    """Checkpoint 0: the learner's cold start (``learner.init_adapter`` or a fresh LoRA)."""
+    from ub.learner import write_initial_checkpoint
+
+    path = run.paths.checkpoint(0)
+    write_initial_checkpoint(run.config.learner_config(run.base_model), path)
+    return str(path)
+
+
+def learn_round(run: Run, round_: int) -> dict[str, Any]:
+    """One update on round ``round_``'s decisions: checkpoint r -> checkpoint r+1.
+
+    The batch takes the decisions of the checkpoint that played the round (its own seats,
+    not older opponents'), sampled with a per-round seed. The final-reward transforms' state
+    after the round is saved before the update, so a resumed run continues it.
+    """
+    from ub.batch import assemble_batch
+    from ub.learner import learn_on_batch
+
+    config = run.config
+    previous = run.paths.final_rewards_state(round_ - 1)
+    state = read_json(previous) if round_ > 0 else None
+    batch_config = config.batch_config(
+        first_round=round_, last_round=round_,
+        checkpoints=[checkpoint_name(behaviour_update(config, round_))],
+        seed=derive_seed(config.seed, round_, "batch"))
+    started = time.perf_counter()
+    batch = assemble_batch(run.paths.data, batch_config, state)
+    assemble_seconds = time.perf_counter() - started
+    write_json_atomic(run.paths.final_rewards_state(round_), batch.final_state)
+    fault_point("learn.after-state")
+    metrics = learn_on_batch(batch, config.learner_config(run.base_model),
+                             run.paths.checkpoint(round_), run.paths.checkpoint(round_ + 1))
+    metrics["assemble_seconds"] = assemble_seconds
+    return metrics
+
+
+def eval_due(config: TrainConfig, update: int) -> bool:
+    """Checkpoints evaluated: the start (0), every ``eval.every`` updates, and the last."""
+    every = config.eval.every
+    return every > 0 and (update == 0 or update % every == 0 or update == config.rounds)
+
+
+def evaluate_checkpoint(run: Run, update: int) -> dict[str, Any]:
+    """Checkpoint ``update`` vs each eval opponent on each eval env (an eval shard whose round
+    is the update): ``{"rows": [per (env, opponent) results with Wilson intervals],
+    "seconds": play time, "reused": bool}``."""
+    from ub.evaluation import eval_assignments, summarize
+    from ub.inference.vllm_engine import SamplingConfig
+
+    config = run.config
+    actor = actor_spec(run, checkpoint_name(update))
+    opponents = [actor_spec(run, n) for n in config.eval.opponents]
+    env_ids = config.eval.envs or [e.env_id for e in config.envs]
+    by_id = {e.env_id: e for e in config.envs}
+    specs = [GameSpec(i, by_id[i].num_players, by_id[i].template, by_id[i].extractor,
+                      by_id[i].max_turns) if i in by_id else GameSpec(i) for i in env_ids]
+    assignments = eval_assignments(actor, opponents, specs, config.eval.games,
+                                   derive_seed(config.seed, "eval"))
+    sampling = SamplingConfig(config.eval.temperature, 1.0, config.sampling.max_tokens)
+    sid = ShardId(update, 0)
+    played = _play_shard(run, run.paths.eval_data, sid, assignments, sampling=sampling,
+                         kind="eval")
+    games = pq.read_table(shard_path(run.paths.eval_data, "games", sid))
+    steps = pq.read_table(shard_path(run.paths.eval_data, "steps", sid),
+                          columns=["game_id", "env_id", "actor", "invalid_move", "format_ok"])
+    rows = [row.to_dict() for row in summarize(games, steps, actor.name)]
+    return {"rows": rows, "seconds": 0.0 if played.reused else played.seconds,
+            "reused": played.reused}
+
+
+def _games_of(root: Path, round_: int) -> pa.Table | None:
+    folder = root / "games" / f"round={round_:06d}"
+    files = sorted(folder.glob("shard-*.parquet")) if folder.is_dir() else []
+    if not files:
+        return None
+    table = pa.concat_tables(pq.read_table(f, columns=["game_index", "game_id", "actors",
+                                                       "rewards", "outcome", "winner"])
+                             for f in files)
+    return table.sort_by("game_index")
+
+
+def rate_round(run: Run, round_: int, evaluated: list[int]) -> list[dict[str, Any]]:
+    """Ratings after round ``round_``: the previous snapshot, the new checkpoint (inheriting its
+    parent's rating), then the round's training games and the eval games of the checkpoints
+    ``evaluated`` in the round, in game order. Returns the leaderboard."""
+    table = _apply_round(run, load_ratings(run, round_ - 1), round_, evaluated)
+    write_json_atomic(run.paths.ratings(round_), table.snapshot())
+    return table.leaderboard()
+
+
+def _apply_round(run: Run, table: Any, round_: int, evaluated: list[int]) -> Any:
+    table.add_checkpoint(checkpoint_name(round_ + 1), parent=checkpoint_name(round_))
+    for games in [_games_of(run.paths.data, round_),
+                  *(_games_of(run.paths.eval_data, u) for u in sorted(evaluated))]:
+        if games is not None:
+            table.rate_games(games)
+    return table
+
+
+def rebuild_ratings(run: Run, through_round: int) -> Any:
+    """The ratings after ``through_round`` recomputed from the games alone (the evaluated
+    checkpoints of each round read from its manifest): equal to the stored snapshot."""
+    table = load_ratings(run, -1)
+    for round_ in range(through_round + 1):
+        evaluated = [int(u) for u in read_manifest(run, round_).get("evals", {})]
+        table = _apply_round(run, table, round_, evaluated)
+    return table
+
+
+def commit_round(run: Run, round_: int, manifest: dict[str, Any]) -> Path:
+    """Write round ``round_``'s manifest: from now on the round is done."""
+    fault_point("round.before-commit")
+    return write_json_atomic(run.paths.manifest(round_), {"round": round_, **manifest})
+
+
+def read_manifest(run: Run, round_: int) -> dict[str, Any]:
+    return read_json(run.paths.manifest(round_))
