@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -81,6 +83,16 @@ BAD_INPUTS = [
     (["sql", "{tmp}/missing", "SELECT 1"], "does not exist"),
     (["sql", "{out}", "SELEC 1"], "SQL error"),
     (["sql", "{out}", "COPY (SELECT 1) TO '{tmp}/leak.csv'"], "SQL error"),
+    (["train", "tiny-gpu", "--root", "{out}"], "unknown preset 'tiny-gpu'; presets: "),
+    (["train", "--root", "{out}", "--set", "rounds=0"], "rounds: Input should be greater"),
+    (["train", "--root", "{out}", "--set", "learner.algorithm=sarsa"], "sarsa"),
+    (["train", "--root", "{out}", "--set", "rounds"], "expected key=value"),
+    (["train", "{tmp}/nope.yaml", "--root", "{out}"], "nope.yaml does not exist"),
+    (["train", "--run", "../escape", "--root", "{out}"], "invalid run name"),
+    (["train", "--resume", "ghost", "--root", "{out}"], "no run ghost under"),
+    (["train", "tiny-cpu", "--resume", "ghost", "--root", "{out}"], "not both"),
+    (["train", "--root", "{out}", "--rounds", "0"], "must be >= 1"),
+    (["train", "--root", "{file}/sub"], "not writable"),
     (["frobnicate"], "invalid choice"),
 ]
 
@@ -104,3 +116,37 @@ def test_bad_input_is_one_clear_line_and_changes_nothing(
     assert "Traceback" not in err
     assert files_under(tmp_path) == before
     assert not any(name.startswith(".") for name in os.listdir(out_dir))
+
+
+def test_train_refuses_a_run_held_by_a_live_process(capsys, tmp_path):
+    from ub.run.config import load_config
+    from ub.run.layout import RunPaths
+    from ub.run.rounds import open_run
+
+    paths = RunPaths.of(tmp_path, "busy")
+    open_run(paths, load_config("tiny-cpu"))
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; "
+         "from ub.run.lock import RunLock; RunLock(Path(sys.argv[1])).acquire(); "
+         "print('held', flush=True); time.sleep(600)", str(paths.lock)],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        code, _, err = run(capsys, "train", "--resume", "busy", "--root", str(tmp_path))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert code == 2 and f"in use by pid {holder.pid}" in err and "Traceback" not in err
+
+
+def test_train_refuses_another_config_on_an_existing_run(capsys, tmp_path):
+    from ub.run.config import load_config
+    from ub.run.layout import RunPaths
+    from ub.run.rounds import open_run
+
+    open_run(RunPaths.of(tmp_path, "exp"), load_config("tiny-cpu"))
+    code, _, err = run(capsys, "train", "tiny-cpu", "--run", "exp", "--root", str(tmp_path),
+                       "--set", "seed=5")
+    assert code == 2
+    assert "was started with another config: seed (0 in the run, 5 now)" in err
+    assert "ub train --resume exp" in err

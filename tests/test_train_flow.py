@@ -67,9 +67,9 @@ def reference_run(prefect_api, config_file, tiny_model, tmp_path_factory) -> Run
     return RunPaths.of(root, "ref")
 
 
-def _games(root: Path, kind: str = "") -> list[dict]:
+def _games(root: Path, kind: str = "", pattern: str = "shard-*.parquet") -> list[dict]:
     base = root / kind if kind else root
-    files = sorted((base / "games").rglob("shard-*.parquet"))
+    files = sorted((base / "games").rglob(pattern))
     return [row for f in files for row in pq.read_table(f, columns=GAME_COLUMNS).to_pylist()]
 
 
@@ -144,6 +144,22 @@ def test_rerun_changes_nothing_and_more_rounds_extend(reference_run, config_file
     assert is_checkpoint(copy.checkpoint(3))
 
 
+def test_ub_eval_adds_an_unrated_shard_and_leaves_the_run_alone(reference_run, capsys):
+    from ub.cli import main
+
+    paths = reference_run
+    ratings = paths.ratings(1).read_text()
+    assert main(["eval", "ref", "--root", str(paths.root.parent), "--checkpoint", "1",
+                 "--games", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "ckpt-000001" in out and "random" in out
+    shard = paths.eval_data / "games" / "round=000001" / "shard-0001.parquet"
+    games = pq.read_table(shard, columns=["actors"]).to_pylist()
+    assert len(games) == 4 and all("ckpt-000001" in g["actors"] for g in games)
+    assert paths.ratings(1).read_text() == ratings
+    assert main(["eval", "ref", "--root", str(paths.root.parent), "--checkpoint", "9"]) == 2
+
+
 def test_another_config_on_an_existing_run_is_refused(reference_run, tmp_path):
     from ub.errors import UbError
     from ub.run.config import validate_config
@@ -185,7 +201,9 @@ def test_killed_anywhere_and_resumed_equals_uninterrupted(reference_run, config_
     assert not [p for p in killed.root.rglob(".*") if ORPHAN.match(p.name)]
     assert _games(killed.root) == _games(ref.root)
     assert _steps(killed.root) == _steps(ref.root)
-    assert _games(killed.root, "eval") == _games(ref.root, "eval")
+    # (The reference run also has an ad-hoc `ub eval` shard 1: compare the run's own evals.)
+    assert (_games(killed.root, "eval", "shard-0000.parquet")
+            == _games(ref.root, "eval", "shard-0000.parquet"))
     for round_ in (0, 1):
         assert (json.loads(killed.ratings(round_).read_text())
                 == json.loads(ref.ratings(round_).read_text()))

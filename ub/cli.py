@@ -287,7 +287,7 @@ def cmd_batch(args: argparse.Namespace) -> int:
 def cmd_learn(args: argparse.Namespace) -> int:
     import json
 
-    from ub.learner import LearnerConfig, learn_step
+    from ub.learner import learn_step
 
     root = Path(args.shards)
     if not root.exists():
@@ -295,21 +295,53 @@ def cmd_learn(args: argparse.Namespace) -> int:
     if args.from_checkpoint and not Path(args.from_checkpoint).exists():
         raise UbError(f"checkpoint {args.from_checkpoint} does not exist")
     batch_config = _batch_config(args)
-    data = _yaml_section(args.config, "learner")
-    for key in ("algorithm", "learning_rate", "init_adapter", "base_model"):
-        if getattr(args, key) is not None:
-            data[key] = getattr(args, key)
-    if not data.get("base_model"):
-        from ub.model.tiny import build_tiny_model
-
-        data["base_model"] = str(build_tiny_model())
-    learner_config = LearnerConfig.from_dict(data)
+    learner_config = _learner_config(args)
     out = Path(args.out)
     _check_writable(out.parent)
     metrics = learn_step(root, batch_config, learner_config, args.from_checkpoint, out,
                          overwrite=args.overwrite)
     summary = {k: v for k, v in metrics.items() if not isinstance(v, dict)}
     print(json.dumps(summary, indent=2, default=str))
+    print(f"checkpoint: {out}")
+    return 0
+
+
+def _learner_config(args: argparse.Namespace):
+    """The ``learner:`` section of ``--config`` with the command-line overrides."""
+    from ub.learner import LearnerConfig
+
+    data = _yaml_section(args.config, "learner")
+    for key in ("algorithm", "learning_rate", "init_adapter", "base_model"):
+        if getattr(args, key, None) is not None:
+            data[key] = getattr(args, key)
+    if not data.get("base_model"):
+        from ub.model.tiny import build_tiny_model
+
+        data["base_model"] = str(build_tiny_model())
+    return LearnerConfig.from_dict(data)
+
+
+# --------------------------------------------------------------------------------------------
+# ub sft
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    from ub.sft import SftConfig, train_sft
+
+    root = Path(args.shards)
+    if not root.exists():
+        raise UbError(f"{root} does not exist: give the data folder of the decisions to imitate")
+    data = _yaml_section(args.config, "sft")
+    for key in ("where", "epochs", "batch_size", "max_train_len", "seed"):
+        if getattr(args, key) is not None:
+            data[key] = getattr(args, key)
+    config = SftConfig.from_dict(data)
+    learner_config = _learner_config(args)
+    out = Path(args.out)
+    _check_writable(out.parent)
+    summary = train_sft(root, config, learner_config, out, overwrite=args.overwrite)
+    print(f"{summary['decisions']} decisions, {summary['steps']} steps, final loss "
+          f"{summary['loss']:.4f}")
     print(f"checkpoint: {out}")
     return 0
 
@@ -369,6 +401,70 @@ def cmd_train(args: argparse.Namespace) -> int:
     selfplay(run_name=name, config=source, root=str(args.root), rounds=args.rounds,
              overrides=list(args.set), quiet=args.quiet)
     return 0
+
+
+def cmd_eval(args: argparse.Namespace) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from ub.data.shards import next_free_shard
+    from ub.learner.checkpoint import latest_checkpoint
+    from ub.run.layout import RunPaths, checkpoint_name
+    from ub.run.lock import RunLock
+    from ub.run.progress import eval_cell
+    from ub.run.rounds import (
+        Run,
+        actor_spec,
+        evaluate_checkpoint,
+        resolve_base_model,
+        resolve_run_config,
+    )
+
+    paths = RunPaths.of(args.root, args.run)
+    config, _ = resolve_run_config(paths, None)
+    if args.checkpoint is None:
+        latest = latest_checkpoint(paths.root / "checkpoints")
+        if latest is None:
+            raise UbError(f"run {args.run} has no checkpoint yet")
+        update = int(latest.name.rsplit("-", 1)[1])
+    else:
+        update = args.checkpoint
+        if not paths.checkpoint(update).exists():
+            raise UbError(f"run {args.run} has no checkpoint {update} "
+                          f"({paths.checkpoint(update)})")
+    opponents = _names(args.opponents)
+    envs = _names(args.envs)
+    if args.games is not None and args.games % 2:
+        raise UbError(f"--games must be even so both seats get the same number, got "
+                      f"{args.games}")
+    with RunLock(paths.lock):
+        run = Run(paths, config, resolve_base_model(config))
+        for name in opponents or []:
+            actor_spec(run, name)  # unknown names list the valid ones, before the engine starts
+        custom = opponents is not None or envs is not None or args.games is not None
+        shard = max(1, next_free_shard(paths.eval_data, update).shard) if custom else 0
+        result = evaluate_checkpoint(run, update, opponents=opponents, envs=envs,
+                                     games=args.games, shard=shard)
+    table = Table(title=f"{args.run}: {checkpoint_name(update)}")
+    for column in ("env", "opponent", "games", "win rate [95% CI]", "draws", "losses",
+                   "invalid moves", "format ok"):
+        table.add_column(column)
+    for row in result["rows"]:
+        table.add_row(row["env_id"], row["opponent"], str(row["games"]), eval_cell(row),
+                      str(row["draws"]), str(row["losses"]),
+                      f"{row['invalid_move_rate']:.1%}", f"{row['format_rate']:.1%}")
+    Console(highlight=False).print(table)
+    print(f"games: {result['shard']}" + (" (stored earlier)" if result["reused"] else ""))
+    return 0
+
+
+def _names(text: str | None) -> list[str] | None:
+    if text is None:
+        return None
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    if not names:
+        raise UbError(f"expected a comma-separated list of names, got {text!r}")
+    return names
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -446,6 +542,31 @@ def build_parser() -> argparse.ArgumentParser:
                        help="override a setting, e.g. --set rollout.games_per_round=64")
     train.add_argument("--quiet", action="store_true", help="no progress output")
     train.set_defaults(func=cmd_train)
+
+    sft = sub.add_parser("sft", help="warm start: fine-tune an adapter on SQL-selected moves")
+    sft.add_argument("--shards", required=True, help="data folder with the decisions")
+    sft.add_argument("--out", required=True, help="checkpoint folder to write")
+    sft.add_argument("--where", help="DuckDB condition over s (steps) and g (games); default: "
+                     "the winners' legal moves")
+    sft.add_argument("--config", help="YAML with `sft:` and `learner:` sections")
+    sft.add_argument("--epochs", type=_positive_int)
+    sft.add_argument("--batch-size", type=_positive_int)
+    sft.add_argument("--max-train-len", type=_positive_int)
+    sft.add_argument("--seed", type=int)
+    sft.add_argument("--learning-rate", type=_non_negative_float)
+    sft.add_argument("--base-model", help="base model directory (default: the tiny model)")
+    sft.add_argument("--init-adapter", help="PEFT adapter to start from")
+    sft.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    sft.set_defaults(func=cmd_sft)
+
+    evaluate = sub.add_parser("eval", help="evaluate a run's checkpoint against fixed opponents")
+    evaluate.add_argument("run", help="run name")
+    evaluate.add_argument("--root", default="runs", help="folder of runs (default: runs)")
+    evaluate.add_argument("--checkpoint", type=int, help="checkpoint update (default: latest)")
+    evaluate.add_argument("--opponents", help="comma-separated actors (default: the run's)")
+    evaluate.add_argument("--envs", help="comma-separated env ids (default: the run's)")
+    evaluate.add_argument("--games", type=_positive_int, help="games per (env, opponent)")
+    evaluate.set_defaults(func=cmd_eval)
 
     envs = sub.add_parser("envs", help="list TextArena env ids ub can play")
     envs.add_argument("--all", action="store_true", help="every registered id, not just scripted")

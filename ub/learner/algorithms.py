@@ -181,3 +181,23 @@ class PPO(Algorithm):
                 "approx_kl": ((ratio - 1) - log_ratio).sum(),
             }
         return loss, stats
+
+
+# --------------------------------------------------------------------------------------------
+# SFT: imitate the selected completions (ub sft)
+# --------------------------------------------------------------------------------------------
+
+
+@register_algorithm
+class Sft(Algorithm):
+    """Supervised fine-tuning: maximize the likelihood of every completion token.
+
+    ``loss = -sum_{b,t} logp_{b,t} * mask_{b,t} / (B * L)``; advantages are ignored.
+    """
+
+    name = "sft"
+    needs_zero_advantage_rows = True
+
+    def loss(self, tokens: TokenBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        nll = -tokens.logprobs.sum()
+        return nll / tokens.normalizer, {"nll": nll.detach()}

@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 
 
-def configure_prefect(home: Path, *, console_level: str = "WARNING") -> None:
+def configure_prefect(home: Path, *, console_level: str = "CRITICAL") -> None:
     """Set Prefect's environment defaults (call before ``import prefect``)."""
     home = home.expanduser().absolute()
     defaults = {
@@ -20,7 +20,9 @@ def configure_prefect(home: Path, *, console_level: str = "WARNING") -> None:
         "PREFECT_MEMO_STORE_PATH": str(home / "memo_store.toml"),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
-        # ub prints its own progress; Prefect's task-run chatter stays in its UI and database.
+        # ub prints its own progress and a one-line error for expected failures; Prefect's
+        # task-run chatter and failure tracebacks stay in its UI and database (an unexpected
+        # exception still prints its traceback when it reaches the command).
         "PREFECT_LOGGING_LEVEL": console_level,
     }
     for key, value in defaults.items():

@@ -30,6 +30,8 @@ class Progress:
     def __init__(self, run: Run, quiet: bool = False) -> None:
         self.run = run
         self.console = Console(quiet=quiet, highlight=False)
+        if not self.console.is_terminal:  # logs and CI: rich would wrap at 80 columns
+            self.console.width = max(self.console.width, 120)
         self.started = time.perf_counter()
 
     def note(self, text: str) -> None:

@@ -371,37 +371,46 @@ def eval_due(config: TrainConfig, update: int) -> bool:
     return every > 0 and (update == 0 or update % every == 0 or update == config.rounds)
 
 
-def evaluate_checkpoint(run: Run, update: int) -> dict[str, Any]:
-    """Checkpoint ``update`` vs each eval opponent on each eval env (an eval shard whose round
-    is the update): ``{"rows": [per (env, opponent) results with Wilson intervals],
-    "seconds": play time, "reused": bool}``."""
+def evaluate_checkpoint(run: Run, update: int, *, opponents: list[str] | None = None,
+                        envs: list[str] | None = None, games: int | None = None,
+                        shard: int = 0) -> dict[str, Any]:
+    """Checkpoint ``update`` vs each opponent on each env, seats balanced: ``{"rows": [per
+    (env, opponent) results with Wilson intervals], "seconds": play time, "reused": bool,
+    "shard": path}``.
+
+    Shard 0 of eval round ``update`` is the run's own evaluation (the ``eval`` settings; rated,
+    and reused if it exists); ad-hoc evaluations (``ub eval`` with other opponents, envs or
+    game counts) go to later shards of the same round and are not rated.
+    """
     from ub.evaluation import eval_assignments, summarize
     from ub.inference.vllm_engine import SamplingConfig
 
     config = run.config
     actor = actor_spec(run, checkpoint_name(update))
-    opponents = [actor_spec(run, n) for n in config.eval.opponents]
-    env_ids = config.eval.envs or [e.env_id for e in config.envs]
+    rivals = [actor_spec(run, n) for n in (opponents or config.eval.opponents)]
+    env_ids = envs or config.eval.envs or [e.env_id for e in config.envs]
     by_id = {e.env_id: e for e in config.envs}
     specs = [GameSpec(i, by_id[i].num_players, by_id[i].template, by_id[i].extractor,
                       by_id[i].max_turns) if i in by_id else GameSpec(i) for i in env_ids]
-    assignments = eval_assignments(actor, opponents, specs, config.eval.games,
+    assignments = eval_assignments(actor, rivals, specs, games or config.eval.games,
                                    derive_seed(config.seed, "eval"))
     sampling = SamplingConfig(config.eval.temperature, 1.0, config.sampling.max_tokens)
-    sid = ShardId(update, 0)
+    sid = ShardId(update, shard)
     played = _play_shard(run, run.paths.eval_data, sid, assignments, sampling=sampling,
                          kind="eval")
-    games = pq.read_table(shard_path(run.paths.eval_data, "games", sid))
+    games_table = pq.read_table(shard_path(run.paths.eval_data, "games", sid))
     steps = pq.read_table(shard_path(run.paths.eval_data, "steps", sid),
                           columns=["game_id", "env_id", "actor", "invalid_move", "format_ok"])
-    rows = [row.to_dict() for row in summarize(games, steps, actor.name)]
+    rows = [row.to_dict() for row in summarize(games_table, steps, actor.name)]
     return {"rows": rows, "seconds": 0.0 if played.reused else played.seconds,
-            "reused": played.reused}
+            "reused": played.reused, "shard": played.games_path}
 
 
-def _games_of(root: Path, round_: int) -> pa.Table | None:
+def _games_of(root: Path, round_: int, only_shard: int | None = None) -> pa.Table | None:
     folder = root / "games" / f"round={round_:06d}"
     files = sorted(folder.glob("shard-*.parquet")) if folder.is_dir() else []
+    if only_shard is not None:
+        files = [f for f in files if f.name == f"shard-{only_shard:04d}.parquet"]
     if not files:
         return None
     table = pa.concat_tables(pq.read_table(f, columns=["game_index", "game_id", "actors",
@@ -422,7 +431,7 @@ def rate_round(run: Run, round_: int, evaluated: list[int]) -> list[dict[str, An
 def _apply_round(run: Run, table: Any, round_: int, evaluated: list[int]) -> Any:
     table.add_checkpoint(checkpoint_name(round_ + 1), parent=checkpoint_name(round_))
     for games in [_games_of(run.paths.data, round_),
-                  *(_games_of(run.paths.eval_data, u) for u in sorted(evaluated))]:
+                  *(_games_of(run.paths.eval_data, u, only_shard=0) for u in sorted(evaluated))]:
         if games is not None:
             table.rate_games(games)
     return table

@@ -1,0 +1,41 @@
+"""prefect.yaml: every deployment names an existing flow, with parameters it accepts and a valid
+schedule on the process work pool."""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+DEPLOYMENTS = yaml.safe_load((ROOT / "prefect.yaml").read_text())["deployments"]
+
+
+@pytest.mark.parametrize("deployment", DEPLOYMENTS, ids=[d["name"] for d in DEPLOYMENTS])
+def test_deployment_names_a_flow_and_valid_parameters(deployment):
+    from prefect import Flow
+    from prefect.client.schemas.schedules import CronSchedule
+
+    path, _, name = deployment["entrypoint"].partition(":")
+    spec = importlib.util.spec_from_file_location(f"_deploy_{name}", ROOT / path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    flow = getattr(module, name)
+    assert isinstance(flow, Flow)
+    # The parameters bind to the flow's signature (no unknown or missing ones).
+    inspect.signature(flow.fn).bind(**deployment["parameters"])
+    for schedule in deployment["schedules"]:
+        CronSchedule(cron=schedule["cron"], timezone=schedule["timezone"])
+    assert deployment["work_pool"]["name"] == "ub-process"
+
+
+def test_the_nightly_training_deployment_continues_a_named_run():
+    train = next(d for d in DEPLOYMENTS if d["entrypoint"].endswith(":selfplay"))
+    params = train["parameters"]
+    assert params["run_name"] and params["add_rounds"] >= 1
+    from ub.run.config import load_config
+
+    load_config(params["config"])  # the preset exists and validates
