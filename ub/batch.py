@@ -42,7 +42,7 @@ import torch
 
 from ub.data.schema import GAMES_SCHEMA
 from ub.data.shards import ShardId, check_shard_schema, committed_shards, shard_path
-from ub.errors import UbError
+from ub.errors import UbError, settings_from_mapping
 from ub.rewards import (
     FinalRewardChain,
     GameView,
@@ -112,14 +112,7 @@ class BatchConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BatchConfig:
         """A validated config from a mapping (unknown keys are an error)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise UbError(f"unknown batch setting(s) {', '.join(unknown)}; "
-                          f"valid: {', '.join(sorted(names))}")
-        config = cls(**data)
-        config.validate()
-        return config
+        return settings_from_mapping(cls, data, "batch")
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from ub.errors import UbError
+from ub.errors import UbError, settings_from_mapping
 
 DEFAULT_WHERE = ("g.outcome = 'decisive' AND s.seat = g.winner AND s.format_ok "
                  "AND NOT s.invalid_move")
@@ -50,14 +50,7 @@ class SftConfig:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SftConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise UbError(f"unknown sft setting(s) {', '.join(unknown)}; valid: "
-                          f"{', '.join(sorted(names))}")
-        config = cls(**data)
-        config.validate()
-        return config
+        return settings_from_mapping(cls, data, "sft")
 
     def validate(self) -> None:
         if not isinstance(self.where, str) or not self.where.strip():

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ub.errors import UbError
+from ub.errors import UbError, settings_from_mapping
 from ub.model.lora import LoraSettings
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -109,14 +109,7 @@ class LearnerConfig:
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LearnerConfig:
         """A validated config from a mapping (unknown keys are an error)."""
-        names = {f.name for f in dataclasses.fields(cls)}
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise UbError(f"unknown learner setting(s) {', '.join(unknown)}; "
-                          f"valid: {', '.join(sorted(names))}")
-        config = cls(**data)
-        config.validate()
-        return config
+        return settings_from_mapping(cls, data, "learner")
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
