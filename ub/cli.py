@@ -83,6 +83,15 @@ def cmd_play(args: argparse.Namespace) -> int:
     if not actors:
         raise UbError("--players needs at least one actor, e.g. --players model,random")
     spec = GameSpec(args.env, num_players=len(actors), template=args.template)
+    if any(a.name == "expert" for a in actors):
+        from ub.actors.expert import check_expert_supports
+
+        check_expert_supports(spec.env_id)
+    for actor in actors:
+        if actor.kind == "hosted":
+            from ub.actors.hosted import check_hosted
+
+            check_hosted(actor.name)
     out = Path(args.out)
     _check_writable(out)
     check_env(spec)  # fail in a second, before the engine starts
@@ -439,8 +448,14 @@ def cmd_eval(args: argparse.Namespace) -> int:
                       f"{args.games}")
     with RunLock(paths.lock):
         run = Run(paths, config, resolve_base_model(config))
+        # Unknown names list the valid ones, before the engine starts.
         for name in opponents or []:
-            actor_spec(run, name)  # unknown names list the valid ones, before the engine starts
+            actor_spec(run, name)
+            if name == "expert":
+                from ub.actors.expert import check_expert_supports
+
+                for env_id in envs or config.eval.envs or [e.env_id for e in config.envs]:
+                    check_expert_supports(env_id)
         custom = opponents is not None or envs is not None or args.games is not None
         shard = max(1, next_free_shard(paths.eval_data, update).shard) if custom else 0
         result = evaluate_checkpoint(run, update, opponents=opponents, envs=envs,

@@ -175,7 +175,7 @@ def play_games(
         })
 
     def advance(item: _Live) -> None:
-        """Move scripted seats until the game ends or waits for the model."""
+        """Move scripted seats until the game ends or waits for the model or a hosted seat."""
         g = item.game
         while not g.done:
             actor = item.assignment.actors[g.current_seat]
@@ -188,12 +188,13 @@ def play_games(
                     break
                 g.apply(action, format_ok=True)
                 continue
-            submit(item, actor)
-            return
+            if (submit_hosted if actor.kind == "hosted" else submit)(item, actor):
+                return
         finish(item)
         del live[g.game_id]
 
-    def submit(item: _Live, actor: ActorSpec) -> None:
+    def submit(item: _Live, actor: ActorSpec) -> bool:
+        """Queue the model's move; False (and the game failed) if the prompt cannot fit."""
         g, spec = item.game, item.assignment.spec
         template = get_template(spec.template)
         prompt = template.render(g.observation, tokenizer)
@@ -203,7 +204,7 @@ def play_games(
                 f"prompt of {len(ids)} tokens does not fit engine.max_model_len "
                 f"{engine.config.max_model_len}"
             ))
-            return
+            return False
         from ub.inference.vllm_engine import GenerationRequest
 
         seed = derive_seed(base_seed, round_, item.assignment.game_index, g.turn, "sample")
@@ -213,6 +214,50 @@ def play_games(
             "template": template.name, "prompt": prompt, "prompt_token_ids": ids,
             "sampling_seed": seed, "submitted": time.perf_counter(),
         })
+        return True
+
+    def submit_hosted(item: _Live, actor: ActorSpec) -> bool:
+        """Ask the hosted endpoint for the move (in its client's thread pool)."""
+        from ub.actors.hosted import HostedClient, parse_hosted
+
+        client = hosted_clients.get(actor.name)
+        if client is None:
+            client = hosted_clients[actor.name] = HostedClient(parse_hosted(actor.name))
+        template = get_template(item.assignment.spec.template)
+        # A chat endpoint applies its own chat template: send it the observation itself.
+        prompt = (item.game.observation if template.name == "chat"
+                  else template.render(item.game.observation, None))
+        hosted_waiting[client.submit(prompt)] = (item, {
+            "template": template.name, "prompt": prompt, "submitted": time.perf_counter(),
+        })
+        return True
+
+    def receive_hosted(block: bool) -> None:
+        from concurrent.futures import FIRST_COMPLETED
+        from concurrent.futures import wait as wait_futures
+
+        from ub.actors.hosted import HostedFailure, parse_hosted
+
+        done = [f for f in hosted_waiting if f.done()]
+        if not done and block:
+            done = list(wait_futures(list(hosted_waiting), return_when=FIRST_COMPLETED).done)
+        # Apply in game order, not completion order: the rows do not depend on timing.
+        for future in sorted(done, key=lambda f: hosted_waiting[f][0].game.game_id):
+            item, det = hosted_waiting.pop(future)
+            g = item.game
+            try:
+                text = future.result()
+            except HostedFailure as exc:
+                actor = item.assignment.actors[g.current_seat]
+                if parse_hosted(actor.name).on_failure == "error":
+                    raise
+                g._fail(exc)  # on_failure=skip: the game is recorded as errored, with why
+                advance(item)
+                continue
+            action, format_ok = get_extractor(item.assignment.spec.extractor_name)(text)
+            det.update(completion=text, gen_seconds=time.perf_counter() - det.pop("submitted"))
+            g.apply(action, format_ok=format_ok, **det)
+            advance(item)
 
     def start_more() -> None:
         while queue and len(live) < concurrency:
@@ -227,35 +272,48 @@ def play_games(
             live[game.game_id] = item
             advance(item)
 
-    start_more()
-    while live or queue:
-        if not waiting:
-            start_more()
-            if not waiting and not live and not queue:
-                break
+    hosted_clients: dict[str, Any] = {}
+    hosted_waiting: dict[Any, tuple[_Live, dict]] = {}  # future -> game waiting on it
+    try:
+        start_more()
+        while live or queue:
+            if not waiting and not hosted_waiting:
+                start_more()
+                if not waiting and not hosted_waiting:
+                    if not live and not queue:
+                        break
+                    raise RuntimeError("live games wait on nothing: a rollout bug")
+            if hosted_waiting:
+                receive_hosted(block=not waiting)
+                start_more()
             if not waiting:
                 continue
-        fault_point("rollout.step")
-        for gen in engine.step():
-            item, det = waiting.pop(gen.request_id)
-            g = item.game
-            extract = get_extractor(item.assignment.spec.extractor_name)
-            action, format_ok = extract(gen.text)
-            stats.model_decisions += 1
-            stats.prompt_tokens += len(det["prompt_token_ids"])
-            stats.generated_tokens += len(gen.completion_token_ids)
-            det.update(
-                completion=gen.text,
-                completion_token_ids=list(gen.completion_token_ids),
-                completion_logprobs=list(gen.completion_logprobs),
-                num_prompt_tokens=len(det["prompt_token_ids"]),
-                num_completion_tokens=len(gen.completion_token_ids),
-                finish_reason=gen.finish_reason,
-                gen_seconds=time.perf_counter() - det.pop("submitted"),
-            )
-            g.apply(action, format_ok=format_ok, **det)
-            advance(item)
-        start_more()
+            fault_point("rollout.step")
+            for gen in engine.step():
+                item, det = waiting.pop(gen.request_id)
+                g = item.game
+                extract = get_extractor(item.assignment.spec.extractor_name)
+                action, format_ok = extract(gen.text)
+                stats.model_decisions += 1
+                stats.prompt_tokens += len(det["prompt_token_ids"])
+                stats.generated_tokens += len(gen.completion_token_ids)
+                det.update(
+                    completion=gen.text,
+                    completion_token_ids=list(gen.completion_token_ids),
+                    completion_logprobs=list(gen.completion_logprobs),
+                    num_prompt_tokens=len(det["prompt_token_ids"]),
+                    num_completion_tokens=len(gen.completion_token_ids),
+                    finish_reason=gen.finish_reason,
+                    gen_seconds=time.perf_counter() - det.pop("submitted"),
+                )
+                g.apply(action, format_ok=format_ok, **det)
+                advance(item)
+            start_more()
+    finally:
+        for client in hosted_clients.values():
+            client.close()
+        if waiting:  # failed midway: nothing of this rollout may surface in the next one
+            engine.abort(list(waiting))
     stats.seconds = time.perf_counter() - started
     stats.decisions = len(step_rows)
     # Rows are ordered by game then turn whatever order games finished in: shards are

@@ -11,8 +11,8 @@ TextArena games draw from Python's *global* ``random`` module (``State.__init__`
 players therefore use their own ``random.Random`` and never touch the global one: adding or removing
 a scripted player never changes the cards or targets a game deals.
 
-New players (e.g. an ``expert``) slot in as another class with the same ``__init__(seed)`` and
-``act(env)``, registered in :data:`SCRIPTED_PLAYERS`.
+New players slot in as another class with the same ``__init__(seed)`` and ``act(env)``,
+registered in :data:`SCRIPTED_PLAYERS`, like ``expert`` (:mod:`ub.actors.expert`).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import random
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ub.actors.expert import ExpertPlayer
 from ub.errors import UbError
 from ub.games.legal import legal_actions
 
@@ -63,6 +64,7 @@ class RandomPlayer:
 # name -> factory taking the seed; a class with __init__(seed) is such a factory.
 SCRIPTED_PLAYERS: dict[str, Callable[[int], ScriptedPlayer]] = {
     RandomPlayer.name: RandomPlayer,
+    ExpertPlayer.name: ExpertPlayer,
 }
 
 

@@ -2,7 +2,9 @@
 
 - ``model``: the engine's base model (no adapter);
 - ``model:PATH``: the base model with the PEFT LoRA adapter at ``PATH``;
-- a scripted player name (``random``, ...): see :mod:`ub.actors.scripted`.
+- a scripted player name (``random``, ``expert``): see :mod:`ub.actors.scripted`;
+- ``hosted:MODEL@BASE_URL[?options]``: an OpenAI-compatible chat endpoint
+  (:mod:`ub.actors.hosted`).
 
 The name is stored verbatim in ``steps.actor`` and ``games.actors``.
 """
@@ -20,7 +22,7 @@ class ActorSpec:
     """A parsed actor name.
 
     :param name: the name as given (stored with the data).
-    :param kind: ``model`` or ``scripted``.
+    :param kind: ``model``, ``scripted`` or ``hosted``.
     :param adapter: the LoRA adapter path for ``model:PATH``; ``None`` for the base model.
     :param checkpoint: a short label of the adapter (its folder name), stored in ``steps``.
     """
@@ -54,7 +56,12 @@ def parse_actor(name: str) -> ActorSpec:
         return ActorSpec(name, "model", adapter=str(Path(path).expanduser().resolve()))
     if name in scripted_names():
         return ActorSpec(name, "scripted")
+    if name.startswith("hosted:"):
+        from ub.actors.hosted import parse_hosted
+
+        parse_hosted(name)
+        return ActorSpec(name, "hosted")
     raise UbError(
         f"unknown actor {name!r}; valid actors: model, model:ADAPTER_PATH, "
-        + ", ".join(scripted_names())
+        + ", ".join(scripted_names()) + ", hosted:MODEL@BASE_URL"
     )

@@ -781,6 +781,16 @@ class VLLMEngine:
                 finished.append(self._to_generation(output, now))
         return finished
 
+    def abort(self, request_ids: list[str]) -> None:
+        """Drop requests in flight (e.g. when a rollout fails midway), so that their results
+        never come out of a later :meth:`step`."""
+        ours = [r for r in request_ids if r in self._pending]
+        if ours:
+            self._engine.abort_request(ours)
+            for request_id in ours:
+                del self._pending[request_id]
+        self._ready = [g for g in self._ready if g.request_id not in set(request_ids)]
+
     def has_unfinished(self) -> bool:
         """True while any submitted request has not yet been returned by :meth:`step`."""
         return bool(self._pending) or bool(self._ready)

@@ -274,6 +274,18 @@ def _check_sections(config: TrainConfig, source: str) -> None:
             raise fail(name, str(exc)) from None
         except TypeError as exc:  # a wrong type inside a dataclass section
             raise fail(name, str(exc)) from None
+    from ub.actors.expert import check_expert_supports
+
+    train_envs = [e.env_id for e in config.envs]
+    seated = [("opponents", _opponents(config).fixed_names(), train_envs),
+              ("eval.opponents", config.eval.opponents, config.eval.envs or train_envs)]
+    for field, names, env_ids in seated:
+        if "expert" in names:
+            for env_id in env_ids:
+                try:
+                    check_expert_supports(env_id)
+                except UbError as exc:
+                    raise fail(field, str(exc)) from None
     lora = config.learner_config("(base model)").lora
     if lora.rank > config.engine.max_lora_rank:
         raise fail("learner.lora.rank", f"{lora.rank} exceeds engine.max_lora_rank "

@@ -298,6 +298,10 @@ def _play_shard(run: Run, root: Path, sid: ShardId, assignments: list, *, sampli
                            meta.get("decisions", 0), meta.get("model_decisions", 0),
                            meta.get("generated_tokens", 0), meta.get("seconds", 0.0), True,
                            meta.get("invalid_moves", 0), meta.get("outcomes", {}))
+    from ub.actors.hosted import check_hosted
+
+    for name in sorted({a.name for g in assignments for a in g.actors if a.kind == "hosted"}):
+        check_hosted(name)  # unreachable or keyless: say so before any game starts
     needs_engine = any(a.kind == "model" for g in assignments for a in g.actors)
     engine = get_run_engine(run) if needs_engine else None
     rollout = play_games(assignments, engine=engine, run=run.name, round_=sid.round,

@@ -1,0 +1,174 @@
+"""The ``expert`` scripted player: strong play where a game allows it cheaply.
+
+- **TicTacToe**: perfect play (memoized minimax over the 3^9 boards); among equally good moves
+  it prefers faster wins and slower losses, then the lowest cell.
+- **Nim** (normal play: taking the last object wins): the nim-sum strategy. From a position with
+  a non-zero nim-sum it moves to zero, which wins; from a zero position it takes one object from
+  the largest pile and waits for a mistake.
+- **KuhnPoker**: a Nash equilibrium (Kuhn, 1950) with ``alpha = 1/6``. First to act: bet a J
+  with probability alpha (a bluff), check a Q, bet a K with probability 3 alpha; after
+  check-bet: fold a J, call a Q with probability alpha + 1/3, call a K. Second to act: facing a
+  bet, fold a J, call a Q with probability 1/3, call a K; after a check, bet a J with
+  probability 1/3 (a bluff), check a Q, bet a K. No strategy wins chips from it on average over
+  both seats (the first seat's value is -1/18 chip per hand).
+
+Other games raise a clear error when the expert is seated (:func:`check_expert_supports`).
+Like every scripted player it reads the game state, never the observation, and draws its
+randomness from its own seeded generator.
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from typing import Any
+
+from ub.errors import UbError
+from ub.games.legal import unwrap
+
+KUHN_ALPHA = 1 / 6
+EXPERT_GAMES = ("KuhnPoker", "Nim", "TicTacToe")
+
+_LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
+
+
+# --------------------------------------------------------------------------------------------
+# TicTacToe
+# --------------------------------------------------------------------------------------------
+
+
+def _winner(cells: str) -> str | None:
+    for a, b, c in _LINES:
+        if cells[a] != "." and cells[a] == cells[b] == cells[c]:
+            return cells[a]
+    return None
+
+
+@functools.cache
+def _value(cells: str, me: str, to_move: str) -> int:
+    """Minimax value for ``me``: +(10 - plies) win, 0 draw, -(10 - plies) loss."""
+    won = _winner(cells)
+    plies = 9 - cells.count(".")
+    if won is not None:
+        return (10 - plies) if won == me else -(10 - plies)
+    if "." not in cells:
+        return 0
+    other = "O" if to_move == "X" else "X"
+    values = [_value(cells[:i] + to_move + cells[i + 1:], me, other)
+              for i, c in enumerate(cells) if c == "."]
+    return max(values) if to_move == me else min(values)
+
+
+def tictactoe_move(cells: str, me: str) -> int:
+    """The best cell for ``me`` (``"X"`` or ``"O"``) on ``cells`` (9 chars, ``"."`` empty)."""
+    other = "O" if me == "X" else "X"
+    options = [i for i, c in enumerate(cells) if c == "."]
+    if not options:
+        raise RuntimeError("no empty cell: is the game over?")
+    return max(options, key=lambda i: (_value(cells[:i] + me + cells[i + 1:], me, other), -i))
+
+
+# --------------------------------------------------------------------------------------------
+# Nim
+# --------------------------------------------------------------------------------------------
+
+
+def nim_move(piles: list[int]) -> tuple[int, int]:
+    """``(pile, quantity)``: to a zero nim-sum when possible, else one from the largest pile."""
+    total = 0
+    for p in piles:
+        total ^= p
+    if total:
+        for i, p in enumerate(piles):
+            if p ^ total < p:
+                return i, p - (p ^ total)
+    largest = max(range(len(piles)), key=lambda i: (piles[i], -i))
+    if piles[largest] == 0:
+        raise RuntimeError("every pile is empty: is the game over?")
+    return largest, 1
+
+
+# --------------------------------------------------------------------------------------------
+# KuhnPoker
+# --------------------------------------------------------------------------------------------
+
+
+def kuhn_policy(card: int, history: str, alpha: float = KUHN_ALPHA) -> dict[str, float]:
+    """Equilibrium move probabilities for ``card`` (0 = J, 1 = Q, 2 = K) after ``history``
+    (``""``: first to act; ``"check"``/``"bet"``: second to act; ``"check bet"``: first to
+    act facing a bet)."""
+    if history == "":
+        bet = (alpha, 0.0, 3 * alpha)[card]
+        return {"bet": bet, "check": 1 - bet}
+    if history == "check":
+        bet = (1 / 3, 0.0, 1.0)[card]
+        return {"bet": bet, "check": 1 - bet}
+    if history == "bet":
+        call = (0.0, 1 / 3, 1.0)[card]
+        return {"call": call, "fold": 1 - call}
+    if history == "check bet":
+        call = (0.0, alpha + 1 / 3, 1.0)[card]
+        return {"call": call, "fold": 1 - call}
+    raise ValueError(f"not a Kuhn poker decision point: {history!r}")
+
+
+def _kuhn_history(core: Any) -> str:
+    state = core.state
+    node = state.game_state["current_legal_action_tree"]
+    first_to_act = state.current_player_id == state.game_state["starting_player"]
+    if "check" in node:
+        # The opening node's "check" leads to another decision; after a check it ends the hand.
+        return "" if isinstance(node["check"], dict) else "check"
+    return "check bet" if first_to_act else "bet"
+
+
+# --------------------------------------------------------------------------------------------
+# The player
+# --------------------------------------------------------------------------------------------
+
+
+def _game_of(core: Any) -> str:
+    module = type(core).__module__  # textarena.envs.<Game>.env
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["textarena", "envs"] else module
+
+
+def check_expert_supports(env_id: str) -> None:
+    """Raise :class:`UbError` unless the expert can play ``env_id``."""
+    from ub.games.specs import base_game
+
+    if base_game(env_id) not in EXPERT_GAMES:
+        raise UbError(f"the expert player cannot play {env_id}: it supports "
+                      f"{', '.join(EXPERT_GAMES)} (use random, or another opponent)")
+
+
+class ExpertPlayer:
+    """Strong scripted play for TicTacToe, Nim and KuhnPoker (see the module docstring)."""
+
+    name = "expert"
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self._rng = random.Random(seed)
+
+    def act(self, env: Any) -> str:
+        core = unwrap(env)
+        game = _game_of(core)
+        state = core.state
+        if game == "TicTacToe":
+            board = state.game_state["board"]
+            cells = "".join(c or "." for row in board for c in row)
+            return f"[{tictactoe_move(cells, 'X' if state.current_player_id == 1 else 'O')}]"
+        if game == "Nim":
+            pile, quantity = nim_move(list(state.game_state["piles"]))
+            return f"[{pile} {quantity}]"
+        if game == "KuhnPoker":
+            card = state.game_state["player_cards"][state.current_player_id]
+            probs = kuhn_policy(card, _kuhn_history(core))
+            moves = sorted(probs)
+            return f"[{self._rng.choices(moves, weights=[probs[m] for m in moves])[0]}]"
+        raise UbError(f"the expert player cannot play {game}: it supports "
+                      f"{', '.join(EXPERT_GAMES)}")
+
+    def __repr__(self) -> str:
+        return f"ExpertPlayer(seed={self.seed})"
