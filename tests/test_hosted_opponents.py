@@ -1,0 +1,169 @@
+"""Hosted opponents: a real OpenAI-compatible server (vLLM's, serving the tiny model on
+loopback) and a misbehaving one (errors, garbage, slowness) exercise the same HTTP client."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ub.actors.hosted import check_hosted, parse_hosted
+from ub.actors.spec import parse_actor
+from ub.data.shards import ShardId, write_shard
+from ub.errors import UbError
+from ub.games.specs import GameSpec
+from ub.rollout import assign_games, play_games
+
+RANDOM = parse_actor("random")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def vllm_server(tiny_model):
+    """`vllm.entrypoints.openai.api_server` serving the tiny model as `tiny`."""
+    port = _free_port()
+    log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"ub-vllm-serve-{port}.log", "w")
+    server = subprocess.Popen(
+        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model),
+         "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
+         "--max-model-len", "1024"], stdout=log, stderr=subprocess.STDOUT)
+    base = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 300
+        while True:
+            try:
+                if httpx.get(f"{base}/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if server.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"vLLM server did not start; see {log.name}")
+            time.sleep(1)
+        yield base
+    finally:
+        server.terminate()
+        try:
+            server.wait(30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        log.close()
+
+
+def test_a_hosted_model_plays_real_games(vllm_server, tmp_path):
+    hosted = parse_actor(f"hosted:tiny@{vllm_server}?max_tokens=16")
+    check_hosted(hosted.name)
+    played = play_games(assign_games(GameSpec("TicTacToe-v0-train"), [hosted, RANDOM], 6,
+                                     base_seed=2))
+    games = played.games.to_pylist()
+    assert len(games) == 6 and {g["outcome"] for g in games} <= {"decisive", "draw"}
+    steps = [s for s in played.steps.to_pylist() if s["actor_kind"] == "hosted"]
+    assert steps and all(s["prompt"] and s["completion"] is not None for s in steps)
+    assert all(s["prompt_token_ids"] is None for s in steps)  # never trained on
+    write_shard(tmp_path, ShardId(0, 0), "hosted", played.steps, played.games)
+
+
+class _Misbehaving(http.server.BaseHTTPRequestHandler):
+    """/500/v1: always 500; /garbage/v1: 200 with a non-JSON body; /slow/v1: answers late;
+    /ok/v1: a valid reply that checks the bearer token."""
+
+    def log_message(self, *args):  # keep the test output clean
+        pass
+
+    def do_GET(self):
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(b'{"data": []}')
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        mode = self.path.split("/")[1]
+        if mode == "500":
+            self.send_response(500)
+            self.end_headers()
+            return
+        if mode == "slow":
+            time.sleep(1.5)
+        body = b"<html>not json</html>" if mode == "garbage" else json.dumps(
+            {"choices": [{"message": {"content": "[4]"}}],
+             "auth": self.headers.get("Authorization")}).encode()
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(body)
+
+
+@pytest.fixture(scope="module")
+def bad_server():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Misbehaving)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def _play(actor: str, games: int = 2):
+    return play_games(assign_games(GameSpec("TicTacToe-v0-train"), [parse_actor(actor), RANDOM],
+                                   games, base_seed=1))
+
+
+@pytest.mark.parametrize(("mode", "options", "message"), [
+    ("500", "retries=1", r"failed after 2 attempt\(s\): HTTP 500; HTTP 500"),
+    ("garbage", "retries=0", r"failed after 1 attempt\(s\): malformed reply"),
+    ("slow", "retries=1&timeout=0.3", r"timed out after 0.3 s; timed out after 0.3 s"),
+])
+def test_failures_are_clear_errors_never_hangs(bad_server, mode, options, message):
+    started = time.monotonic()
+    with pytest.raises(UbError, match=message):
+        _play(f"hosted:m@{bad_server}/{mode}/v1?{options}")
+    assert time.monotonic() - started < 10
+
+
+def test_skip_records_the_game_as_errored_and_goes_on(bad_server):
+    played = _play(f"hosted:m@{bad_server}/500/v1?retries=0&on_failure=skip", games=3)
+    games = played.games.to_pylist()
+    assert len(games) == 3
+    hosted_first = [g for g in games if g["actors"][0].startswith("hosted:")]
+    assert hosted_first and all(g["outcome"] == "error" and "HTTP 500" in g["error"]
+                                for g in hosted_first)
+
+
+def test_unreachable_endpoint_and_missing_key_are_named(bad_server, monkeypatch):
+    port = _free_port()  # nothing listens there
+    with pytest.raises(UbError, match=rf"127.0.0.1:{port}/v1/models is unreachable"):
+        check_hosted(f"hosted:m@http://127.0.0.1:{port}/v1")
+    monkeypatch.delenv("UB_TEST_HOSTED_KEY", raising=False)
+    with pytest.raises(UbError, match="environment variable UB_TEST_HOSTED_KEY, which is not"):
+        check_hosted(f"hosted:m@{bad_server}/ok/v1?key=UB_TEST_HOSTED_KEY")
+
+
+def test_the_api_key_is_sent_but_never_stored(bad_server, monkeypatch, tmp_path):
+    secret = "sk-test-5ecr3t-value"
+    monkeypatch.setenv("UB_TEST_HOSTED_KEY", secret)
+    played = _play(f"hosted:m@{bad_server}/ok/v1?key=UB_TEST_HOSTED_KEY")
+    write_shard(tmp_path, ShardId(0, 0), "hosted", played.steps, played.games)
+    for path in tmp_path.rglob("*.parquet"):
+        assert secret.encode() not in path.read_bytes()
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("hosted:nomodel", "must look like hosted:MODEL@BASE_URL"),
+    ("hosted:m@ftp://x/v1", "is not an http"),
+    ("hosted:m@http://x/v1?colour=red", "unknown option"),
+    ("hosted:m@http://x/v1?timeout=-1", "timeout and max_tokens must be > 0"),
+    ("hosted:m@http://x/v1?on_failure=shrug", "on_failure must be error or skip"),
+])
+def test_bad_hosted_names(name, message):
+    with pytest.raises(UbError, match=message):
+        parse_hosted(name)
