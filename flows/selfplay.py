@@ -17,12 +17,13 @@ from typing import Any
 
 from prefect import flow
 
-from tasks import commit, evaluate, learn, plan, rate, rollout, start_checkpoint
+from tasks import commit, evaluate, learn, plan, rate, rollout, start_checkpoint, track
 from ub.run.config import load_config
 from ub.run.layout import RunPaths, remove_orphans
 from ub.run.lock import RunLock
 from ub.run.progress import Progress
 from ub.run.rounds import Run, ShardResult, eval_due, open_run, resolve_base_model
+from ub.run.tracking import finish_wandb
 
 
 @flow(name="selfplay", validate_parameters=True)
@@ -78,8 +79,12 @@ def selfplay(run_name: str, config: str | None = None, root: str = "runs",
             phases["gc"] = gc_clock.seconds - gc_before
             manifest = round_manifest(shards, metrics, evaluated, leaderboard,
                                       time.perf_counter() - started, phases)
+            with timed(phases, "track_task"):
+                track(run, round_, manifest)
+            close_timings(manifest["timings"], time.perf_counter() - started)
             commit(run, round_, manifest)
             progress.round_done(round_, manifest)
+        finish_wandb(run)
         return progress.finish()
 
 
@@ -114,10 +119,8 @@ def round_manifest(shards: list[ShardResult], metrics: dict[str, Any],
                                         "advantage_std") if k in batch},
         "evals": {str(u): e["rows"] for u, e in evaluated.items()},
         "leaderboard": leaderboard[:20],
-        "timings": {"round": seconds, "rollout": rollout_seconds, "eval": eval_seconds,
-                    "learner": learner_seconds,
-                    "other": max(0.0, seconds - rollout_seconds - eval_seconds - learner_seconds),
-                    "tasks": phases},
+        "timings": close_timings({"rollout": rollout_seconds, "eval": eval_seconds,
+                                  "learner": learner_seconds, "tasks": phases}, seconds),
     }
 
 
@@ -141,6 +144,14 @@ class GcClock:
 
     def __exit__(self, *exc: object) -> None:
         gc.callbacks.remove(self)
+
+
+def close_timings(timings: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """Set the round's wall time and what it left for everything but engines and learner."""
+    timings["round"] = seconds
+    timings["other"] = max(0.0, seconds - timings["rollout"] - timings["eval"]
+                           - timings["learner"])
+    return timings
 
 
 @contextmanager

@@ -82,7 +82,7 @@ BAD_INPUTS = [
     (["play", "--out", "{out}"], "--env"),
     (["sql", "{tmp}/missing", "SELECT 1"], "does not exist"),
     (["sql", "{out}", "SELEC 1"], "SQL error"),
-    (["sql", "{out}", "COPY (SELECT 1) TO '{tmp}/leak.csv'"], "SQL error"),
+    (["sql", "{out}", "COPY (SELECT 1) TO '{tmp}/leak.csv'"], "read-only"),
     (["train", "tiny-gpu", "--root", "{out}"], "unknown preset 'tiny-gpu'; presets: "),
     (["train", "--root", "{out}", "--set", "rounds=0"], "rounds: Input should be greater"),
     (["train", "--root", "{out}", "--set", "learner.algorithm=sarsa"], "sarsa"),

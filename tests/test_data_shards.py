@@ -103,8 +103,13 @@ def test_schema_checks_name_the_file(tmp_path, rollout):
 def test_sql_is_read_only(tmp_path, rollout):
     write_shard(tmp_path, ShardId(0, 0), "unit", rollout.steps, rollout.games)
     outside = tmp_path / "leak.csv"
-    with pytest.raises(UbError, match="SQL error"):
+    with pytest.raises(UbError, match="read-only: COPY statements are refused"):
         query(tmp_path, f"COPY games TO '{outside}'")
     assert not outside.exists()
+    for statement in ("SET enable_external_access = true", "CREATE TABLE t AS SELECT 1",
+                      "INSERT INTO games SELECT * FROM games", f"ATTACH '{tmp_path}/x.db'"):
+        with pytest.raises(UbError, match=r"read-only: .* statements are refused"):
+            query(tmp_path, statement)
+    # Even a write hidden behind a SELECT cannot reach the file system.
     with pytest.raises(UbError, match="SQL error"):
-        query(tmp_path, "SET enable_external_access = true")
+        query(tmp_path, f"SELECT * FROM read_csv('{outside}')")

@@ -5,13 +5,11 @@ from __future__ import annotations
 
 import http.server
 import json
-import os
 import socket
 import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -33,34 +31,34 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def vllm_server(tiny_model):
+def vllm_server(tiny_model, tmp_path_factory):
     """`vllm.entrypoints.openai.api_server` serving the tiny model as `tiny`."""
     port = _free_port()
-    log = open(Path(os.environ.get("TMPDIR", "/tmp")) / f"ub-vllm-serve-{port}.log", "w")
-    server = subprocess.Popen(
-        [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model),
-         "--served-model-name", "tiny", "--host", "127.0.0.1", "--port", str(port),
-         "--max-model-len", "1024"], stdout=log, stderr=subprocess.STDOUT)
-    base = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.monotonic() + 300
-        while True:
-            try:
-                if httpx.get(f"{base}/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if server.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"vLLM server did not start; see {log.name}")
-            time.sleep(1)
-        yield base
-    finally:
-        server.terminate()
+    log_path = tmp_path_factory.mktemp("vllm-serve") / "server.log"
+    with open(log_path, "w") as log:
+        server = subprocess.Popen(
+            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
+             str(tiny_model), "--served-model-name", "tiny", "--host", "127.0.0.1", "--port",
+             str(port), "--max-model-len", "1024"], stdout=log, stderr=subprocess.STDOUT)
+        base = f"http://127.0.0.1:{port}/v1"
         try:
-            server.wait(30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-        log.close()
+            deadline = time.monotonic() + 300
+            while True:
+                try:
+                    if httpx.get(f"{base}/models", timeout=2).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"vLLM server did not start; see {log_path}")
+                time.sleep(1)
+            yield base
+        finally:
+            server.terminate()
+            try:
+                server.wait(30)
+            except subprocess.TimeoutExpired:
+                server.kill()
 
 
 def test_a_hosted_model_plays_real_games(vllm_server, tmp_path):

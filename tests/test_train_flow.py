@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import yaml
@@ -158,6 +159,100 @@ def test_ub_eval_adds_an_unrated_shard_and_leaves_the_run_alone(reference_run, c
     assert len(games) == 4 and all("ckpt-000001" in g["actors"] for g in games)
     assert paths.ratings(1).read_text() == ratings
     assert main(["eval", "ref", "--root", str(paths.root.parent), "--checkpoint", "9"]) == 2
+
+
+SQL_DOC = Path(__file__).resolve().parents[1] / "docs" / "sql.md"
+
+
+def test_documented_queries_and_run_views_describe_the_run(reference_run, capsys):
+    import re
+
+    from ub.cli import main
+    from ub.data.sql import query
+    from ub.run.views import RunViews
+
+    root = reference_run.root
+    blocks = re.findall(r"```sql\n(.*?)```", SQL_DOC.read_text(), re.S)
+    assert len(blocks) >= 12
+    for block in blocks:
+        assert main(["sql", str(root), block, "--format", "csv"]) == 0, block
+        out = capsys.readouterr().out.strip().splitlines()
+        assert len(out) >= 2, f"no rows from:\n{block}"  # a header and at least one row
+
+    views = RunViews(root).tables()
+    assert views["rounds"].column("round").to_pylist() == [0, 1]
+    assert views["learner"].column("update").to_pylist() == [1, 2]
+    assert sorted(views["evals"].column("update").to_pylist()) == [0, 2]
+    assert views["checkpoints"].column("name").to_pylist() == [
+        "ckpt-000000", "ckpt-000001", "ckpt-000002"]
+    snapshot = json.loads(reference_run.ratings(1).read_text())
+    last = views["ratings"].filter(pc.equal(views["ratings"]["round"], 1))
+    assert sorted(last.column("name").to_pylist()) == sorted(
+        m["name"] for m in snapshot["members"])
+    # The tracked metrics agree with the decisions they summarize.
+    metrics = {(r["round"], r["metric"]): r["value"] for r in views["metrics"].to_pylist()}
+    direct = query(root, "SELECT round, env_id, avg(invalid_move::INT) AS rate FROM steps "
+                         "WHERE actor_kind = 'model' GROUP BY ALL").to_pylist()
+    for row in direct:
+        key = (row["round"], f"collection/{row['env_id']}/invalid_move_rate")
+        assert metrics[key] == pytest.approx(row["rate"])
+    assert metrics[(1, "eval/TicTacToe-v0-train/random/checkpoint")] == 2.0
+
+
+def test_a_corrupt_metrics_file_is_skipped_with_a_warning(reference_run, tmp_path, capsys):
+    from ub.cli import main
+
+    copy = tmp_path / "ref"
+    shutil.copytree(reference_run.root, copy)
+    (copy / "metrics" / "round-000000.parquet").write_bytes(b"not parquet")
+    assert main(["sql", str(copy), "SELECT DISTINCT round FROM metrics"]) == 0
+    out, err = capsys.readouterr()
+    assert "warning: skipped" in err and "round-000000.parquet" in err
+    assert "1" in out
+
+
+def test_wandb_offline_files_hold_the_logged_metrics(reference_run, tmp_path, monkeypatch):
+    from ub.run.rounds import Run, resolve_run_config
+    from ub.run.tracking import finish_wandb, log_wandb
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    copy = RunPaths.of(tmp_path, "ref")
+    shutil.copytree(reference_run.root, copy.root)
+    run = Run(copy, resolve_run_config(copy, None)[0], "unused")
+    log_wandb(run, 0, {"collection/TicTacToe-v0-train/invalid_move_rate": 0.25})
+    log_wandb(run, 1, {"collection/TicTacToe-v0-train/invalid_move_rate": 0.125})
+    finish_wandb(run)
+    [log] = list((copy.root / "wandb").glob("offline-run-*/run-ref.wandb"))
+    history = [{item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                for item in r.history.item}
+               for r in _wandb_records(log) if r.WhichOneof("record_type") == "history"]
+    assert [(h["_step"], h["collection/TicTacToe-v0-train/invalid_move_rate"])
+            for h in history] == [(0, 0.25), (1, 0.125)]
+
+
+def _wandb_records(path: Path) -> list:
+    """The protobuf records of a W&B offline run file (a LevelDB-style log: a 7-byte file
+    header, then records of checksum, length and type, in 32 KiB blocks)."""
+    import struct
+
+    from wandb.proto import wandb_internal_pb2
+
+    data = path.read_bytes()
+    assert data[:4] == b":W&B"
+    pos, block, records, pending = 7, 32768, [], b""
+    while pos + 7 <= len(data):
+        if block - pos % block < 7:  # a block's tail too short for a header is padding
+            pos += block - pos % block
+            continue
+        _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        pending += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # a FULL record, or the LAST part of one
+            record = wandb_internal_pb2.Record()
+            record.ParseFromString(pending)
+            records.append(record)
+            pending = b""
+    return records
 
 
 def test_another_config_on_an_existing_run_is_refused(reference_run, tmp_path):

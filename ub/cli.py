@@ -181,14 +181,59 @@ def _print_play_summary(rollout, actors, games_path: Path) -> None:
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    from ub.data.sql import query
+    from ub.data.sql import connect, run_sql, table_dataset
+    from ub.run.views import RunViews, is_run
 
     root = Path(args.root)
     if not root.exists():
         raise UbError(f"{root} does not exist: give the folder `ub play --out` or a run wrote")
-    result = query(root, args.query)
-    _print_arrow(result, args.format)
+    extra = {}
+    if is_run(root):
+        views = RunViews(root)
+        extra = views.tables()
+        for table in ("steps", "games"):
+            extra[f"eval_{table}"] = table_dataset(root / "eval", table)
+        for warning in views.warnings:
+            print(f"ub: warning: {warning}", file=sys.stderr)
+    con = connect(root, extra)
+    try:
+        if args.query is not None:
+            _print_arrow(run_sql(con, args.query), args.format)
+            return 0
+        _sql_shell(con, root, sorted(["steps", "games", *extra]))
+    finally:
+        con.close()
     return 0
+
+
+def _sql_shell(con, root: Path, views: list[str]) -> None:
+    """Read statements (ending with ``;``) from stdin until EOF or ``.quit``."""
+    import duckdb
+
+    from ub.data.sql import run_sql
+
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print(f"ub sql {root} (read-only). Views: {', '.join(views)}. End statements with ';', "
+              "quit with .quit or Ctrl-D.")
+    buffer = ""
+    while True:
+        try:
+            line = input("ub> " if not buffer else "... ") if interactive else sys.stdin.readline()
+        except EOFError:
+            break
+        if not interactive and line == "":
+            break
+        if line.strip() in (".quit", ".exit"):
+            break
+        buffer += line + ("\n" if interactive else "")
+        if buffer.strip().endswith(";"):
+            try:
+                for statement in con.extract_statements(buffer):
+                    _print_arrow(run_sql(con, statement.query), "table")
+            except (UbError, duckdb.Error) as exc:
+                print(f"ub: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+            buffer = ""
 
 
 def _print_arrow(table, fmt: str) -> None:
@@ -513,9 +558,9 @@ def build_parser() -> argparse.ArgumentParser:
                       help="most games in flight at once")
     play.set_defaults(func=cmd_play)
 
-    sql = sub.add_parser("sql", help="run read-only SQL over a data folder (views steps, games)")
+    sql = sub.add_parser("sql", help="read-only SQL over a data folder or run (docs/sql.md)")
     sql.add_argument("root", help="a data folder or run directory")
-    sql.add_argument("query", help="the SQL query")
+    sql.add_argument("query", nargs="?", help="the SQL query (none: an interactive shell)")
     sql.add_argument("--format", choices=("table", "csv"), default="table")
     sql.set_defaults(func=cmd_sql)
 

@@ -30,26 +30,48 @@ def table_dataset(root: Path, table: str) -> ds.Dataset:
         raise UbError(f"cannot read the {table} shards under {root}: {exc}") from None
 
 
-def connect(root: Path) -> duckdb.DuckDBPyConnection:
-    """An in-memory DuckDB connection with read-only views over the data under ``root``."""
+def connect(root: Path, extra: dict[str, pa.Table | ds.Dataset] | None = None
+            ) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with read-only views over the data under ``root`` (and
+    ``extra`` tables, e.g. a run's ratings), then external access switched off."""
     root = Path(root)
     if not root.is_dir():
         raise UbError(f"{root} is not a directory of ub data (expected steps/ and games/ inside)")
     con = duckdb.connect(":memory:")
     for table in TABLES:
         con.register(table, table_dataset(root, table))
+    for name, table in (extra or {}).items():
+        con.register(name, table)
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
     return con
 
 
-def query(root: Path, sql: str) -> pa.Table:
+def query(root: Path, sql: str, extra: dict[str, pa.Table | ds.Dataset] | None = None
+          ) -> pa.Table:
     """Run ``sql`` against the views of ``root`` and return the result as an Arrow table."""
-    con = connect(root)
+    con = connect(root, extra)
     try:
+        return run_sql(con, sql)
+    finally:
+        con.close()
+
+
+READ_ONLY_STATEMENTS = frozenset({"SELECT", "EXPLAIN", "PRAGMA"})
+
+
+def run_sql(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
+    """Run read-only SQL on an open connection (the last statement's result); anything that
+    would write (CREATE, INSERT, COPY, ATTACH, SET, ...) is refused; DuckDB's errors come back
+    as one-line :class:`UbError`."""
+    try:
+        statements = con.extract_statements(sql)
+        for statement in statements:
+            kind = statement.type.name
+            if kind not in READ_ONLY_STATEMENTS:
+                raise UbError(f"ub sql is read-only: {kind} statements are refused "
+                              "(use SELECT, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN)")
         relation = con.sql(sql)
         return relation.to_arrow_table() if relation is not None else pa.table({})
     except duckdb.Error as exc:
         raise UbError(f"SQL error: {str(exc).splitlines()[0]}") from None
-    finally:
-        con.close()

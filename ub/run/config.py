@@ -128,6 +128,13 @@ class PipelineSection(_Section):
     learner trains round r (set ``learner.algorithm: ppo`` so the ratio corrects for it)."""
 
 
+class TrackingSection(_Section):
+    """Where metrics go besides ``metrics/`` in the run (see :mod:`ub.run.tracking`)."""
+
+    wandb: Literal["disabled", "offline", "online"] = "offline"
+    project: str = "ub"
+
+
 class TrainConfig(_Section):
     """A whole run. Plain data: ``model_dump()`` is what ``config.yaml`` in the run holds."""
 
@@ -144,6 +151,7 @@ class TrainConfig(_Section):
     learner: dict[str, Any] = {}
     eval: EvalSection = EvalSection()
     pipeline: PipelineSection = PipelineSection()
+    tracking: TrackingSection = TrackingSection()
 
     def batch_config(self, **overrides: Any):
         """The ``batch`` section as a validated :class:`ub.batch.BatchConfig`."""
@@ -162,9 +170,10 @@ class TrainConfig(_Section):
 
     def training_settings(self) -> dict[str, Any]:
         """The settings a run's data depends on. Changing one of these on an existing run is
-        refused; ``rounds`` and ``eval`` may change (more rounds extend a finished run)."""
+        refused; ``rounds``, ``eval`` and ``tracking`` may change (more rounds extend a finished
+        run)."""
         data = self.model_dump(mode="json")
-        for key in ("rounds", "eval"):
+        for key in ("rounds", "eval", "tracking"):
             data.pop(key)
         return data
 

@@ -84,6 +84,25 @@ class Progress:
                 "rounds": len(last), "evals": [{"update": u, **row} for u, row in curve]}
 
 
+def round_summary_markdown(run: Run, round_: int, m: dict[str, Any]) -> str:
+    """A short markdown summary of a round (for the Prefect UI)."""
+    t = m["timings"]
+    invalid = m["invalid_moves"] / m["model_decisions"] if m["model_decisions"] else 0.0
+    lines = [f"# {run.name}: round {round_ + 1} of {run.config.rounds}", "",
+             f"- {m['games']} games, {m['model_decisions']} model decisions, invalid moves "
+             f"{_pct(invalid)}",
+             f"- learner: loss {m['learner'].get('loss', 0.0):+.4f}, grad norm "
+             f"{m['learner'].get('grad_norm', 0.0):.3f}, {m['learner'].get('tokens', 0)} tokens",
+             f"- time: {t['round']:.1f} s (rollout {t['rollout']:.1f}, eval {t['eval']:.1f}, "
+             f"learner {t['learner']:.1f}, other {t['other']:.1f})"]
+    for update, rows in sorted(m["evals"].items(), key=lambda kv: int(kv[0])):
+        for row in rows:
+            lines.append(f"- eval checkpoint {update} vs {row['opponent']} on {row['env_id']}: "
+                         f"win {eval_cell(row)}")
+    lines += ["", f"Data: `{run.paths.root}`; query it with `ub sql {run.paths.root}`."]
+    return "\n".join(lines)
+
+
 def learning_curve(run: Run) -> list[tuple[int, dict[str, Any]]]:
     """Every evaluation of the run, in checkpoint order: ``(update, row)``."""
     out = []

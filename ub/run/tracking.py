@@ -1,0 +1,163 @@
+"""Per-round metrics: computed from the round's data, stored as Parquet, mirrored to W&B.
+
+``metrics/round-NNNNNN.parquet`` (long format: ``round, metric, value``) is the source of truth;
+``ub sql RUN`` shows it as the ``metrics`` view. Metric names are paths:
+
+- ``collection/ENV/...``: reward, win/draw/loss rates of the learner's seats, game length (turns),
+  response length (completion tokens), format success, invalid-move rate, action diversity
+  (distinct actions per distinct observation, over observations seen more than once), seconds
+  per game, per turn and per generated character;
+- ``eval/ENV/OPPONENT/...``: win, draw and loss rates, Wilson bounds, invalid-move rate of the
+  checkpoints evaluated in the round;
+- ``learner/...``, ``batch/...``: the update's figures, train sequence length and truncation;
+- ``inference/...``: generated tokens/s, games/s;
+- ``pool/MEMBER/...``: mu, sigma, conservative rating, games;
+- ``time/...``: the round's time breakdown.
+
+W&B (``tracking.wandb``): ``offline`` (default: files under ``RUN/wandb``, sync later with
+``wandb sync``), ``online`` (opt in), ``disabled``. The environment variable ``WANDB_MODE``
+overrides it (the tests set ``disabled``). The W&B run id is the run name, so a resumed online
+run continues its curves.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from ub.data.atomic import write_atomic
+from ub.run.rounds import Run
+from ub.run.views import METRICS_SCHEMA
+
+
+def metrics_path(run: Run, round_: int) -> Path:
+    return run.paths.root / "metrics" / f"round-{round_:06d}.parquet"
+
+
+def _collection(run: Run, round_: int) -> dict[str, float]:
+    import pyarrow.dataset as ds
+
+    from ub.data.sql import query
+
+    folder = f"round={round_:06d}"
+    steps = run.paths.data / "steps" / folder
+    games = run.paths.data / "games" / folder
+    if not steps.is_dir() or not games.is_dir():
+        return {}
+    # The round's shards as Arrow datasets (hidden temporary files are ignored).
+    extra = {"s_round": ds.dataset(str(steps), format="parquet"),
+             "g_round": ds.dataset(str(games), format="parquet")}
+    per_env = query(run.paths.data, """
+        WITH model AS (
+          SELECT s.*, g.outcome, g.winner, g.num_turns, g.seconds AS game_seconds
+          FROM s_round s JOIN g_round g USING (game_id) WHERE s.actor_kind = 'model'),
+        seats AS (SELECT DISTINCT env_id, game_id, seat, final_reward, outcome, winner
+                  FROM model),
+        diversity AS (
+          SELECT env_id, avg(n) AS actions_per_state FROM (
+            SELECT env_id, observation, count(DISTINCT action) AS n, count(*) AS visits
+            FROM model GROUP BY ALL) WHERE visits > 1 GROUP BY env_id)
+        SELECT m.env_id,
+               (SELECT avg(final_reward) FROM seats x WHERE x.env_id = m.env_id) AS reward,
+               (SELECT avg((outcome = 'decisive' AND winner = seat)::INT) FROM seats x
+                 WHERE x.env_id = m.env_id) AS win_rate,
+               (SELECT avg((outcome = 'draw')::INT) FROM seats x
+                 WHERE x.env_id = m.env_id) AS draw_rate,
+               (SELECT avg((outcome = 'decisive' AND winner <> seat)::INT) FROM seats x
+                 WHERE x.env_id = m.env_id) AS loss_rate,
+               avg(m.num_turns) AS game_turns,
+               avg(m.num_completion_tokens) AS response_tokens,
+               avg(m.format_ok::INT) AS format_rate,
+               avg(m.invalid_move::INT) AS invalid_move_rate,
+               any_value(d.actions_per_state) AS actions_per_state,
+               avg(m.game_seconds) AS seconds_per_game,
+               avg(m.gen_seconds + m.env_seconds) AS seconds_per_turn,
+               sum(m.gen_seconds) / greatest(sum(length(m.completion)), 1) AS seconds_per_char
+        FROM model m LEFT JOIN diversity d USING (env_id)
+        GROUP BY m.env_id ORDER BY m.env_id
+    """, extra).to_pylist()
+    out = {}
+    for row in per_env:
+        env = row.pop("env_id")
+        out.update({f"collection/{env}/{k}": v for k, v in row.items()})
+    return out
+
+
+def round_metrics(run: Run, round_: int, manifest: dict[str, Any],
+                  leaderboard: list[dict[str, Any]]) -> dict[str, float]:
+    """Every tracked figure of round ``round_`` (see the module docstring)."""
+    metrics: dict[str, Any] = _collection(run, round_)
+    for update, rows in manifest.get("evals", {}).items():
+        for r in rows:
+            base = f"eval/{r['env_id']}/{r['opponent']}"
+            metrics.update({f"{base}/win_rate": r["win_rate"], f"{base}/win_low": r["win_low"],
+                            f"{base}/win_high": r["win_high"],
+                            f"{base}/draw_rate": r["draws"] / max(r["games"], 1),
+                            f"{base}/loss_rate": r["losses"] / max(r["games"], 1),
+                            f"{base}/invalid_move_rate": r["invalid_move_rate"],
+                            f"{base}/checkpoint": int(update)})
+    metrics.update({f"learner/{k}": v for k, v in manifest.get("learner", {}).items()})
+    batch = manifest.get("batch", {})
+    metrics.update({f"batch/{k}": v for k, v in batch.items()})
+    if batch.get("size"):
+        metrics["batch/mean_sequence_tokens"] = batch.get("total_tokens", 0) / batch["size"]
+    timings = manifest.get("timings", {})
+    play = timings.get("rollout") or 0.0
+    if play > 0:
+        metrics["inference/generated_tokens_per_second"] = manifest["generated_tokens"] / play
+        metrics["inference/games_per_second"] = manifest["games"] / play
+    metrics.update({f"time/{k}": v for k, v in timings.items() if not isinstance(v, dict)})
+    for member in leaderboard:
+        base = f"pool/{member['name']}"
+        metrics.update({f"{base}/mu": member["mu"], f"{base}/sigma": member["sigma"],
+                        f"{base}/conservative": member["conservative"],
+                        f"{base}/games": member["games"]})
+    return {k: float(v) for k, v in metrics.items()
+            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+def write_metrics(run: Run, round_: int, metrics: dict[str, float]) -> Path:
+    import pyarrow.parquet as pq
+
+    names = sorted(metrics)
+    table = pa.table({"round": [round_] * len(names), "metric": names,
+                      "value": [metrics[n] for n in names]}, schema=METRICS_SCHEMA)
+    return write_atomic(metrics_path(run, round_),
+                        lambda handle: pq.write_table(table, handle, compression="zstd"))
+
+
+# --------------------------------------------------------------------------------------------
+# W&B: one run per process, keyed by the run name
+# --------------------------------------------------------------------------------------------
+
+_WANDB: dict[str, Any] = {}
+
+
+def wandb_mode(run: Run) -> str:
+    return os.environ.get("WANDB_MODE") or run.config.tracking.wandb
+
+
+def log_wandb(run: Run, round_: int, metrics: dict[str, float]) -> None:
+    """Log the round's metrics at step ``round_`` (W&B started on first use)."""
+    mode = wandb_mode(run)
+    if mode == "disabled":
+        return
+    wb = _WANDB.get(run.name)
+    if wb is None:
+        import wandb
+
+        wb = wandb.init(project=run.config.tracking.project, name=run.name, id=run.name,
+                        dir=str(run.paths.root), mode=mode, resume="allow",
+                        config=run.config.model_dump(mode="json"))
+        _WANDB[run.name] = wb
+    wb.log(metrics, step=round_)
+
+
+def finish_wandb(run: Run) -> None:
+    wb = _WANDB.pop(run.name, None)
+    if wb is not None:
+        wb.finish()

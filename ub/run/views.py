@@ -1,0 +1,175 @@
+"""A run directory as tables, for ``ub sql RUN``, the dashboard and the report.
+
+Besides ``steps`` and ``games`` (the training shards), a run has:
+
+- ``eval_steps``, ``eval_games``: the evaluation shards;
+- ``evals``: one row per (checkpoint, env, opponent) evaluation, with Wilson intervals;
+- ``ratings``: one row per (round, pool member): TrueSkill mu, sigma, record after the round;
+- ``checkpoints``: one row per checkpoint (update, path, what it was trained from);
+- ``learner``: one row per round: the update's loss, gradient norm, tokens, batch figures;
+- ``rounds``: one row per committed round: counts and the time breakdown;
+- ``metrics``: the per-round tracked metrics (``metrics/round-NNNNNN.parquet``), long format
+  ``(round, metric, value)``.
+
+Every table is built from the committed files only. A file that cannot be read is skipped
+with a warning naming it (the tables are still usable); missing parts give empty tables.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+EVALS_SCHEMA = pa.schema([
+    ("update", pa.int64()), ("round", pa.int64()), ("actor", pa.string()),
+    ("env_id", pa.string()), ("opponent", pa.string()), ("games", pa.int64()),
+    ("wins", pa.int64()), ("draws", pa.int64()), ("losses", pa.int64()), ("errors", pa.int64()),
+    ("win_rate", pa.float64()), ("win_low", pa.float64()), ("win_high", pa.float64()),
+    ("invalid_move_rate", pa.float64()), ("format_rate", pa.float64()),
+])
+RATINGS_SCHEMA = pa.schema([
+    ("round", pa.int64()), ("name", pa.string()), ("kind", pa.string()),
+    ("parent", pa.string()), ("mu", pa.float64()), ("sigma", pa.float64()),
+    ("conservative", pa.float64()), ("games", pa.int64()), ("rated_games", pa.int64()),
+    ("wins", pa.int64()), ("draws", pa.int64()), ("losses", pa.int64()),
+])
+CHECKPOINTS_SCHEMA = pa.schema([
+    ("update", pa.int64()), ("name", pa.string()), ("path", pa.string()),
+    ("from_checkpoint", pa.string()), ("loss", pa.float64()), ("grad_norm", pa.float64()),
+])
+LEARNER_SCHEMA = pa.schema([
+    ("round", pa.int64()), ("update", pa.int64()), ("loss", pa.float64()),
+    ("grad_norm", pa.float64()), ("entropy_mean", pa.float64()),
+    ("logprob_mean", pa.float64()), ("clip_fraction", pa.float64()),
+    ("ratio_mean", pa.float64()), ("tokens", pa.int64()), ("tokens_per_second", pa.float64()),
+    ("seconds", pa.float64()), ("batch_size", pa.int64()), ("batch_tokens", pa.int64()),
+    ("truncated", pa.int64()), ("reward_mean", pa.float64()), ("advantage_std", pa.float64()),
+])
+ROUNDS_SCHEMA = pa.schema([
+    ("round", pa.int64()), ("games", pa.int64()), ("decisions", pa.int64()),
+    ("model_decisions", pa.int64()), ("invalid_moves", pa.int64()),
+    ("generated_tokens", pa.int64()), ("round_seconds", pa.float64()),
+    ("rollout_seconds", pa.float64()), ("eval_seconds", pa.float64()),
+    ("learner_seconds", pa.float64()), ("other_seconds", pa.float64()),
+])
+METRICS_SCHEMA = pa.schema([("round", pa.int64()), ("metric", pa.string()),
+                            ("value", pa.float64())])
+
+_NUMBERED = re.compile(r"-(\d{6,})\.(json|parquet)$")
+
+
+def _numbered(folder: Path, suffix: str) -> list[tuple[int, Path]]:
+    if not folder.is_dir():
+        return []
+    found = []
+    for path in folder.glob(f"*{suffix}"):
+        m = _NUMBERED.search(path.name)
+        if m and not path.name.startswith("."):
+            found.append((int(m.group(1)), path))
+    return sorted(found)
+
+
+class RunViews:
+    """Builds the run's tables; ``warnings`` lists the files that were skipped."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = Path(root)
+        self.warnings: list[str] = []
+
+    def _json(self, path: Path) -> Any | None:
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            self.warnings.append(f"skipped {path}: {exc}")
+            return None
+
+    def _manifests(self) -> list[tuple[int, dict]]:
+        out = []
+        for round_, path in _numbered(self.root / "rounds", ".json"):
+            data = self._json(path)
+            if isinstance(data, dict):
+                out.append((round_, data))
+        return out
+
+    def evals(self) -> pa.Table:
+        rows = []
+        for round_, m in self._manifests():
+            for update, results in m.get("evals", {}).items():
+                for r in results:
+                    rows.append({**{f.name: r.get(f.name) for f in EVALS_SCHEMA},
+                                 "update": int(update), "round": round_})
+        return pa.Table.from_pylist(rows, schema=EVALS_SCHEMA)
+
+    def ratings(self) -> pa.Table:
+        rows = []
+        for round_, path in _numbered(self.root / "ratings", ".json"):
+            data = self._json(path)
+            if not isinstance(data, dict):
+                continue
+            for m in data.get("members", []):
+                rows.append({**{f.name: m.get(f.name) for f in RATINGS_SCHEMA},
+                             "round": round_, "conservative": m["mu"] - 3 * m["sigma"]})
+        return pa.Table.from_pylist(rows, schema=RATINGS_SCHEMA)
+
+    def checkpoints(self) -> pa.Table:
+        rows = []
+        folder = self.root / "checkpoints"
+        for path in sorted(folder.glob("ckpt-*")) if folder.is_dir() else []:
+            if not (path / "ub_checkpoint.json").exists():
+                continue  # unfinished (or not a checkpoint)
+            metrics = self._json(path / "metrics.json") or {}
+            rows.append({"update": int(path.name.rsplit("-", 1)[1]), "name": path.name,
+                         "path": str(path), "from_checkpoint": metrics.get("from_checkpoint"),
+                         "loss": metrics.get("loss"), "grad_norm": metrics.get("grad_norm")})
+        return pa.Table.from_pylist(rows, schema=CHECKPOINTS_SCHEMA)
+
+    def learner(self) -> pa.Table:
+        rows = []
+        for round_, m in self._manifests():
+            learner, batch = m.get("learner", {}), m.get("batch", {})
+            rows.append({**{f.name: learner.get(f.name) for f in LEARNER_SCHEMA},
+                         "round": round_, "batch_size": batch.get("size"),
+                         "batch_tokens": batch.get("total_tokens"),
+                         "truncated": batch.get("truncated"),
+                         "reward_mean": batch.get("reward_mean"),
+                         "advantage_std": batch.get("advantage_std")})
+        return pa.Table.from_pylist(rows, schema=LEARNER_SCHEMA)
+
+    def rounds(self) -> pa.Table:
+        rows = []
+        for round_, m in self._manifests():
+            t = m.get("timings", {})
+            rows.append({**{f.name: m.get(f.name) for f in ROUNDS_SCHEMA}, "round": round_,
+                         "round_seconds": t.get("round"), "rollout_seconds": t.get("rollout"),
+                         "eval_seconds": t.get("eval"), "learner_seconds": t.get("learner"),
+                         "other_seconds": t.get("other")})
+        return pa.Table.from_pylist(rows, schema=ROUNDS_SCHEMA)
+
+    def metrics(self) -> pa.Table:
+        tables = []
+        for _, path in _numbered(self.root / "metrics", ".parquet"):
+            try:
+                tables.append(pq.read_table(path).select(METRICS_SCHEMA.names)
+                              .cast(METRICS_SCHEMA))
+            except (OSError, pa.ArrowException, KeyError) as exc:
+                self.warnings.append(f"skipped {path}: {exc}")
+        return pa.concat_tables(tables) if tables else METRICS_SCHEMA.empty_table()
+
+    def tables(self) -> dict[str, pa.Table]:
+        """Every run table by view name (the shard views come from :mod:`ub.data.sql`)."""
+        builders: dict[str, Callable[[], pa.Table]] = {
+            "evals": self.evals, "ratings": self.ratings, "checkpoints": self.checkpoints,
+            "learner": self.learner, "rounds": self.rounds, "metrics": self.metrics,
+        }
+        return {name: build() for name, build in builders.items()}
+
+
+def is_run(root: Path) -> bool:
+    """A training run directory (as opposed to a bare data folder of ``ub play``)."""
+    return (Path(root) / "config.yaml").exists() or (Path(root) / "rounds").is_dir()
