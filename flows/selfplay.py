@@ -9,6 +9,7 @@ on the same run continues after the last committed round.
 from __future__ import annotations
 
 import gc
+import logging
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -21,9 +22,12 @@ from tasks import commit, evaluate, learn, plan, rate, rollout, start_checkpoint
 from ub.run.config import load_config
 from ub.run.layout import RunPaths, remove_orphans
 from ub.run.lock import RunLock
+from ub.run.logs import run_logs
 from ub.run.progress import Progress
 from ub.run.rounds import Run, ShardResult, eval_due, open_run, resolve_base_model
 from ub.run.tracking import finish_wandb
+
+log = logging.getLogger("ub.flow")
 
 
 @flow(name="selfplay", validate_parameters=True)
@@ -41,51 +45,61 @@ def selfplay(run_name: str, config: str | None = None, root: str = "runs",
     """
     paths = RunPaths.of(root, run_name)
     new_config = load_config(config, overrides) if config is not None else None
-    with RunLock(paths.lock) as lock, GcClock() as gc_clock:
-        train_config = open_run(paths, new_config, rounds=rounds, add_rounds=add_rounds)
-        run = Run(paths, train_config, resolve_base_model(train_config))
-        progress = Progress(run, quiet=quiet)
-        if lock.recovered_from:
-            progress.note(f"recovered the lock of a process that died "
-                          f"(pid {lock.recovered_from.get('pid')})")
-        removed = remove_orphans(paths.root)
-        if removed:
-            progress.note(f"removed {len(removed)} unfinished file(s) of an interrupted process")
-        first = paths.next_round()
-        progress.start(first)
-        start_checkpoint(run)
-        staleness = train_config.pipeline.max_staleness
-        pending: dict[int, list[ShardResult]] = {}
-        for round_ in range(first, train_config.rounds):
-            started, gc_before = time.perf_counter(), gc_clock.seconds
-            phases: dict[str, float] = {}  # wall time of each task call, for the breakdown
-            evaluated: dict[int, dict[str, Any]] = {}
-            if round_ == 0 and eval_due(train_config, 0):
-                with timed(phases, "eval_task"):
-                    evaluated[0] = evaluate(run, 0)
-            with timed(phases, "rollout_tasks"):
-                shards = pending.pop(round_, None) or play_round(run, round_)
-            with timed(phases, "learn_task"):
-                learning: Future = learn.submit(run, round_)
-                if staleness and round_ + 1 < train_config.rounds:
-                    # Pipelined: the next round plays checkpoint r while the learner makes r+1.
-                    pending[round_ + 1] = play_round(run, round_ + 1)
-                metrics = learning.result()
-            if eval_due(train_config, round_ + 1):
-                with timed(phases, "eval_task"):
-                    evaluated[round_ + 1] = evaluate(run, round_ + 1)
-            with timed(phases, "rate_task"):
-                leaderboard = rate(run, round_, sorted(evaluated))
-            phases["gc"] = gc_clock.seconds - gc_before
-            manifest = round_manifest(shards, metrics, evaluated, leaderboard,
-                                      time.perf_counter() - started, phases)
-            with timed(phases, "track_task"):
-                track(run, round_, manifest)
-            close_timings(manifest["timings"], time.perf_counter() - started)
-            commit(run, round_, manifest)
-            progress.round_done(round_, manifest)
-        finish_wandb(run)
-        return progress.finish()
+    with RunLock(paths.lock) as lock, GcClock() as gc_clock, run_logs(paths.logs):
+        try:
+            return _train(paths, new_config, rounds, add_rounds, quiet, lock, gc_clock)
+        except Exception:
+            log.exception("run %s failed", run_name)  # the traceback, for after the fact
+            raise
+
+
+def _train(paths: RunPaths, new_config: Any, rounds: int | None, add_rounds: int | None,
+           quiet: bool, lock: RunLock, gc_clock: GcClock) -> dict[str, Any]:
+    """The rounds of one process: resume after the last committed round, run to the end."""
+    train_config = open_run(paths, new_config, rounds=rounds, add_rounds=add_rounds)
+    run = Run(paths, train_config, resolve_base_model(train_config))
+    progress = Progress(run, quiet=quiet)
+    if lock.recovered_from:
+        progress.note(f"recovered the lock of a process that died "
+                      f"(pid {lock.recovered_from.get('pid')})")
+    removed = remove_orphans(paths.root)
+    if removed:
+        progress.note(f"removed {len(removed)} unfinished file(s) of an interrupted process")
+    first = paths.next_round()
+    progress.start(first)
+    start_checkpoint(run)
+    staleness = train_config.pipeline.max_staleness
+    pending: dict[int, list[ShardResult]] = {}
+    for round_ in range(first, train_config.rounds):
+        started, gc_before = time.perf_counter(), gc_clock.seconds
+        phases: dict[str, float] = {}  # wall time of each task call, for the breakdown
+        evaluated: dict[int, dict[str, Any]] = {}
+        if round_ == 0 and eval_due(train_config, 0):
+            with timed(phases, "eval_task"):
+                evaluated[0] = evaluate(run, 0)
+        with timed(phases, "rollout_tasks"):
+            shards = pending.pop(round_, None) or play_round(run, round_)
+        with timed(phases, "learn_task"):
+            learning: Future = learn.submit(run, round_)
+            if staleness and round_ + 1 < train_config.rounds:
+                # Pipelined: the next round plays checkpoint r while the learner makes r+1.
+                pending[round_ + 1] = play_round(run, round_ + 1)
+            metrics = learning.result()
+        if eval_due(train_config, round_ + 1):
+            with timed(phases, "eval_task"):
+                evaluated[round_ + 1] = evaluate(run, round_ + 1)
+        with timed(phases, "rate_task"):
+            leaderboard = rate(run, round_, sorted(evaluated))
+        phases["gc"] = gc_clock.seconds - gc_before
+        manifest = round_manifest(shards, metrics, evaluated, leaderboard,
+                                  time.perf_counter() - started, phases)
+        with timed(phases, "track_task"):
+            track(run, round_, manifest)
+        close_timings(manifest["timings"], time.perf_counter() - started)
+        commit(run, round_, manifest)
+        progress.round_done(round_, manifest)
+    finish_wandb(run)
+    return progress.finish()
 
 
 def play_round(run: Run, round_: int) -> list[ShardResult]:

@@ -112,6 +112,13 @@ def test_two_rounds_commit_shards_checkpoints_ratings_and_evals(reference_run):
     # The learner trained on round r's decisions of checkpoint r.
     learner = manifests[1]["learner"]
     assert learner["update"] == 2 and learner["tokens"] > 0
+    # Each component kept its own log.
+    logs = paths.root / "logs"
+    assert "train shard 1/0 committed: 12 games" in (logs / "rollout.log").read_text()
+    assert "round 1: ckpt-000001 -> ckpt-000002" in (logs / "learner.log").read_text()
+    assert "ckpt-000002 vs random on TicTacToe-v0-train: 8 games" in (
+        logs / "eval.log").read_text()
+    assert "ratings after round 1" in (logs / "pool.log").read_text()
     # Ratings are a function of the games: a rebuild from the shards equals the snapshot.
     from ub.run.rounds import Run, rebuild_ratings, resolve_run_config
 

@@ -18,6 +18,7 @@ Round ``r`` (synchronous mode)::
 
 from __future__ import annotations
 
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,6 +39,10 @@ from ub.run.layout import RunPaths, checkpoint_name, read_json, write_json_atomi
 from ub.seeding import derive_seed
 
 CHECKPOINT_PREFIX = "ckpt-"
+log_rollout = logging.getLogger("ub.rollout")
+log_learner = logging.getLogger("ub.learner")
+log_eval = logging.getLogger("ub.eval")
+log_pool = logging.getLogger("ub.pool")
 
 
 @dataclass(frozen=True)
@@ -292,7 +297,9 @@ def _play_shard(run: Run, root: Path, sid: ShardId, assignments: list, *, sampli
     from ub.rollout import play_games
 
     games_path = shard_path(root, "games", sid)
+    logger = log_eval if kind == "eval" else log_rollout
     if is_committed(root, sid):
+        logger.info("%s shard %s/%s already committed: reused", kind, sid.round, sid.shard)
         meta = read_metadata(games_path)
         return ShardResult(str(games_path), pq.read_metadata(games_path).num_rows,
                            meta.get("decisions", 0), meta.get("model_decisions", 0),
@@ -304,6 +311,7 @@ def _play_shard(run: Run, root: Path, sid: ShardId, assignments: list, *, sampli
         check_hosted(name)  # unreachable or keyless: say so before any game starts
     needs_engine = any(a.kind == "model" for g in assignments for a in g.actors)
     engine = get_run_engine(run) if needs_engine else None
+    logger.info("%s shard %s/%s: playing %d games", kind, sid.round, sid.shard, len(assignments))
     rollout = play_games(assignments, engine=engine, run=run.name, round_=sid.round,
                          shard=sid.shard, base_seed=run.config.seed,
                          concurrency=run.config.rollout.concurrency, sampling=sampling)
@@ -314,6 +322,9 @@ def _play_shard(run: Run, root: Path, sid: ShardId, assignments: list, *, sampli
              "model_decisions": st.model_decisions, "generated_tokens": st.generated_tokens,
              "seconds": st.seconds, "invalid_moves": invalid, "outcomes": st.outcomes}
     write_shard(root, sid, run.name, rollout.steps, rollout.games, extra)
+    logger.info("%s shard %s/%s committed: %d games (%s), %d model decisions, %d invalid, "
+                "%d tokens in %.1f s -> %s", kind, sid.round, sid.shard, st.games, st.outcomes,
+                st.model_decisions, invalid, st.generated_tokens, st.seconds, games_path)
     return ShardResult(str(games_path), st.games, st.decisions, st.model_decisions,
                        st.generated_tokens, st.seconds, False, invalid, dict(st.outcomes))
 
@@ -366,6 +377,12 @@ def learn_round(run: Run, round_: int) -> dict[str, Any]:
     metrics = learn_on_batch(batch, config.learner_config(run.base_model),
                              run.paths.checkpoint(round_), run.paths.checkpoint(round_ + 1))
     metrics["assemble_seconds"] = assemble_seconds
+    log_learner.info(
+        "round %d: %s -> %s%s: batch %s rows / %s tokens (%s truncated), loss %.5f, grad norm "
+        "%.4f, %.1f s", round_, checkpoint_name(round_), checkpoint_name(round_ + 1),
+        " (reused)" if metrics.get("reused") else "", batch.stats.size,
+        batch.stats.total_tokens, batch.stats.truncated, metrics.get("loss", 0.0),
+        metrics.get("grad_norm", 0.0), metrics.get("seconds", 0.0))
     return metrics
 
 
@@ -406,6 +423,11 @@ def evaluate_checkpoint(run: Run, update: int, *, opponents: list[str] | None = 
     steps = pq.read_table(shard_path(run.paths.eval_data, "steps", sid),
                           columns=["game_id", "env_id", "actor", "invalid_move", "format_ok"])
     rows = [row.to_dict() for row in summarize(games_table, steps, actor.name)]
+    for row in rows:
+        log_eval.info("%s vs %s on %s: %d games, win %.3f [%.3f, %.3f], invalid %.3f",
+                      actor.name, row["opponent"], row["env_id"], row["games"],
+                      row["win_rate"], row["win_low"], row["win_high"],
+                      row["invalid_move_rate"])
     return {"rows": rows, "seconds": 0.0 if played.reused else played.seconds,
             "reused": played.reused, "shard": played.games_path}
 
@@ -429,6 +451,9 @@ def rate_round(run: Run, round_: int, evaluated: list[int]) -> list[dict[str, An
     ``evaluated`` in the round, in game order. Returns the leaderboard."""
     table = _apply_round(run, load_ratings(run, round_ - 1), round_, evaluated)
     write_json_atomic(run.paths.ratings(round_), table.snapshot())
+    top = table.leaderboard()[:3]
+    log_pool.info("ratings after round %d: %s", round_, ", ".join(
+        f"{m['name']} {m['mu']:.2f}±{m['sigma']:.2f}" for m in top))
     return table.leaderboard()
 
 

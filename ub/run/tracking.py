@@ -148,6 +148,8 @@ def log_wandb(run: Run, round_: int, metrics: dict[str, float]) -> None:
         return
     wb = _WANDB.get(run.name)
     if wb is None:
+        # ub prints its own progress; W&B's banners and run summary would drown it.
+        os.environ.setdefault("WANDB_SILENT", "true")
         import wandb
 
         wb = wandb.init(project=run.config.tracking.project, name=run.name, id=run.name,
