@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow.compute as pc
@@ -230,6 +231,12 @@ def test_wandb_offline_files_hold_the_logged_metrics(reference_run, tmp_path, mo
     log_wandb(run, 1, {"collection/TicTacToe-v0-train/invalid_move_rate": 0.125})
     finish_wandb(run)
     [log] = list((copy.root / "wandb").glob("offline-run-*/run-ref.wandb"))
+    # W&B's writer is its own process and may still be flushing when finish() returns:
+    # wait for the run's exit record, which is written last.
+    deadline = time.monotonic() + 60
+    while "exit" not in (kinds := [r.WhichOneof("record_type") for r in _wandb_records(log)]):
+        assert time.monotonic() < deadline, f"no exit record in {log}: {kinds}"
+        time.sleep(0.5)
     history = [{item.key or "/".join(item.nested_key): json.loads(item.value_json)
                 for item in r.history.item}
                for r in _wandb_records(log) if r.WhichOneof("record_type") == "history"]
@@ -252,6 +259,8 @@ def _wandb_records(path: Path) -> list:
             pos += block - pos % block
             continue
         _, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        if pos + 7 + length > len(data):  # still being written
+            break
         pending += data[pos + 7:pos + 7 + length]
         pos += 7 + length
         if kind in (1, 4):  # a FULL record, or the LAST part of one

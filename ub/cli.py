@@ -527,6 +527,36 @@ def _names(text: str | None) -> list[str] | None:
     return names
 
 
+def cmd_dashboard(args: argparse.Namespace) -> int:
+    from ub.dashboard import run_dashboard
+
+    run_dashboard(_run_dir(args), once=args.once, refresh=args.refresh)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from ub.report import write_report
+
+    root = _run_dir(args)
+    out = Path(args.out) if args.out else root / "report"
+    _check_writable(out)
+    print(write_report(root, out))
+    return 0
+
+
+def _run_dir(args: argparse.Namespace) -> Path:
+    """A run given by name (under --root) or as a path."""
+    from ub.run.layout import check_run_name
+
+    candidate = Path(args.run)
+    if candidate.is_dir():
+        return candidate
+    root = Path(args.root) / check_run_name(args.run)
+    if not root.is_dir():
+        raise UbError(f"no run {args.run!r} under {args.root} (and no folder {args.run})")
+    return root
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ub", description="Self-play RL for language models on TextArena games.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -627,6 +657,20 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--envs", help="comma-separated env ids (default: the run's)")
     evaluate.add_argument("--games", type=_positive_int, help="games per (env, opponent)")
     evaluate.set_defaults(func=cmd_eval)
+
+    dashboard = sub.add_parser("dashboard", help="live terminal view of a run (q quits)")
+    dashboard.add_argument("run", help="run name (under --root) or run directory")
+    dashboard.add_argument("--root", default="runs", help="folder of runs (default: runs)")
+    dashboard.add_argument("--once", action="store_true", help="print one frame and exit")
+    dashboard.add_argument("--refresh", type=_non_negative_float, default=2.0,
+                           help="seconds between refreshes (default 2)")
+    dashboard.set_defaults(func=cmd_dashboard)
+
+    report = sub.add_parser("report", help="plots of a run: PNGs and one HTML page")
+    report.add_argument("run", help="run name (under --root) or run directory")
+    report.add_argument("--root", default="runs", help="folder of runs (default: runs)")
+    report.add_argument("--out", help="output folder (default: RUN/report)")
+    report.set_defaults(func=cmd_report)
 
     envs = sub.add_parser("envs", help="list TextArena env ids ub can play")
     envs.add_argument("--all", action="store_true", help="every registered id, not just scripted")

@@ -76,15 +76,31 @@ def _numbered(folder: Path, suffix: str) -> list[tuple[int, Path]]:
 
 
 class RunViews:
-    """Builds the run's tables; ``warnings`` lists the files that were skipped."""
+    """Builds the run's tables; ``warnings`` lists the files that were skipped.
 
-    def __init__(self, root: Path) -> None:
+    ``cache`` (a dict the caller keeps) holds parsed files by path, size and modification
+    time, so building the tables again, as the live dashboard does every refresh, parses only
+    the files that are new or changed.
+    """
+
+    def __init__(self, root: Path, cache: dict[Path, tuple[Any, Any]] | None = None) -> None:
         self.root = Path(root)
         self.warnings: list[str] = []
+        self._cache = {} if cache is None else cache
+
+    def _load(self, path: Path, parse: Callable[[Path], Any]) -> Any:
+        stat = path.stat()
+        key = (stat.st_size, stat.st_mtime_ns)
+        hit = self._cache.get(path)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        value = parse(path)
+        self._cache[path] = (key, value)
+        return value
 
     def _json(self, path: Path) -> Any | None:
         try:
-            return json.loads(path.read_text())
+            return self._load(path, lambda p: json.loads(p.read_text()))
         except (OSError, ValueError) as exc:
             self.warnings.append(f"skipped {path}: {exc}")
             return None
@@ -92,7 +108,12 @@ class RunViews:
     def _manifests(self) -> list[tuple[int, dict]]:
         out = []
         for round_, path in _numbered(self.root / "rounds", ".json"):
-            data = self._json(path)
+            try:  # no view needs the leaderboard copy (ratings/ has it): don't keep it
+                data = self._load(path, lambda p: {k: v for k, v in json.loads(
+                    p.read_text()).items() if k != "leaderboard"})
+            except (OSError, ValueError, AttributeError) as exc:
+                self.warnings.append(f"skipped {path}: {exc}")
+                continue
             if isinstance(data, dict):
                 out.append((round_, data))
         return out
@@ -155,8 +176,8 @@ class RunViews:
         tables = []
         for _, path in _numbered(self.root / "metrics", ".parquet"):
             try:
-                tables.append(pq.read_table(path).select(METRICS_SCHEMA.names)
-                              .cast(METRICS_SCHEMA))
+                tables.append(self._load(path, lambda p: pq.read_table(p).select(
+                    METRICS_SCHEMA.names).cast(METRICS_SCHEMA)))
             except (OSError, pa.ArrowException, KeyError) as exc:
                 self.warnings.append(f"skipped {path}: {exc}")
         return pa.concat_tables(tables) if tables else METRICS_SCHEMA.empty_table()
