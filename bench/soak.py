@@ -1,0 +1,119 @@
+"""Soak: a long ``ub train`` of ``tiny-cpu`` with small rounds, watched for leaks and slowdown.
+
+Not a test. ``.venv/bin/python bench/soak.py [--rounds 200] [--games 8]`` (about 15 minutes on
+2 cores at the defaults).
+
+Runs the real CLI (``ub train``, its temporary Prefect server, the vLLM engine, the learner) as a
+child process on a copy of ``tiny-cpu`` with ``--games`` games per round, a 20%-lagged opponent
+mixture (so older checkpoints keep being loaded as LoRA adapters and evicted) and an evaluation
+every 50 rounds. Each time a round commits, it samples the process tree: resident memory (the
+``ub train`` process and all its children, Prefect's server included) and open file descriptors.
+At the end it fits a line to memory and to round time over the steady part (rounds from
+``--warmup`` on) and prints one JSON object: first and last samples, the slopes, and whether they
+stay within the bounds: memory growth <= 1 MB per round, open files growth <= 8, and a round
+time trend of at most 10% of the mean round per 100 rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import psutil
+import yaml
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ub.run.config import read_config_data
+from ub.run.layout import RunPaths, read_json
+
+
+def _tree(pid: int) -> tuple[float, int]:
+    """Resident MB and open file descriptors of a process and its descendants."""
+    try:
+        root = psutil.Process(pid)
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0.0, 0
+    rss, fds = 0, 0
+    for proc in procs:
+        try:
+            rss += proc.memory_info().rss
+            fds += proc.num_fds()
+        except psutil.NoSuchProcess:
+            pass
+    return rss / 2**20, fds
+
+
+def _slope(xs: list[float], ys: list[float]) -> float:
+    return statistics.linear_regression(xs, ys).slope if len(xs) > 1 else 0.0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=200)
+    parser.add_argument("--games", type=int, default=8, help="games per round")
+    parser.add_argument("--warmup", type=int, default=20, help="rounds left out of the fits")
+    parser.add_argument("--root", help="runs folder (default: a temporary one)")
+    args = parser.parse_args()
+
+    root = Path(args.root or tempfile.mkdtemp(prefix="ub-soak-"))
+    config = read_config_data("tiny-cpu")[0]
+    config.update(rounds=args.rounds,
+                  rollout={**config["rollout"], "games_per_round": args.games},
+                  batch={**config["batch"], "batch_size": 8 * args.games},
+                  opponents=[{"mode": "mirror", "weight": 0.8},
+                             {"mode": "lagged", "k": 8, "weight": 0.2}],
+                  eval={**config["eval"], "every": 50, "games": 40})
+    config_file = root / "soak.yaml"
+    root.mkdir(parents=True, exist_ok=True)
+    config_file.write_text(yaml.safe_dump(config))
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    started = time.perf_counter()
+    child = subprocess.Popen(
+        [sys.executable, "-m", "ub.cli", "train", str(config_file), "--run", "soak",
+         "--root", str(root), "--quiet"], env=env, stdout=subprocess.DEVNULL,
+        stderr=open(root / "soak.stderr", "w"))  # noqa: SIM115 (lives as long as the child)
+    paths = RunPaths.of(root, "soak")
+    samples: list[dict] = []
+    while child.poll() is None:
+        time.sleep(0.5)
+        done = len(paths.committed_rounds())
+        if done > len(samples):
+            rss, fds = _tree(child.pid)
+            samples.append({"round": done - 1, "rss_mb": round(rss, 1), "fds": fds})
+    wall = time.perf_counter() - started
+    if child.returncode != 0:
+        sys.exit(f"ub train failed ({child.returncode}); see {root / 'soak.stderr'}")
+
+    seconds = {r: read_json(paths.manifest(r))["timings"]["round"]
+               for r in paths.committed_rounds()}
+    steady = [s for s in samples if s["round"] >= args.warmup]
+    rounds = [float(s["round"]) for s in steady]
+    rss_slope = _slope(rounds, [s["rss_mb"] for s in steady])
+    times = [seconds[s["round"]] for s in steady]
+    time_slope = _slope(rounds, times)
+    mean_round = statistics.fmean(times)
+    fds_growth = max(s["fds"] for s in steady) - steady[0]["fds"]
+    print(json.dumps({
+        "rounds": len(seconds), "games_per_round": args.games, "wall_seconds": round(wall),
+        "first_sample": samples[0], "warm_sample": steady[0], "last_sample": samples[-1],
+        "rss_mb_per_round": round(rss_slope, 3),
+        "fds_growth_after_warmup": fds_growth,
+        "mean_round_seconds": round(mean_round, 3),
+        "round_seconds_per_100_rounds": round(100 * time_slope, 3),
+        "bounded": rss_slope <= 1.0 and fds_growth <= 8
+        and 100 * time_slope <= 0.10 * mean_round,
+        "root": str(root),
+    }, indent=1))
+
+
+if __name__ == "__main__":
+    main()
