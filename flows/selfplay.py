@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -91,7 +92,7 @@ def _train(paths: RunPaths, new_config: Any, rounds: int | None, add_rounds: int
         with timed(phases, "rate_task"):
             leaderboard = rate(run, round_, sorted(evaluated))
         phases["gc"] = gc_clock.seconds - gc_before
-        manifest = round_manifest(shards, metrics, evaluated, leaderboard,
+        manifest = round_manifest(run, shards, metrics, evaluated, leaderboard,
                                   time.perf_counter() - started, phases)
         with timed(phases, "track_task"):
             track(run, round_, manifest)
@@ -109,7 +110,7 @@ def play_round(run: Run, round_: int) -> list[ShardResult]:
     return [rollout(run, round_, i, games) for i, games in enumerate(shards)]
 
 
-def round_manifest(shards: list[ShardResult], metrics: dict[str, Any],
+def round_manifest(run: Run, shards: list[ShardResult], metrics: dict[str, Any],
                    evaluated: dict[int, dict[str, Any]], leaderboard: list[dict[str, Any]],
                    seconds: float, phases: dict[str, float]) -> dict[str, Any]:
     """The round's record: what was played, learned, measured, and how long each part took."""
@@ -118,7 +119,8 @@ def round_manifest(shards: list[ShardResult], metrics: dict[str, Any],
     learner_seconds = 0.0 if metrics.get("reused") else float(metrics.get("seconds", 0.0))
     batch = metrics.get("batch", {})
     return {
-        "shards": [s.games_path for s in shards],
+        # Relative to the run, so a moved or mounted run still reads.
+        "shards": [os.path.relpath(s.games_path, run.paths.root) for s in shards],
         "games": sum(s.games for s in shards),
         "decisions": sum(s.decisions for s in shards),
         "model_decisions": sum(s.model_decisions for s in shards),

@@ -4,6 +4,7 @@ model is built once per machine (cached by content key under ``UB_CACHE_DIR``)."
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 import pytest
 
@@ -13,6 +14,31 @@ from ub.inference.vllm_engine import configure_vllm_environment
 configure_vllm_environment()
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
+os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry calls out
+
+LEDGER = pytest.StashKey[Counter]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.stash[LEDGER] = Counter()
+
+
+@pytest.fixture(scope="session")
+def ledger(request) -> Counter:
+    """Counts the reliability suites report at the end of the run (see below)."""
+    return request.config.stash[LEDGER]
+
+
+def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
+    counts = config.stash.get(LEDGER, Counter())
+    if counts["faults injected"]:
+        terminalreporter.write_line(
+            f"faults: {counts['faults injected']} injected, {counts['faults survived']} "
+            f"survived, {counts['faults lost']} lost")
+    if counts["bad inputs tried"]:
+        terminalreporter.write_line(
+            f"bad inputs: {counts['bad inputs tried']} tried, {counts['bad inputs clear']} "
+            "clear errors")
 
 
 @pytest.fixture(scope="session")
@@ -44,3 +70,17 @@ def engine(tiny_model):
     # The CLI's default engine settings, so in-process `ub play` tests reuse this engine.
     return get_engine(EngineConfig(model=str(tiny_model)),
                       SamplingConfig(temperature=1.0, max_tokens=16))
+
+
+@pytest.fixture(scope="module")
+def bad_server():
+    """A misbehaving OpenAI-compatible server on loopback (see ``stub_openai.py``)."""
+    import http.server
+    import threading
+
+    from stub_openai import Misbehaving
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Misbehaving)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()

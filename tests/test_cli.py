@@ -94,12 +94,61 @@ BAD_INPUTS = [
     (["train", "--root", "{out}", "--rounds", "0"], "must be >= 1"),
     (["train", "--root", "{file}/sub"], "not writable"),
     (["frobnicate"], "invalid choice"),
+    (["envs", "--bogus"], "unrecognized arguments"),
+    (["model", "tiny", "--seed", "x"], "invalid int value"),
+    (["model", "tiny", "--out", "{file}/sub"], "not writable"),
+    (["sql", "{out}", "DROP TABLE steps"], "read-only"),
+    (["sql", "{out}", "ATTACH '{tmp}/x.db'"], "read-only"),
+    (["batch", "{tmp}/missing"], "does not exist"),
+    (["batch", "{out}", "--batch-size", "0"], "must be >= 1"),
+    (["batch", "{out}", "--rounds", "5:2"], "rounds window is empty"),
+    (["batch", "{out}", "--config", "{tmp}/nope.yaml"], "nope.yaml"),
+    (["learn", "--shards", "{tmp}/missing", "--out", "{out}/c"], "does not exist"),
+    (["learn", "--shards", "{out}", "--out", "{out}/c", "--algorithm", "sarsa"],
+     "unknown algorithm 'sarsa'"),
+    (["learn", "--shards", "{out}", "--from", "{out}", "--out", "{out}/c"],
+     "not a ub checkpoint"),
+    (["sft", "--shards", "{tmp}/missing", "--out", "{out}/c"], "does not exist"),
+    (["sft", "--shards", "{out}", "--out", "{out}/c", "--epochs", "0"], "must be >= 1"),
+    (["eval", "ghost", "--root", "{out}"], "no run ghost under"),
+    (["eval", "../ghost", "--root", "{out}"], "invalid run name"),
+    (["dashboard", "ghost", "--root", "{out}", "--once"], "no run 'ghost'"),
+    (["dashboard", "{out}", "--once"], "is not a ub run"),
+    (["dashboard", "ghost", "--refresh", "-1"], "must be >= 0"),
+    (["report", "ghost", "--root", "{out}"], "no run 'ghost'"),
+    (["report", "{out}"], "is not a ub run"),
+    (["doctor", "ghost", "--root", "{out}"], "no run 'ghost'"),
+    (["doctor", "{out}"], "is not a ub run"),
+    (["doctor", "../x"], "invalid run name"),
 ]
+
+# Every section of a training config with a wrong value: the error names the field.
+CONFIG_FIELD_CASES = [
+    ("seed=minus", "seed"), ("rounds=-2", "rounds"), ("rounds=1.5", "rounds"),
+    ("model.base=nope", "model.base"), ("model.base={tmp}/no-model", "model.base"),
+    ("model.tiny_seed=x", "tiny_seed"), ("engine.max_loras=0", "engine.max_loras"),
+    ("engine.max_model_len=-1", "max_model_len"), ("engine.kv_cache_gib=lots", "kv_cache_gib"),
+    ("sampling.temperature=-1", "sampling.temperature"), ("sampling.max_tokens=0", "max_tokens"),
+    ("envs=3", "envs"), ("envs=[{{env_id: Chess-v9}}]", "Chess-v9"),
+    ("rollout.games_per_round=-3", "games_per_round"), ("rollout.shards=0", "shards"),
+    ("rollout.concurrency=x", "concurrency"), ("opponents=[]", "opponents"),
+    ("opponents=[{{mode: telepathy}}]", "telepathy"), ("opponents=[{{mode: lagged, k: 0}}]", "k"),
+    ("rating.beta=-1", "beta"), ("batch.batch_size=x", "batch_size"),
+    ("batch.final=[{{name: nope}}]", "nope"), ("batch.sampling=7", "sampling"),
+    ("learner.learning_rate=abc", "learning_rate"), ("learner.algorithm=sarsa", "sarsa"),
+    ("learner.lora.rank=0", "rank"), ("learner.max_grad_norm=-1", "max_grad_norm"),
+    ("eval.games=3", "eval.games"), ("eval.every=-1", "eval.every"),
+    ("eval.opponents=[nobody]", "nobody"), ("pipeline.max_staleness=4", "max_staleness"),
+    ("tracking.wandb=sometimes", "tracking.wandb"), ("tracking.bogus=1", "bogus"),
+    ("bogus_section=1", "bogus_section"),
+]
+BAD_INPUTS += [(["train", "--root", "{out}", "--set", setting], field)
+               for setting, field in CONFIG_FIELD_CASES]
 
 
 @pytest.mark.parametrize(("argv", "message"), BAD_INPUTS, ids=lambda v: str(v)[:60])
 def test_bad_input_is_one_clear_line_and_changes_nothing(
-    argv, message, capsys, tmp_path, rank32_adapter, engine
+    argv, message, capsys, tmp_path, rank32_adapter, engine, ledger
 ):
     out_dir = tmp_path / "out"
     out_dir.mkdir()
@@ -108,6 +157,7 @@ def test_bad_input_is_one_clear_line_and_changes_nothing(
     argv = [a.format(out=out_dir, tmp=tmp_path, file=blocker, rank32=rank32_adapter)
             for a in argv]
     before = files_under(tmp_path)
+    ledger["bad inputs tried"] += 1
     code, _, err = run(capsys, *argv)
     assert code == 2
     lines = err.strip().splitlines()
@@ -116,6 +166,7 @@ def test_bad_input_is_one_clear_line_and_changes_nothing(
     assert "Traceback" not in err
     assert files_under(tmp_path) == before
     assert not any(name.startswith(".") for name in os.listdir(out_dir))
+    ledger["bad inputs clear"] += 1
 
 
 def test_train_refuses_a_run_held_by_a_live_process(capsys, tmp_path):

@@ -3,12 +3,9 @@ loopback) and a misbehaving one (errors, garbage, slowness) exercise the same HT
 
 from __future__ import annotations
 
-import http.server
-import json
 import socket
 import subprocess
 import sys
-import threading
 import time
 
 import httpx
@@ -72,43 +69,6 @@ def test_a_hosted_model_plays_real_games(vllm_server, tmp_path):
     assert steps and all(s["prompt"] and s["completion"] is not None for s in steps)
     assert all(s["prompt_token_ids"] is None for s in steps)  # never trained on
     write_shard(tmp_path, ShardId(0, 0), "hosted", played.steps, played.games)
-
-
-class _Misbehaving(http.server.BaseHTTPRequestHandler):
-    """/500/v1: always 500; /garbage/v1: 200 with a non-JSON body; /slow/v1: answers late;
-    /ok/v1: a valid reply that checks the bearer token."""
-
-    def log_message(self, *args):  # keep the test output clean
-        pass
-
-    def do_GET(self):
-        self.send_response(200)
-        self.end_headers()
-        self.wfile.write(b'{"data": []}')
-
-    def do_POST(self):
-        self.rfile.read(int(self.headers.get("Content-Length", 0)))
-        mode = self.path.split("/")[1]
-        if mode == "500":
-            self.send_response(500)
-            self.end_headers()
-            return
-        if mode == "slow":
-            time.sleep(1.5)
-        body = b"<html>not json</html>" if mode == "garbage" else json.dumps(
-            {"choices": [{"message": {"content": "[4]"}}],
-             "auth": self.headers.get("Authorization")}).encode()
-        self.send_response(200)
-        self.end_headers()
-        self.wfile.write(body)
-
-
-@pytest.fixture(scope="module")
-def bad_server():
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Misbehaving)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
 
 
 def _play(actor: str, games: int = 2):

@@ -8,6 +8,7 @@ that need them, so ``ub --help`` and argument errors are instant.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 import tempfile
@@ -429,7 +430,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from ub.run.layout import RunPaths
     from ub.run.lock import RunLock
     from ub.run.prefect_env import configure_prefect
-    from ub.run.rounds import resolve_run_config
+    from ub.run.rounds import check_base_model, resolve_run_config
 
     if args.resume and args.config:
         raise UbError("give a CONFIG to start (or continue) a run, or --resume NAME to continue "
@@ -444,7 +445,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise UbError("--set changes a run's settings: it needs CONFIG (the run's data must "
                       "come from one config; start a new --run to change them)")
     # Everything that can be refused is refused here, in a second, before Prefect starts.
-    resolve_run_config(paths, config, rounds=args.rounds)
+    check_base_model(resolve_run_config(paths, config, rounds=args.rounds)[0].model.base)
     if paths.root.exists():
         RunLock(paths.lock).acquire().release()
     _check_writable(paths.root.parent)
@@ -538,10 +539,48 @@ def cmd_report(args: argparse.Namespace) -> int:
     from ub.report import write_report
 
     root = _run_dir(args)
-    out = Path(args.out) if args.out else root / "report"
-    _check_writable(out)
-    print(write_report(root, out))
+    print(write_report(root, Path(args.out) if args.out else root / "report"))
     return 0
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from ub.run.doctor import examine, repair
+    from ub.run.lock import RunLock, holder
+
+    root = _run_dir(args)
+    if not args.repair:
+        live = holder(root / "run.lock")
+        if live is not None:
+            print(f"note: run {root.name} is in use by pid {live.get('pid', '?')}: checking its "
+                  "committed rounds only")
+        exam = examine(root, live=live is not None)
+        _print_findings(exam)
+        return 1 if exam.findings else 0
+    with RunLock(root / "run.lock"):  # nothing may write the run while it is repaired
+        exam = examine(root)
+        _print_findings(exam)
+        if not exam.findings:
+            return 0
+        moved = repair(exam)
+    for source, target in moved:
+        print(f"quarantined {source.relative_to(root)} -> {target.relative_to(root)}")
+    rewritten = [f for f in exam.findings if f.derived and f.path.exists()]
+    for finding in rewritten:
+        print(f"rewrote {finding.path.relative_to(root)} from the run's data")
+    first = exam.first_broken_round
+    if first is not None:
+        print(f"run {root.name} is back at round {first}: `ub train --resume {root.name} "
+              f"--root {root.parent}` replays rounds {first}..{exam.rounds[-1]} as they were "
+              "(same seed, same games)")
+    return 0
+
+
+def _print_findings(exam) -> None:
+    for finding in exam.findings:
+        print(f"problem: {finding.line(exam.root)}")
+    verdict = (f"{len(exam.findings)} problem(s); `ub doctor {exam.root} --repair` quarantines "
+               "what cannot be trusted" if exam.findings else "ok")
+    print(f"{exam.root.name}: {len(exam.rounds)} committed round(s), {verdict}")
 
 
 def _run_dir(args: argparse.Namespace) -> Path:
@@ -672,6 +711,14 @@ def build_parser() -> argparse.ArgumentParser:
     report.add_argument("--out", help="output folder (default: RUN/report)")
     report.set_defaults(func=cmd_report)
 
+    doctor = sub.add_parser("doctor", help="check a run's integrity (--repair: quarantine "
+                            "what is broken so it can resume)")
+    doctor.add_argument("run", help="run name (under --root) or run directory")
+    doctor.add_argument("--root", default="runs", help="folder of runs (default: runs)")
+    doctor.add_argument("--repair", action="store_true",
+                        help="move untrustworthy files to RUN/quarantine/ (nothing is deleted)")
+    doctor.set_defaults(func=cmd_doctor)
+
     envs = sub.add_parser("envs", help="list TextArena env ids ub can play")
     envs.add_argument("--all", action="store_true", help="every registered id, not just scripted")
     envs.set_defaults(func=cmd_envs)
@@ -685,6 +732,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return args.func(args)
     except UbError as exc:
         print(f"ub: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # Every ub write is atomic: what failed left nothing behind, so rerunning resumes.
+        print(f"ub: error: {exc.strerror} writing {exc.filename or 'a file'}: free space, "
+              "then run the same command again", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("ub: interrupted", file=sys.stderr)

@@ -4,10 +4,17 @@
 process kill itself with SIGKILL at that point: no cleanup, no ``finally`` blocks, like a power
 cut or the OOM killer. Unset (always, outside tests) a point costs one dict lookup.
 
-Points: ``rollout.step`` (after an engine step, mid-rollout), ``shard.between-files`` (steps
-file written, games file not), ``checkpoint.before-rename`` (checkpoint files written, folder
-not renamed into place), ``learn.after-state`` (final-reward state saved, update not done),
-``round.before-commit`` (everything of the round done but its manifest).
+``UB_FAULT_AT=NAME:N:raise`` raises :class:`InjectedFault` there instead (an error inside the
+process, e.g. a game env failing on some turn). ``UB_FAULT_LOG=FILE`` appends the name of every
+point reached to FILE: a census of where a run can be cut, for randomized fault tests.
+
+Points: ``rollout.step`` (after an engine step, mid-rollout), ``env.step`` (before a game env's
+step), ``atomic.before-rename`` (any atomic file write, temp file complete, not renamed: shards,
+manifests, rating snapshots, reward state), ``shard.between-files`` (steps file written, games
+file not), ``learn.mid-update`` (after a micro-batch's backward pass), ``learn.after-state``
+(final-reward state saved, update not done), ``checkpoint.before-rename`` (checkpoint files
+written, folder not renamed into place), ``rate.before-snapshot`` (ratings computed, snapshot
+not written), ``round.before-commit`` (everything of the round done but its manifest).
 """
 
 from __future__ import annotations
@@ -18,13 +25,24 @@ import signal
 _hits: dict[str, int] = {}
 
 
+class InjectedFault(RuntimeError):
+    """Raised at a fault point by ``UB_FAULT_AT=NAME:N:raise``."""
+
+
 def fault_point(name: str) -> None:
+    census = os.environ.get("UB_FAULT_LOG")
+    if census:
+        with open(census, "a") as log:
+            log.write(name + "\n")
     spec = os.environ.get("UB_FAULT_AT")
     if not spec:
         return
-    target, _, count = spec.partition(":")
+    target, _, rest = spec.partition(":")
     if target != name:
         return
+    count, _, action = rest.partition(":")
     _hits[name] = _hits.get(name, 0) + 1
     if _hits[name] == int(count or 1):
+        if action == "raise":
+            raise InjectedFault(f"injected fault at {name} (hit {_hits[name]})")
         os.kill(os.getpid(), signal.SIGKILL)

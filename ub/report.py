@@ -154,7 +154,10 @@ def write_report(root: Path, out: Path) -> Path:
             t["learner"], ("loss", "grad_norm", "clip_fraction"), ax, "Learner")),
         ("throughput", "Throughput and time", lambda ax: _throughput(t, ax)),
     ]
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UbError(f"output folder {out} is not writable ({exc.strerror or exc})") from None
     sections = []
     for name, title, draw in plots:
         fig, ax = _figure()

@@ -256,6 +256,9 @@ def build_transforms(stage: str, specs: Iterable[str | Mapping[str, Any] | Rewar
     """Transform objects from config entries: a name, ``{"name": ..., **params}``, or an object."""
     if stage not in STAGES:
         raise UbError(f"unknown reward stage {stage!r}; stages are {', '.join(STAGES)}")
+    if isinstance(specs, str | bytes | Mapping) or not isinstance(specs, Iterable):
+        raise UbError(f"{stage} must be a list of reward transforms, e.g. "
+                      f"[{{name: {next(iter(REGISTRY[stage]), 'NAME')}}}], got {specs!r}")
     out = []
     for spec in specs:
         if isinstance(spec, RewardTransform):

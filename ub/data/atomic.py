@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ub.errors import UbError
+from ub.faults import fault_point
 
 
 def fsync_dir(path: Path) -> None:
@@ -42,6 +43,7 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> Path:
             write(handle)
             handle.flush()
             os.fsync(handle.fileno())
+        fault_point("atomic.before-rename")
         os.replace(tmp, path)
         fsync_dir(path.parent)
     except OSError as exc:

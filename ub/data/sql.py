@@ -74,4 +74,7 @@ def run_sql(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
         relation = con.sql(sql)
         return relation.to_arrow_table() if relation is not None else pa.table({})
     except duckdb.Error as exc:
-        raise UbError(f"SQL error: {str(exc).splitlines()[0]}") from None
+        message = str(exc).splitlines()[0]
+        if "Parquet" in message and "input source" in message:
+            message += " (`ub doctor RUN` checks every file; --repair quarantines broken ones)"
+        raise UbError(f"SQL error: {message}") from None

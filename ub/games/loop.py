@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from ub.faults import fault_point
 from ub.games.specs import GameSpec, make_env
 
 T = TypeVar("T")
@@ -138,6 +139,7 @@ class Game:
         self.decisions.append(decision)
         t0 = time.perf_counter()
         try:
+            fault_point("env.step")
             done, _info = self._isolated(lambda: self.env.step(action=action))
             decision.env_seconds = time.perf_counter() - t0
             decision.invalid_move = getattr(state, "error_count", 0) > errors_before

@@ -73,10 +73,9 @@ def registered_env_ids() -> list[str]:
     return sorted(ENV_REGISTRY)
 
 
-def make_env(env_id: str):
-    """``textarena.make`` with ub's errors: unknown ids list close matches."""
-    import textarena as ta
-
+def check_env_id(env_id: str) -> None:
+    """Refuse an env id TextArena does not have (listing close matches) or one that needs the
+    network."""
     known = registered_env_ids()
     if env_id not in known:
         close = difflib.get_close_matches(env_id, known, n=5, cutoff=0.6)
@@ -87,6 +86,13 @@ def make_env(env_id: str):
             f"env {env_id!r} needs the network at start-up (a corpus download or a hosted judge), "
             "which ub does not allow at run time: choose another game"
         )
+
+
+def make_env(env_id: str):
+    """``textarena.make`` with ub's errors (see :func:`check_env_id`)."""
+    import textarena as ta
+
+    check_env_id(env_id)
     return ta.make(env_id=env_id)
 
 

@@ -83,7 +83,8 @@ def model_identity(base_model: str | os.PathLike[str]) -> dict[str, str]:
             config_file = Path(cached_file(str(base_model), "config.json"))
         except Exception as e:
             raise UbError(f"cannot find base model {base_model} (not a directory, and no "
-                          f"config.json for it in the Hugging Face cache): {e}") from e
+                          "config.json for it in the Hugging Face cache): "
+                          f"{str(e).splitlines()[0]}") from e
         name = str(base_model)
     try:
         config = json.loads(config_file.read_text())
@@ -140,6 +141,7 @@ def write_checkpoint(out_dir: str | os.PathLike[str], state: CheckpointState,
     :param overwrite: replace an existing checkpoint at ``out_dir``; otherwise an existing
         ``out_dir`` is an error.
     """
+    from safetensors import SafetensorError
     from safetensors.torch import save_file
 
     out = Path(out_dir).expanduser().absolute()
@@ -195,8 +197,9 @@ def write_checkpoint(out_dir: str | os.PathLike[str], state: CheckpointState,
         fsync_dir(out.parent)
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(e, OSError):
-            raise UbError(f"cannot write checkpoint {out}: {e.strerror or e}") from e
+        if isinstance(e, OSError | SafetensorError):  # disk full, permissions, ...
+            reason = e.strerror if isinstance(e, OSError) and e.strerror else str(e)
+            raise UbError(f"cannot write checkpoint {out}: {reason}") from e
         raise
     return out
 

@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from ub.errors import UbError
+from ub.faults import fault_point
 from ub.learner.algorithms import Algorithm, TokenBatch, make_algorithm
 from ub.learner.batching import TrainBatch, plan_micro_batches
 from ub.learner.checkpoint import (
@@ -488,6 +489,7 @@ class Learner:
             loss, stats = self.algorithm.loss(token_batch)
             # A NaN loss only spoils the gradients, which are dropped below before any step.
             loss.backward()
+            fault_point("learn.mid-update")
 
             # Bookkeeping: token sums, divided by the token count at the end.
             losses.append(loss.detach())

@@ -256,7 +256,7 @@ def validate_config(data: dict[str, Any], source: str = "") -> TrainConfig:
 
 
 def _check_sections(config: TrainConfig, source: str) -> None:
-    from ub.games.specs import GameSpec
+    from ub.games.specs import GameSpec, check_env_id
     from ub.inference.vllm_engine import VLLM_LORA_RANKS
 
     def fail(field: str, message: str) -> UbError:
@@ -268,8 +268,14 @@ def _check_sections(config: TrainConfig, source: str) -> None:
     for i, env in enumerate(config.envs):
         try:
             GameSpec(env.env_id, env.num_players, env.template, env.extractor, env.max_turns)
+            check_env_id(env.env_id)
         except UbError as exc:
             raise fail(f"envs.{i}", str(exc)) from None
+    for env_id in config.eval.envs or []:
+        try:
+            check_env_id(env_id)
+        except UbError as exc:
+            raise fail("eval.envs", str(exc)) from None
     sections = {
         "batch": lambda: config.batch_config(),
         "learner": lambda: config.learner_config("(base model)"),
@@ -284,11 +290,17 @@ def _check_sections(config: TrainConfig, source: str) -> None:
         except TypeError as exc:  # a wrong type inside a dataclass section
             raise fail(name, str(exc)) from None
     from ub.actors.expert import check_expert_supports
+    from ub.actors.spec import parse_actor
 
     train_envs = [e.env_id for e in config.envs]
     seated = [("opponents", _opponents(config).fixed_names(), train_envs),
               ("eval.opponents", config.eval.opponents, config.eval.envs or train_envs)]
     for field, names, env_ids in seated:
+        for name in names:
+            try:
+                parse_actor(name)
+            except UbError as exc:
+                raise fail(field, str(exc)) from None
         if "expert" in names:
             for env_id in env_ids:
                 try:

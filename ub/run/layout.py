@@ -3,6 +3,7 @@
 ::
 
     runs/NAME/
+      ub-run.json                     the run directory's format version (and the ub that made it)
       config.yaml                     the resolved config (training settings are frozen)
       run.lock                        held (flock) by the process driving the run
       steps/round=NNNNNN/shard-NNNN.parquet, games/...   training games
@@ -25,6 +26,9 @@ from typing import Any
 from ub.data.atomic import write_atomic
 from ub.errors import UbError
 
+RUN_FORMAT = 1
+"""The layout version of a run directory; bump it when a change would confuse an older ub."""
+
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -34,6 +38,35 @@ def check_run_name(name: str) -> str:
         raise UbError(f"invalid run name {name!r}: use letters, digits, '.', '_' and '-' "
                       "(starting with a letter or digit), at most 128 characters")
     return name
+
+
+def check_run_format(root: Path) -> None:
+    """Refuse a run directory written in a newer format than this ub reads, before anything in
+    it is read or written. A run without the marker predates it (format 1)."""
+    marker = Path(root) / "ub-run.json"
+    if not marker.exists():
+        return
+    try:
+        data = json.loads(marker.read_text())
+        found = int(data["format"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise UbError(f"{marker} is unreadable ({exc}); it should hold "
+                      f'{{"format": {RUN_FORMAT}}}') from None
+    if found > RUN_FORMAT:
+        import ub
+
+        raise UbError(f"run {Path(root).name} at {root} is in run format {found} (written by "
+                      f"ub {data.get('ub_version', '?')}); this ub ({ub.__version__}) reads "
+                      f"formats up to {RUN_FORMAT}: upgrade ub to use it")
+
+
+def mark_run_format(root: Path) -> None:
+    """Record the run format of a new run directory (kept as it is on later writes)."""
+    marker = Path(root) / "ub-run.json"
+    if not marker.exists():
+        import ub
+
+        write_json_atomic(marker, {"format": RUN_FORMAT, "ub_version": ub.__version__})
 
 
 def checkpoint_name(update: int) -> str:

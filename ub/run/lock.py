@@ -73,3 +73,21 @@ def _read_holder(fd: int) -> dict | None:
         return json.loads(data) if data.strip() else None
     except (OSError, ValueError):
         return None
+
+
+def holder(path: Path) -> dict | None:
+    """The record of the live process holding the lock at ``path`` (``None``: nobody holds it).
+    Takes and writes nothing: readers (``ub doctor``, the dashboard) may call it any time."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return _read_holder(fd) or {}
+    else:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)

@@ -19,6 +19,8 @@ Round ``r`` (synchronous mode)::
 from __future__ import annotations
 
 import logging
+import os
+import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +37,14 @@ from ub.errors import UbError
 from ub.faults import fault_point
 from ub.games.specs import GameSpec
 from ub.run.config import TrainConfig, load_yaml, validate_config
-from ub.run.layout import RunPaths, checkpoint_name, read_json, write_json_atomic
+from ub.run.layout import (
+    RunPaths,
+    check_run_format,
+    checkpoint_name,
+    mark_run_format,
+    read_json,
+    write_json_atomic,
+)
 from ub.seeding import derive_seed
 
 CHECKPOINT_PREFIX = "ckpt-"
@@ -73,6 +82,36 @@ def resolve_base_model(config: TrainConfig) -> str:
     return str(path.absolute()) if path.exists() else config.model.base
 
 
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def check_base_model(base: str) -> None:
+    """Refuse a ``model.base`` that can never load, before any work: ``tiny``, a model folder
+    (with ``config.json``) or a Hugging Face id (``ORG/NAME``, fetched on first use unless
+    ``HF_HUB_OFFLINE`` is set, then it must be in the local cache)."""
+    if base == "tiny":
+        return
+    path = Path(base).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise UbError(f"model.base {base} has no config.json: give a transformers model "
+                          "folder (save_pretrained), 'tiny', or a Hugging Face id")
+        return
+    if path.exists() or base.startswith(("/", ".", "~")):
+        raise UbError(f"model.base {base} is not a model folder (it does not exist or is a "
+                      "file)")
+    if not HUB_ID.match(base):
+        raise UbError(f"model.base {base!r} is not 'tiny', a model folder, or a Hugging Face "
+                      "id like Qwen/Qwen3-1.7B-Base")
+    if os.environ.get("HF_HUB_OFFLINE", "0") not in ("0", "", "false"):
+        from huggingface_hub import try_to_load_from_cache
+
+        if not isinstance(try_to_load_from_cache(base, "config.json"), str):
+            raise UbError(f"model.base {base} is not in the Hugging Face cache and "
+                          "HF_HUB_OFFLINE is set: download it first (huggingface-cli download "
+                          f"{base}) or unset HF_HUB_OFFLINE")
+
+
 def _first_difference(old: Any, new: Any, where: str = "") -> str | None:
     if isinstance(old, dict) and isinstance(new, dict):
         for key in sorted(set(old) | set(new)):
@@ -105,6 +144,7 @@ def resolve_run_config(paths: RunPaths, config: TrainConfig | None, *,
     the run's data would mix two setups. ``rounds`` sets the total, ``add_rounds`` adds to the
     committed count.
     """
+    check_run_format(paths.root)
     stored = None
     if paths.config.exists():
         try:
@@ -136,6 +176,7 @@ def resolve_run_config(paths: RunPaths, config: TrainConfig | None, *,
 def _write_config(paths: RunPaths, config: TrainConfig) -> None:
     text = yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
     paths.root.mkdir(parents=True, exist_ok=True)
+    mark_run_format(paths.root)
     tmp = paths.config.with_name(".config.yaml.tmp")
     tmp.write_text(text)
     tmp.replace(paths.config)
@@ -312,9 +353,14 @@ def _play_shard(run: Run, root: Path, sid: ShardId, assignments: list, *, sampli
     needs_engine = any(a.kind == "model" for g in assignments for a in g.actors)
     engine = get_run_engine(run) if needs_engine else None
     logger.info("%s shard %s/%s: playing %d games", kind, sid.round, sid.shard, len(assignments))
-    rollout = play_games(assignments, engine=engine, run=run.name, round_=sid.round,
-                         shard=sid.shard, base_seed=run.config.seed,
-                         concurrency=run.config.rollout.concurrency, sampling=sampling)
+    try:
+        rollout = play_games(assignments, engine=engine, run=run.name, round_=sid.round,
+                             shard=sid.shard, base_seed=run.config.seed,
+                             concurrency=run.config.rollout.concurrency, sampling=sampling)
+    except Exception:
+        # Nothing of the shard was written; the task's retry (or a resume) replays it.
+        logger.exception("%s shard %s/%s failed", kind, sid.round, sid.shard)
+        raise
     st = rollout.stats
     model_rows = rollout.steps.filter(pc.equal(rollout.steps["actor_kind"], "model"))
     invalid = int(pc.sum(model_rows["invalid_move"].cast(pa.int64())).as_py() or 0)
@@ -450,6 +496,7 @@ def rate_round(run: Run, round_: int, evaluated: list[int]) -> list[dict[str, An
     parent's rating), then the round's training games and the eval games of the checkpoints
     ``evaluated`` in the round, in game order. Returns the leaderboard."""
     table = _apply_round(run, load_ratings(run, round_ - 1), round_, evaluated)
+    fault_point("rate.before-snapshot")
     write_json_atomic(run.paths.ratings(round_), table.snapshot())
     top = table.leaderboard()[:3]
     log_pool.info("ratings after round %d: %s", round_, ", ".join(

@@ -26,6 +26,8 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ub.run.layout import check_run_format
+
 EVALS_SCHEMA = pa.schema([
     ("update", pa.int64()), ("round", pa.int64()), ("actor", pa.string()),
     ("env_id", pa.string()), ("opponent", pa.string()), ("games", pa.int64()),
@@ -85,6 +87,7 @@ class RunViews:
 
     def __init__(self, root: Path, cache: dict[Path, tuple[Any, Any]] | None = None) -> None:
         self.root = Path(root)
+        check_run_format(self.root)
         self.warnings: list[str] = []
         self._cache = {} if cache is None else cache
 

@@ -1,0 +1,100 @@
+"""Helpers of the reliability suite (also used by ``bench/faults.py``): a small training config,
+``ub train`` as a child process, and every way two runs of the same seed must agree."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+# Two envs, two rounds, a lagged opponent next to mirror self-play (so rating and older
+# adapters are exercised), evaluation of checkpoints 0 and 2.
+CONFIG = {
+    "seed": 11,
+    "rounds": 2,
+    "model": {"base": "tiny"},
+    "sampling": {"temperature": 1.0, "max_tokens": 12},
+    "envs": [{"env_id": "TicTacToe-v0-train", "weight": 3}, {"env_id": "Nim-v0-train"}],
+    "rollout": {"games_per_round": 12, "concurrency": 16},
+    "opponents": [{"mode": "mirror", "weight": 0.7}, {"mode": "random", "weight": 0.3}],
+    "batch": {"batch_size": 48},
+    "learner": {"learning_rate": 1e-3, "lora": {"rank": 8, "alpha": 16}},
+    "eval": {"every": 2, "games": 8, "opponents": ["random"], "envs": ["TicTacToe-v0-train"]},
+}
+
+# Where the process can be cut: mid-rollout, mid-shard-write, between the two files of a shard,
+# mid-update, mid-checkpoint-write, mid-rating, just before the commit.
+KILL_POINTS = ("rollout.step", "env.step", "atomic.before-rename", "shard.between-files",
+               "learn.mid-update", "learn.after-state", "checkpoint.before-rename",
+               "rate.before-snapshot", "round.before-commit")
+
+
+def plan_faults(census: dict[str, int], rng: random.Random, count: int) -> list[str]:
+    """``count`` fault specs ``POINT:N`` with N within what one process reaches."""
+    points = [p for p in KILL_POINTS if census.get(p)]
+    return [f"{p}:{rng.randint(1, min(census[p], 4))}"
+            for p in (rng.choice(points) for _ in range(count))]
+
+# Wall-clock figures differ between any two runs; everything else must not.
+TIMING_COLUMNS = {"seconds", "gen_seconds", "env_seconds"}
+
+
+def train(config: Path, root: Path, api_url: str, *, name: str = "run",
+          env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``ub train CONFIG --run NAME --root ROOT`` in a child process (sharing a Prefect API)."""
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith("UB_FAULT")}
+    child_env.update({"PREFECT_API_URL": api_url, **(env or {})})
+    return subprocess.run(
+        [sys.executable, "-m", "ub.cli", "train", str(config), "--run", name,
+         "--root", str(root), "--quiet"],
+        env=child_env, capture_output=True, text=True, timeout=900)
+
+
+def _rows(root: Path, table: str, pattern: str = "shard-*.parquet") -> list[dict]:
+    rows = []
+    for file in sorted((root / table).rglob(pattern)):
+        data = pq.read_table(file)
+        keep = [c for c in data.column_names if c not in TIMING_COLUMNS]
+        rows += data.select(keep).to_pylist()
+    return rows
+
+
+def differences(run: Path, reference: Path) -> list[str]:
+    """How the run at ``run`` differs from ``reference`` (same name, seed and config) in what
+    a reader or a resume relies on; empty when it is whole and identical."""
+    from ub.learner.checkpoint import read_adapter, read_checkpoint
+    from ub.run.doctor import examine
+    from ub.run.layout import RunPaths
+    from ub.run.rounds import Run, rebuild_ratings, resolve_run_config
+
+    found = []
+    paths, ref = RunPaths(run), RunPaths(reference)
+    if paths.committed_rounds() != ref.committed_rounds():
+        return [f"committed rounds {paths.committed_rounds()} != {ref.committed_rounds()}"]
+    found += [f"doctor: {f.line(run)}" for f in examine(run).findings]
+    for table in ("games", "steps", "eval/games", "eval/steps"):
+        # (only the run's own eval shard 0: a reference may have ad-hoc `ub eval` shards)
+        pattern = "shard-0000.parquet" if table.startswith("eval") else "shard-*.parquet"
+        if _rows(run, table, pattern) != _rows(reference, table, pattern):
+            found.append(f"{table} rows differ")
+    last = paths.committed_rounds()[-1]
+    for round_ in range(last + 1):
+        if (json.loads(paths.ratings(round_).read_text())
+                != json.loads(ref.ratings(round_).read_text())):
+            found.append(f"ratings after round {round_} differ")
+    rebuilt = rebuild_ratings(Run(paths, resolve_run_config(paths, None)[0], "check"), last)
+    if rebuilt.snapshot() != json.loads(paths.ratings(last).read_text()):
+        found.append("ratings differ from a rebuild from the games")
+    for update in range(last + 2):
+        folder = paths.checkpoint(update)
+        read_checkpoint(folder)
+        read_adapter(folder)
+        for name in ("adapter_model.safetensors", "optimizer.safetensors"):
+            if (folder / name).read_bytes() != (ref.checkpoint(update) / name).read_bytes():
+                found.append(f"{folder.name}/{name} differs")
+    return found

@@ -1,0 +1,102 @@
+"""`ub doctor`: damaged files are found and named, `--repair` quarantines what cannot be
+trusted (deleting nothing), and the resumed run equals the undamaged one."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from faults.runs import differences, train
+from ub.cli import main
+
+
+def _copy(reference, tmp_path):
+    ref, _ = reference
+    shutil.copytree(ref, tmp_path / "run")
+    return tmp_path / "run"
+
+
+def test_a_healthy_run_is_ok(reference, capsys):
+    ref, _ = reference
+    assert main(["doctor", str(ref)]) == 0
+    assert capsys.readouterr().out.strip() == "run: 2 committed round(s), ok"
+
+
+def test_a_live_runs_temporary_files_are_work_in_progress(reference, tmp_path, capsys):
+    from ub.run.lock import RunLock
+
+    run = _copy(reference, tmp_path)
+    (run / "steps" / ".shard-0000.parquet.tmp-99-0123abcd").write_bytes(b"being written")
+    with RunLock(run / "run.lock"):
+        assert main(["doctor", str(run)]) == 0
+        assert "is in use by pid" in capsys.readouterr().out
+    assert main(["doctor", str(run)]) == 1
+
+
+def test_damage_is_named_repaired_and_replayed(reference, fault_config, prefect_api, tmp_path,
+                                               capsys):
+    run = _copy(reference, tmp_path)
+    shard = run / "games" / "round=000001" / "shard-0000.parquet"
+    shard.write_bytes(shard.read_bytes()[:300])  # truncated
+    (run / "checkpoints" / "ckpt-000002" / "adapter_model.safetensors").unlink()
+    (run / "metrics" / "round-000000.parquet").write_text("garbage")
+    orphan = run / "steps" / ".shard-0001.parquet.tmp-4242-0123abcd"
+    orphan.write_bytes(b"half a file")
+
+    assert main(["doctor", str(run)]) == 1
+    out = capsys.readouterr().out
+    assert "games/round=000001/shard-0000.parquet: is not a readable Parquet file" in out
+    assert "checkpoints/ckpt-000002: checkpoint is missing adapter_model.safetensors" in out
+    assert "metrics/round-000000.parquet: unreadable metrics" in out
+    assert "steps/.shard-0001.parquet.tmp-4242-0123abcd: temporary file" in out
+    assert "4 problem(s)" in out
+    # Readers name the file too.
+    assert main(["sql", str(run), "SELECT count(*) FROM games"]) == 2
+    assert f"{shard}" in capsys.readouterr().err
+
+    damaged = {p.relative_to(run) for p in run.rglob("*") if p.is_file()}
+    assert main(["doctor", str(run), "--repair"]) == 0
+    out = capsys.readouterr().out
+    assert "run run is back at round 1" in out and "rewrote metrics/round-000000.parquet" in out
+    # Nothing was deleted: what left the run is in quarantine/, byte for byte.
+    [stamp] = (run / "quarantine").iterdir()
+    kept = {p.relative_to(run) for p in run.rglob("*") if p.is_file()}
+    moved = {p.relative_to(stamp) for p in stamp.rglob("*") if p.is_file()}
+    assert damaged - kept == moved - {p.relative_to(run) for p in run.rglob("*")}
+    assert (stamp / orphan.relative_to(run)).read_bytes() == b"half a file"
+    assert main(["doctor", str(run)]) == 0
+    capsys.readouterr()
+
+    result = train(fault_config, tmp_path, prefect_api)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert differences(run, reference[0]) == []
+
+
+def test_a_manifest_pointing_at_nothing_is_found(reference, tmp_path, capsys):
+    run = _copy(reference, tmp_path)
+    manifest = run / "rounds" / "round-000000.json"
+    data = json.loads(manifest.read_text())
+    data["shards"] = ["games/round=000000/shard-0007.parquet"]
+    manifest.write_text(json.dumps(data))
+    assert main(["doctor", str(run)]) == 1
+    out = capsys.readouterr().out
+    assert "games/round=000000/shard-0007.parquet: missing games shard of a committed round" in out
+    assert "shard-0000.parquet: shard of a committed round that its manifest does not list" in out
+    assert main(["doctor", str(run), "--repair"]) == 0
+    assert "back at round 0" in capsys.readouterr().out
+    assert not (run / "rounds").exists() or not list((run / "rounds").iterdir())
+
+
+@pytest.mark.parametrize("argv", [["doctor", "{run}"], ["sql", "{run}", "SELECT 1"],
+                                  ["train", "--resume", "run", "--root", "{root}"],
+                                  ["dashboard", "{run}", "--once"]])
+def test_a_run_of_a_newer_format_is_refused(reference, tmp_path, capsys, argv):
+    run = _copy(reference, tmp_path)
+    (run / "ub-run.json").write_text(json.dumps({"format": 99, "ub_version": "9.0"}))
+    before = sorted(p.stat().st_mtime_ns for p in run.rglob("*"))
+    assert main([a.format(run=run, root=tmp_path) for a in argv]) == 2
+    err = capsys.readouterr().err
+    assert "is in run format 99 (written by ub 9.0)" in err and "upgrade ub" in err
+    assert sorted(p.stat().st_mtime_ns for p in run.rglob("*")) == before
