@@ -24,6 +24,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ub.errors import UbError
+from ub.run.lock import holder
 from ub.run.views import RunViews, is_run
 
 SPARKS = "▁▂▃▄▅▆▇█"
@@ -70,23 +71,13 @@ class DashboardState:
 
 
 def run_phase(root: Path) -> str:
-    """``running`` while a live process holds the run, else ``stopped`` or ``finished`` (the
-    caller decides between these two); read from the lock file, never by taking the lock."""
-    try:
-        holder = json.loads((root / "run.lock").read_text() or "null")
-    except (OSError, ValueError):
-        holder = None
-    if not holder:
+    """``running`` while a live process holds the run's lock (``running on HOST`` for another
+    machine sharing the directory), else ``idle``; read without taking the lock."""
+    held = holder(root / "run.lock")
+    if held is None:
         return "idle"
-    if holder.get("host") != socket.gethostname():
-        return f"running on {holder.get('host')}"
-    try:
-        os.kill(int(holder["pid"]), 0)
-    except (ProcessLookupError, ValueError, KeyError):
-        return "idle"  # a stale lock of a killed process
-    except PermissionError:
-        pass
-    return "running"
+    host = held.get("host")
+    return f"running on {host}" if host and host != socket.gethostname() else "running"
 
 
 def latest_activity(root: Path) -> str:
