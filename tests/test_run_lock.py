@@ -58,7 +58,9 @@ def test_a_killed_holder_leaves_a_lock_that_is_taken_over(tmp_path):
 
 def test_orphaned_temporary_files_are_removed_and_nothing_else(tmp_path):
     keep = [tmp_path / "steps" / "round=000000" / "shard-0000.parquet",
-            tmp_path / "config.yaml", tmp_path / ".prefect" / "prefect.db"]
+            tmp_path / "config.yaml", tmp_path / ".prefect" / "prefect.db",
+            # set aside by `ub doctor --repair`: kept, never deleted
+            tmp_path / "quarantine" / "20260101T000000" / ".shard-0002.parquet.tmp-9-00c0ffee"]
     orphans = [tmp_path / "steps" / "round=000000" / ".shard-0001.parquet.tmp-123-0badc0de",
                tmp_path / "checkpoints" / ".ckpt-000002.tmp-77-deadbeef" / "adapter.bin"]
     for path in keep + orphans:

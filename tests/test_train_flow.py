@@ -19,7 +19,7 @@ import yaml
 
 from ub.data.shards import committed_shards
 from ub.learner.checkpoint import is_checkpoint
-from ub.run.layout import ORPHAN, RunPaths
+from ub.run.layout import RunPaths, find_orphans
 
 # Small enough for the test suite, big enough to exercise every step: two envs, two rounds,
 # evaluation of the first and last checkpoints.
@@ -309,7 +309,7 @@ def test_killed_anywhere_and_resumed_equals_uninterrupted(reference_run, config_
 
     killed, ref = RunPaths.of(root, "ref"), reference_run
     assert killed.committed_rounds() == [0, 1]
-    assert not [p for p in killed.root.rglob(".*") if ORPHAN.match(p.name)]
+    assert not find_orphans(killed.root)
     assert _games(killed.root) == _games(ref.root)
     assert _steps(killed.root) == _steps(ref.root)
     # (The reference run also has an ad-hoc `ub eval` shard 1: compare the run's own evals.)

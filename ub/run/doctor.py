@@ -26,7 +26,8 @@ import pyarrow.parquet as pq
 
 from ub.data.shards import check_shard_schema
 from ub.errors import UbError
-from ub.run.layout import ORPHAN, RunPaths, check_run_format
+from ub.run.layout import ORPHAN, RunPaths, check_run_format, find_orphans
+from ub.run.views import is_run
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ def examine(root: Path, *, live: bool = False) -> Examination:
     """Every integrity problem of the run at ``root`` (read-only). ``live``: a process is
     driving the run, so its temporary files are work in progress, not leftovers."""
     root = Path(root)
-    if not (root / "config.yaml").exists() and not (root / "rounds").is_dir():
+    if not is_run(root):
         raise UbError(f"{root} is not a ub run (no config.yaml or rounds/)")
     check_run_format(root)
     paths = RunPaths(root.absolute())
@@ -169,9 +170,9 @@ def examine(root: Path, *, live: bool = False) -> Examination:
     # Round r plays checkpoint r and makes r + 1: a broken checkpoint u breaks round u - 1.
     for update in range(len(rounds) + 1):
         findings += _check_checkpoint(paths, update, max(update - 1, 0))
-    for orphan in sorted(p for p in root.rglob(".*") if ORPHAN.match(p.name) and not live):
-        if "quarantine" not in orphan.relative_to(root).parts:
-            findings.append(Finding(orphan, "temporary file left by an interrupted write"))
+    if not live:
+        findings += [Finding(orphan, "temporary file left by an interrupted write")
+                     for orphan in find_orphans(root)]
     return Examination(root, rounds, findings)
 
 

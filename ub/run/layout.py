@@ -139,6 +139,13 @@ class RunPaths:
 ORPHAN = re.compile(r"^\..+\.(tmp|old)-\d+-[0-9a-f]{8}$")
 
 
+def find_orphans(root: Path) -> list[Path]:
+    """The hidden temporary files and folders of unfinished writes under ``root``, outside
+    ``quarantine/`` (what ``ub doctor --repair`` set aside is kept as it is)."""
+    return [path for path in sorted(root.rglob(".*")) if ORPHAN.match(path.name)
+            and "quarantine" not in path.relative_to(root).parts]
+
+
 def remove_orphans(root: Path) -> list[Path]:
     """Delete the hidden temporary files and folders that killed writers left under ``root``.
 
@@ -147,8 +154,8 @@ def remove_orphans(root: Path) -> list[Path]:
     import shutil
 
     removed = []
-    for path in sorted(root.rglob(".*")):
-        if ORPHAN.match(path.name) and path.exists():
+    for path in find_orphans(root):
+        if path.exists():  # (not inside an orphan folder removed just before)
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
             else:
