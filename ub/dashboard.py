@@ -9,7 +9,6 @@ from any machine that sees the run directory, and on a finished run it shows how
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
@@ -133,17 +132,11 @@ def gather(root: Path, cache: dict | None = None) -> DashboardState:
             "learner tokens/s": (learner[-1]["tokens_per_second"] or 0.0) if learner else 0.0,
             "round seconds": last["round_seconds"] or 0.0,
         }
-    ratings_dir = root / "ratings"
-    snapshots = sorted(ratings_dir.glob("round-*.json")) if ratings_dir.is_dir() else []
-    if snapshots:
-        try:
-            snapshot = json.loads(snapshots[-1].read_text())
-            state.ladder = sorted(
-                ({**m, "conservative": m["mu"] - 3 * m["sigma"]} for m in snapshot["members"]),
-                key=lambda m: (-m["conservative"], m["name"]))
-            state.matches = snapshot.get("matches", {})
-        except (OSError, ValueError, KeyError) as exc:
-            views.warnings.append(f"skipped {snapshots[-1]}: {exc}")
+    snapshot = views.last_ratings()
+    state.ladder = sorted(
+        ({**m, "conservative": m["mu"] - 3 * m["sigma"]} for m in snapshot.get("members", [])),
+        key=lambda m: (-m["conservative"], m["name"]))
+    state.matches = snapshot.get("matches", {})
 
     n = len(rounds)
     by_round: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))

@@ -126,8 +126,6 @@ def _throughput(t: dict[str, list[dict]], ax) -> bool:
 
 def write_report(root: Path, out: Path) -> Path:
     """Write the plots and ``report.html`` into ``out``; return the HTML's path."""
-    import json
-
     import matplotlib.pyplot as plt
 
     root = Path(root)
@@ -137,8 +135,7 @@ def write_report(root: Path, out: Path) -> Path:
     t = {name: table.to_pylist() for name, table in views.tables().items()}
     if not t["rounds"]:
         raise UbError(f"run {root.name} has no committed round yet: nothing to plot")
-    snapshots = sorted((root / "ratings").glob("round-*.json"))
-    matches = json.loads(snapshots[-1].read_text()).get("matches", {}) if snapshots else {}
+    matches = views.last_ratings().get("matches", {})
 
     plots: list[tuple[str, str, Callable[[Any], bool]]] = [
         ("learning_curve", "Learning curve", lambda ax: _learning_curve(t, ax)),

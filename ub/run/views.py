@@ -101,25 +101,32 @@ class RunViews:
         self._cache[path] = (key, value)
         return value
 
-    def _json(self, path: Path) -> Any | None:
+    def _read(self, path: Path, parse: Callable[[Path], Any]) -> Any | None:
+        """``parse(path)`` (cached), or ``None`` with a warning naming the file."""
         try:
-            return self._load(path, lambda p: json.loads(p.read_text()))
-        except (OSError, ValueError) as exc:
+            return self._load(path, parse)
+        except (OSError, ValueError, KeyError, AttributeError, pa.ArrowException) as exc:
             self.warnings.append(f"skipped {path}: {exc}")
             return None
+
+    def _json(self, path: Path) -> Any | None:
+        return self._read(path, lambda p: json.loads(p.read_text()))
 
     def _manifests(self) -> list[tuple[int, dict]]:
         out = []
         for round_, path in _numbered(self.root / "rounds", ".json"):
-            try:  # no view needs the leaderboard copy (ratings/ has it): don't keep it
-                data = self._load(path, lambda p: {k: v for k, v in json.loads(
-                    p.read_text()).items() if k != "leaderboard"})
-            except (OSError, ValueError, AttributeError) as exc:
-                self.warnings.append(f"skipped {path}: {exc}")
-                continue
+            # No view needs the leaderboard copy (ratings/ has it): don't keep it.
+            data = self._read(path, lambda p: {k: v for k, v in json.loads(
+                p.read_text()).items() if k != "leaderboard"})
             if isinstance(data, dict):
                 out.append((round_, data))
         return out
+
+    def last_ratings(self) -> dict[str, Any]:
+        """The newest rating snapshot (``members``, ``matches``); ``{}`` before the first."""
+        snapshots = _numbered(self.root / "ratings", ".json")
+        data = self._json(snapshots[-1][1]) if snapshots else None
+        return data if isinstance(data, dict) else {}
 
     def evals(self) -> pa.Table:
         rows = []
@@ -178,11 +185,10 @@ class RunViews:
     def metrics(self) -> pa.Table:
         tables = []
         for _, path in _numbered(self.root / "metrics", ".parquet"):
-            try:
-                tables.append(self._load(path, lambda p: pq.read_table(p).select(
-                    METRICS_SCHEMA.names).cast(METRICS_SCHEMA)))
-            except (OSError, pa.ArrowException, KeyError) as exc:
-                self.warnings.append(f"skipped {path}: {exc}")
+            table = self._read(path, lambda p: pq.read_table(p).select(
+                METRICS_SCHEMA.names).cast(METRICS_SCHEMA))
+            if table is not None:
+                tables.append(table)
         return pa.concat_tables(tables) if tables else METRICS_SCHEMA.empty_table()
 
     def tables(self) -> dict[str, pa.Table]:
