@@ -4,11 +4,8 @@ after SIGKILLs at several points, compared with the uninterrupted run."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,6 +13,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import yaml
+from faults.runs import train
 
 from ub.data.shards import committed_shards
 from ub.learner.checkpoint import is_checkpoint
@@ -284,27 +282,15 @@ def test_another_config_on_an_existing_run_is_refused(reference_run, tmp_path):
     assert resolve_run_config(reference_run, longer)[0].rounds == 5
 
 
-def _train(config_file: Path, root: Path, api_url: str, fault: str | None = None
-           ) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PREFECT_API_URL": api_url}
-    env.pop("UB_FAULT_AT", None)
-    if fault:
-        env["UB_FAULT_AT"] = fault
-    return subprocess.run(
-        [sys.executable, "-m", "ub.cli", "train", str(config_file), "--run", "ref",
-         "--root", str(root), "--quiet"],
-        env=env, capture_output=True, text=True, timeout=900)
-
-
 def test_killed_anywhere_and_resumed_equals_uninterrupted(reference_run, config_file,
                                                           prefect_api, tmp_path):
     """SIGKILL mid-rollout, mid-checkpoint-write and just before a round's commit, resuming
     after each: the data, ratings and final adapter equal the uninterrupted run's."""
     root = tmp_path / "runs"
     for fault in ("rollout.step:3", "checkpoint.before-rename:2", "round.before-commit"):
-        result = _train(config_file, root, prefect_api, fault)
+        result = train(config_file, root, prefect_api, name="ref", env={"UB_FAULT_AT": fault})
         assert result.returncode == -signal.SIGKILL, (fault, result.stderr[-2000:])
-    result = _train(config_file, root, prefect_api)
+    result = train(config_file, root, prefect_api, name="ref")
     assert result.returncode == 0, result.stderr[-2000:]
 
     killed, ref = RunPaths.of(root, "ref"), reference_run
