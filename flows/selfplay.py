@@ -20,6 +20,7 @@ from typing import Any
 from prefect import flow
 
 from tasks import commit, evaluate, learn, plan, rate, rollout, start_checkpoint, track
+from ub.run.cluster import rollout_worker
 from ub.run.config import load_config
 from ub.run.layout import RunPaths, remove_orphans
 from ub.run.lock import RunLock
@@ -34,7 +35,8 @@ log = logging.getLogger("ub.flow")
 @flow(name="selfplay", validate_parameters=True)
 def selfplay(run_name: str, config: str | None = None, root: str = "runs",
              rounds: int | None = None, add_rounds: int | None = None,
-             overrides: list[str] | None = None, quiet: bool = False) -> dict[str, Any]:
+             overrides: list[str] | None = None, quiet: bool = False,
+             ray_address: str | None = None) -> dict[str, Any]:
     """Train run ``run_name`` under ``root`` until ``rounds`` rounds are committed.
 
     :param config: a preset name or YAML path; ``None`` resumes the run with its own config.
@@ -42,23 +44,34 @@ def selfplay(run_name: str, config: str | None = None, root: str = "runs",
     :param add_rounds: rounds to add to what is committed (a nightly deployment's "continue").
     :param overrides: ``key.sub=value`` settings applied over ``config``.
     :param quiet: no progress lines on stdout (Prefect's logs still record the run).
+    :param ray_address: run on this Ray cluster (sets ``cluster.address``; ``"local"``: in this
+        process), e.g. to resume a run elsewhere than it started.
     :returns: where the run lives and its last evaluation.
     """
     paths = RunPaths.of(root, run_name)
     new_config = load_config(config, overrides) if config is not None else None
     with RunLock(paths.lock) as lock, GcClock() as gc_clock, run_logs(paths.logs):
         try:
-            return _train(paths, new_config, rounds, add_rounds, quiet, lock, gc_clock)
+            return _train(paths, new_config, rounds, add_rounds, quiet, lock, gc_clock,
+                          ray_address)
         except Exception:
             log.exception("run %s failed", run_name)  # the traceback, for after the fact
             raise
 
 
 def _train(paths: RunPaths, new_config: Any, rounds: int | None, add_rounds: int | None,
-           quiet: bool, lock: RunLock, gc_clock: GcClock) -> dict[str, Any]:
+           quiet: bool, lock: RunLock, gc_clock: GcClock, ray_address: str | None
+           ) -> dict[str, Any]:
     """The rounds of one process: resume after the last committed round, run to the end."""
-    train_config = open_run(paths, new_config, rounds=rounds, add_rounds=add_rounds)
+    train_config = open_run(paths, new_config, rounds=rounds, add_rounds=add_rounds,
+                            ray_address=ray_address)
     run = Run(paths, train_config, resolve_base_model(train_config))
+    with cluster_tasks(run):
+        return _rounds(run, quiet, lock, gc_clock)
+
+
+def _rounds(run: Run, quiet: bool, lock: RunLock, gc_clock: GcClock) -> dict[str, Any]:
+    paths, train_config = run.paths, run.config
     progress = Progress(run, quiet=quiet)
     if lock.recovered_from:
         progress.note(f"recovered the lock of a process that died "
@@ -77,7 +90,7 @@ def _train(paths: RunPaths, new_config: Any, rounds: int | None, add_rounds: int
         evaluated: dict[int, dict[str, Any]] = {}
         if round_ == 0 and eval_due(train_config, 0):
             with timed(phases, "eval_task"):
-                evaluated[0] = evaluate(run, 0)
+                evaluated[0] = evaluate_now(run, 0)
         with timed(phases, "rollout_tasks"):
             shards = pending.pop(round_, None) or play_round(run, round_)
         with timed(phases, "learn_task"):
@@ -88,7 +101,7 @@ def _train(paths: RunPaths, new_config: Any, rounds: int | None, add_rounds: int
             metrics = learning.result()
         if eval_due(train_config, round_ + 1):
             with timed(phases, "eval_task"):
-                evaluated[round_ + 1] = evaluate(run, round_ + 1)
+                evaluated[round_ + 1] = evaluate_now(run, round_ + 1)
         with timed(phases, "rate_task"):
             leaderboard = rate(run, round_, sorted(evaluated))
         phases["gc"] = gc_clock.seconds - gc_before
@@ -107,14 +120,69 @@ def play_round(run: Run, round_: int) -> list[ShardResult]:
     """Plan the round and play its shards. On one machine the shards share the process's
     engine, so they run one after another; on a Ray cluster they run in parallel."""
     shards = plan(run, round_)
-    return [rollout(run, round_, i, games) for i, games in enumerate(shards)]
+    if run.config.cluster.address is None:
+        return [rollout(run, round_, i, games) for i, games in enumerate(shards)]
+    futures = [rollout.submit(run, round_, i, games) for i, games in enumerate(shards)]
+    return [future.result() for future in futures]
+
+
+def evaluate_now(run: Run, update: int) -> dict[str, Any]:
+    if run.config.cluster.address is None:
+        return evaluate(run, update)
+    return evaluate.submit(run, update).result()
+
+
+@contextmanager
+def cluster_tasks(run: Run) -> Iterator[None]:
+    """With ``cluster.address`` set: the flow's submitted tasks go through prefect-ray's
+    ``RayTaskRunner`` and the run's Ray workers start (see :mod:`ub.run.cluster`).
+
+    The address is in the run's config, which the flow reads only once it runs, so the flow
+    swaps its task runner here rather than at decoration. The tasks themselves ask Ray for no
+    resources: they wait on the workers, which hold the CPUs and GPUs.
+    """
+    address = run.config.cluster.address
+    if address is None:
+        yield
+        return
+    from prefect.client.orchestration import get_client
+    from prefect.context import FlowRunContext
+    from prefect_ray import RayTaskRunner
+    from prefect_ray.context import remote_options
+
+    from ub.run.cluster import check_reachable, connect_error, ray_init_kwargs, start_workers
+
+    check_reachable(address)
+    with get_client(sync_client=True) as client:
+        api_url = str(client.api_url)  # also the temporary server's, which workers must share
+    context = FlowRunContext.get()
+    runner = RayTaskRunner(address=address, init_kwargs=ray_init_kwargs(api_url))
+    try:
+        runner.__enter__()
+    except (ConnectionError, TimeoutError, RuntimeError) as exc:
+        raise connect_error(address, exc) from None
+    previous, context.task_runner = context.task_runner, runner
+    try:
+        workers = start_workers(run)  # noqa: F841 (the flow owns them while it runs)
+        with remote_options(num_cpus=0):
+            yield
+    finally:
+        context.task_runner = previous
+        runner.__exit__(None, None, None)
 
 
 def round_manifest(run: Run, shards: list[ShardResult], metrics: dict[str, Any],
                    evaluated: dict[int, dict[str, Any]], leaderboard: list[dict[str, Any]],
                    seconds: float, phases: dict[str, float]) -> dict[str, Any]:
     """The round's record: what was played, learned, measured, and how long each part took."""
-    rollout_seconds = sum(s.seconds for s in shards if not s.reused)
+    # On a cluster each worker plays its shards in turn, side by side with the other workers:
+    # the round waits for the busiest worker.
+    per_worker: dict[int, float] = {}
+    for index, shard in enumerate(shards):
+        if not shard.reused:
+            worker = rollout_worker(run, index) if run.config.cluster.address else 0
+            per_worker[worker] = per_worker.get(worker, 0.0) + shard.seconds
+    rollout_seconds = max(per_worker.values(), default=0.0)
     eval_seconds = sum(e["seconds"] for e in evaluated.values())
     learner_seconds = 0.0 if metrics.get("reused") else float(metrics.get("seconds", 0.0))
     batch = metrics.get("batch", {})

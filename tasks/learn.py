@@ -7,16 +7,17 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NONE
 
+from ub.run.cluster import on_worker
 from ub.run.rounds import Run, initial_checkpoint, learn_round
 
 
 @task(name="start-checkpoint", cache_policy=NONE)
 def start_checkpoint(run: Run) -> str:
-    return initial_checkpoint(run)
+    return on_worker(run, "learner", 0, initial_checkpoint, run)
 
 
 # No retries: a failed update (NaN loss, a bad batch) fails the same way again; the previous
 # checkpoint stays the latest and the error says what to change.
 @task(name="learn", cache_policy=NONE, task_run_name="learn r{round_}")
 def learn(run: Run, round_: int) -> dict[str, Any]:
-    return learn_round(run, round_)
+    return on_worker(run, "learner", 0, learn_round, run, round_)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NONE
 
+from ub.run.cluster import on_worker, rollout_worker
 from ub.run.rounds import PlannedGame, Run, ShardResult, rollout_shard
 
 
@@ -13,4 +14,5 @@ from ub.run.rounds import PlannedGame, Run, ShardResult, rollout_shard
 @task(name="rollout", retries=1, retry_delay_seconds=2, cache_policy=NONE,
       task_run_name="rollout r{round_}-s{shard}")
 def rollout(run: Run, round_: int, shard: int, games: list[PlannedGame]) -> ShardResult:
-    return rollout_shard(run, round_, shard, games)
+    return on_worker(run, "rollout", rollout_worker(run, shard), rollout_shard, run, round_,
+                     shard, games)

@@ -41,7 +41,8 @@ def test_overrides_parse_values_as_yaml():
 
 def test_training_settings_exclude_what_may_change_on_resume():
     config = validate_config(MINIMAL)
-    longer = validate_config({**MINIMAL, "rounds": 50, "eval": {"every": 3}})
+    longer = validate_config({**MINIMAL, "rounds": 50, "eval": {"every": 3},
+                              "cluster": {"address": "auto", "rollout_workers": 4}})
     assert config.training_settings() == longer.training_settings()
     assert validate_config({**MINIMAL, "seed": 1}).training_settings() != \
         config.training_settings()
@@ -62,6 +63,8 @@ BAD = [
     ({"batch": {"final": [{"name": "nope"}]}}, r"batch: unknown final reward transform 'nope'"),
     ({"eval": {"games": 7}}, r"eval.games: .*must be even"),
     ({"opponents": [{"mode": "telepathy"}]}, r"opponents: .*telepathy"),
+    ({"cluster": {"rollout_workers": 0}}, r"cluster.rollout_workers: .*greater than or equal"),
+    ({"cluster": {"learner": {"num_gpus": -1}}}, r"cluster.learner.num_gpus: .*greater"),
 ]
 
 

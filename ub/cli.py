@@ -445,7 +445,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         raise UbError("--set changes a run's settings: it needs CONFIG (the run's data must "
                       "come from one config; start a new --run to change them)")
     # Everything that can be refused is refused here, in a second, before Prefect starts.
-    check_base_model(resolve_run_config(paths, config, rounds=args.rounds)[0].model.base)
+    resolved = resolve_run_config(paths, config, rounds=args.rounds, ray_address=args.ray)[0]
+    check_base_model(resolved.model.base)
     if paths.root.exists():
         RunLock(paths.lock).acquire().release()
     _check_writable(paths.root.parent)
@@ -454,7 +455,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from flows.selfplay import selfplay
 
     selfplay(run_name=name, config=source, root=str(args.root), rounds=args.rounds,
-             overrides=list(args.set), quiet=args.quiet)
+             overrides=list(args.set), quiet=args.quiet, ray_address=args.ray)
     return 0
 
 
@@ -667,6 +668,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", metavar="NAME", help="continue run NAME with its own config")
     train.add_argument("--root", default="runs", help="folder of runs (default: runs)")
     train.add_argument("--rounds", type=_positive_int, help="total rounds (extends a finished run)")
+    train.add_argument("--ray", metavar="ADDRESS",
+                       help="run rollouts and the learner on this Ray cluster (auto, HOST:PORT, "
+                       "ray://HOST:10001; 'local': in this process); overrides cluster.address")
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a setting, e.g. --set rollout.games_per_round=64")
     train.add_argument("--quiet", action="store_true", help="no progress output")

@@ -6,8 +6,13 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
+import socket
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -53,6 +58,30 @@ def train(config: Path, root: Path, api_url: str, *, name: str = "run",
         [sys.executable, "-m", "ub.cli", "train", str(config), "--run", name,
          "--root", str(root), "--quiet"],
         env=child_env, capture_output=True, text=True, timeout=900)
+
+
+@contextmanager
+def ray_head(cpus: int = 2) -> Iterator[str]:
+    """A real Ray cluster on loopback (``ray start --head``, ``cpus`` CPUs, no GPU); yields its
+    address and stops it (removing its files) after."""
+    ray = Path(sys.executable).parent / "ray"
+    temp = Path(tempfile.mkdtemp(prefix="ubray-", dir="/tmp"))  # Ray's socket paths stay short
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    start = subprocess.run(
+        [str(ray), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
+         f"--num-cpus={cpus}", "--num-gpus=0", "--include-dashboard=false",
+         "--disable-usage-stats", f"--temp-dir={temp}"],
+        env=env, capture_output=True, text=True, timeout=180)
+    try:
+        if start.returncode != 0:
+            raise RuntimeError(f"ray start failed: {start.stderr[-3000:]}")
+        yield f"127.0.0.1:{port}"
+    finally:
+        subprocess.run([str(ray), "stop", "--force"], env=env, capture_output=True, timeout=120)
+        shutil.rmtree(temp, ignore_errors=True)
 
 
 def _rows(root: Path, table: str, pattern: str = "shard-*.parquet") -> list[dict]:

@@ -86,8 +86,11 @@ _SET_BY_UB: dict[str, str] = {}
 def _all_cores() -> str:
     """The cores this process may run on, as a vLLM CPU list such as ``"0-1"`` or ``"0-3,8"``."""
     cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
-    if not cores:
-        cores = list(range(os.cpu_count() or 1))
+    return core_list(cores or list(range(os.cpu_count() or 1)))
+
+
+def core_list(cores: list[int]) -> str:
+    """Sorted core numbers as a vLLM CPU list: ``[0, 1, 2, 3, 8]`` -> ``"0-3,8"``."""
     ranges: list[str] = []
     start = prev = cores[0]
     for core in [*cores[1:], None]:

@@ -135,6 +135,27 @@ class TrackingSection(_Section):
     project: str = "ub"
 
 
+class WorkerResources(_Section):
+    """What one Ray worker of a role holds for its lifetime (Ray's ``num_cpus``/``num_gpus``)."""
+
+    num_cpus: float = Field(1.0, ge=0)
+    num_gpus: float = Field(0.0, ge=0)
+
+
+class ClusterSection(_Section):
+    """Where the round's work runs. ``address: null`` (the default): in the ``ub train``
+    process. A Ray address: rollout and eval shards on ``rollout_workers`` Ray actors (one
+    vLLM engine each, kept across rounds), the learner on one more (see docs/scaling.md)."""
+
+    address: str | None = None
+    """``auto`` (the cluster this machine belongs to), ``HOST:PORT`` or ``ray://HOST:10001``."""
+    rollout_workers: int = Field(2, ge=1)
+    """Engine workers: a round's shards are spread over them (set ``rollout.shards`` to a
+    multiple)."""
+    rollout: WorkerResources = WorkerResources()
+    learner: WorkerResources = WorkerResources()
+
+
 class TrainConfig(_Section):
     """A whole run. Plain data: ``model_dump()`` is what ``config.yaml`` in the run holds."""
 
@@ -152,6 +173,7 @@ class TrainConfig(_Section):
     eval: EvalSection = EvalSection()
     pipeline: PipelineSection = PipelineSection()
     tracking: TrackingSection = TrackingSection()
+    cluster: ClusterSection = ClusterSection()
 
     def batch_config(self, **overrides: Any):
         """The ``batch`` section as a validated :class:`ub.batch.BatchConfig`."""
@@ -170,10 +192,10 @@ class TrainConfig(_Section):
 
     def training_settings(self) -> dict[str, Any]:
         """The settings a run's data depends on. Changing one of these on an existing run is
-        refused; ``rounds``, ``eval`` and ``tracking`` may change (more rounds extend a finished
-        run)."""
+        refused; ``rounds``, ``eval``, ``tracking`` and ``cluster`` may change (more rounds extend
+        a finished run; where the work runs does not change what it computes)."""
         data = self.model_dump(mode="json")
-        for key in ("rounds", "eval", "tracking"):
+        for key in ("rounds", "eval", "tracking", "cluster"):
             data.pop(key)
         return data
 

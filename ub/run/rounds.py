@@ -124,17 +124,18 @@ def _first_difference(old: Any, new: Any, where: str = "") -> str | None:
 
 
 def open_run(paths: RunPaths, config: TrainConfig | None, *, rounds: int | None = None,
-             add_rounds: int | None = None) -> TrainConfig:
+             add_rounds: int | None = None, ray_address: str | None = None) -> TrainConfig:
     """:func:`resolve_run_config`, and the result stored as the run's ``config.yaml``."""
-    chosen, changed = resolve_run_config(paths, config, rounds=rounds, add_rounds=add_rounds)
+    chosen, changed = resolve_run_config(paths, config, rounds=rounds, add_rounds=add_rounds,
+                                         ray_address=ray_address)
     if changed:
         _write_config(paths, chosen)
     return chosen
 
 
 def resolve_run_config(paths: RunPaths, config: TrainConfig | None, *,
-                       rounds: int | None = None, add_rounds: int | None = None
-                       ) -> tuple[TrainConfig, bool]:
+                       rounds: int | None = None, add_rounds: int | None = None,
+                       ray_address: str | None = None) -> tuple[TrainConfig, bool]:
     """The run's config and whether it differs from the stored one (nothing is written).
 
     A new run takes ``config``; an existing run keeps its own.
@@ -142,7 +143,7 @@ def resolve_run_config(paths: RunPaths, config: TrainConfig | None, *,
     Resuming with a config is allowed when the training settings match (``rounds`` and
     ``eval`` may change: more rounds extend a finished run); anything else is refused, since
     the run's data would mix two setups. ``rounds`` sets the total, ``add_rounds`` adds to the
-    committed count.
+    committed count. ``ray_address`` sets ``cluster.address`` (``"local"``: none).
     """
     check_run_format(paths.root)
     stored = None
@@ -170,6 +171,10 @@ def resolve_run_config(paths: RunPaths, config: TrainConfig | None, *,
         if rounds < 1:
             raise UbError(f"--rounds must be >= 1, got {rounds}")
         chosen = chosen.model_copy(update={"rounds": rounds})
+    if ray_address is not None:
+        address = None if ray_address == "local" else ray_address
+        chosen = chosen.model_copy(
+            update={"cluster": chosen.cluster.model_copy(update={"address": address})})
     return chosen, chosen != stored
 
 

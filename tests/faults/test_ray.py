@@ -1,0 +1,59 @@
+"""A real local Ray cluster (``ray start --head`` on loopback, 2 CPUs) runs the selfplay flow
+through prefect-ray's ``RayTaskRunner``: two rollout workers play a round's two shards in
+parallel, a learner worker trains, and the run's data equals the same run's in one process."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from faults.runs import CONFIG, differences, ray_head, train
+
+
+@pytest.fixture(scope="module")
+def ray_cluster():
+    with ray_head(cpus=2) as address:
+        yield address
+
+
+def test_a_run_on_ray_equals_the_same_run_in_one_process(ray_cluster, prefect_api, tiny_model,
+                                                          tmp_path):
+    config = {**CONFIG, "rollout": {**CONFIG["rollout"], "shards": 2},
+              "cluster": {"address": ray_cluster, "rollout_workers": 2,
+                          # the 2 CPUs go to the engines; the learner shares them between rounds
+                          "learner": {"num_cpus": 0}}}
+    path = tmp_path / "ray.yaml"
+    path.write_text(yaml.safe_dump(config))
+
+    on_ray = train(path, tmp_path / "ray", prefect_api)
+    assert on_ray.returncode == 0, on_ray.stderr[-3000:]
+    # The same thread counts as the Ray workers (one core per engine, one learner thread), so
+    # floating-point sums agree bit for bit.
+    local = subprocess.run([sys.executable, "-m", "ub.cli", "train", str(path), "--run", "run",
+                            "--root", str(tmp_path / "local"), "--ray", "local", "--quiet"],
+                           env={**os.environ, "PREFECT_API_URL": prefect_api,
+                                "OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "0"},
+                           capture_output=True, text=True, timeout=900)
+    assert local.returncode == 0, local.stderr[-3000:]
+
+    assert differences(tmp_path / "ray" / "run", tmp_path / "local" / "run") == []
+    logs = (tmp_path / "ray" / "run" / "logs" / "flow.log").read_text()
+    assert "ray worker rollout-1" in logs and "ray worker learner-0" in logs
+
+
+def test_an_unreachable_ray_address_is_a_clear_error(prefect_api, tiny_model, tmp_path):
+    with socket.socket() as probe:  # a port nobody listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    config = {**CONFIG, "cluster": {"address": f"127.0.0.1:{port}"}}
+    path = tmp_path / "ray.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = train(path, tmp_path, prefect_api)
+    assert result.returncode != 0
+    assert "cannot reach the Ray cluster at cluster.address=127.0.0.1:" in result.stderr
+    assert "Traceback" not in result.stderr

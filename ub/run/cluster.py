@@ -1,0 +1,195 @@
+"""A round's heavy steps on a Ray cluster: workers that hold an engine or the learner for life.
+
+With ``cluster.address`` set, the flow's tasks go through prefect-ray's ``RayTaskRunner``
+(Prefect keeps the retries, states and UI) and each task hands its step to a named Ray actor:
+
+- ``rollout-0 .. rollout-{n-1}``: one vLLM engine each, started on first use and kept across
+  rounds; new checkpoints arrive as new LoRA adapters by path. Round shards go to
+  ``shard % n``, evaluations to ``rollout-0``.
+- ``learner-0``: the learner's base model and optimizer, kept across rounds.
+
+Actors, not plain tasks, hold the resources: Ray reuses a task's worker process but may hand
+the next task other GPUs, while the engine stays on the device it started on. An actor owns
+its GPUs (or CPUs) for its lifetime, so the engine and the scheduler agree. The flow process
+creates the actors and owns them: they stop with it, and Ray restarts one that dies (the task's
+retry then replays its shard from the same seeds).
+
+Without an address every step runs in the calling process, and nothing here imports Ray.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import math
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+from ub.errors import UbError
+
+log = logging.getLogger("ub.flow")
+T = TypeVar("T")
+
+NAMESPACE = "ub"
+# Environment a worker must share with the flow process: where Prefect's API and home are,
+# offline switches, ub's own settings. Ray workers inherit the raylet's environment otherwise.
+FORWARDED_PREFIXES = ("PREFECT_", "UB_", "HF_", "VLLM_", "TRANSFORMERS_", "WANDB_")
+FORWARDED_NAMES = ("DO_NOT_TRACK", "TOKENIZERS_PARALLELISM")
+
+
+def on_worker(run: Any, role: str, index: int, step: Callable[..., T], *args: Any) -> T:
+    """``step(*args)`` on the run's ``role`` worker ``index``, or here without a cluster."""
+    if run.config.cluster.address is None:
+        return step(*args)
+    import ray
+
+    worker = ray.get_actor(worker_name(run, role, index), namespace=NAMESPACE)
+    return ray.get(worker.call.remote(step, *args))
+
+
+def worker_name(run: Any, role: str, index: int) -> str:
+    """Unique per run directory: two runs on one cluster never share a worker."""
+    digest = hashlib.sha1(str(run.paths.root).encode()).hexdigest()[:10]
+    return f"{run.name}-{digest}-{role}-{index}"
+
+
+def rollout_worker(run: Any, shard: int) -> int:
+    return shard % run.config.cluster.rollout_workers
+
+
+def forwarded_environment() -> dict[str, str]:
+    """The flow process's settings that its Ray workers need (see ``FORWARDED_PREFIXES``)."""
+    return {k: v for k, v in os.environ.items()
+            if k.startswith(FORWARDED_PREFIXES) or k in FORWARDED_NAMES}
+
+
+def ray_init_kwargs(api_url: str | None) -> dict[str, Any]:
+    """``ray.init`` settings of the flow process: its environment for every worker (with the
+    Prefect API the flow reports to), Ray's dashboard and log forwarding off (ub has its own
+    logs under ``RUN/logs``)."""
+    env = forwarded_environment()
+    if api_url:
+        env["PREFECT_API_URL"] = api_url
+    return {"namespace": NAMESPACE, "runtime_env": {"env_vars": env},
+            "include_dashboard": False, "log_to_driver": False}
+
+
+def connect_error(address: str, exc: BaseException) -> UbError:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return UbError(f"cannot reach the Ray cluster at cluster.address={address} ({first}): start "
+                   "it (`ray start --head`), fix the address, or set cluster.address to null "
+                   "to run in this process")
+
+
+def check_reachable(address: str, timeout: float = 5.0) -> None:
+    """Fail fast on a ``HOST:PORT`` nobody listens on (Ray itself retries for minutes)."""
+    host, _, port = address.rpartition(":")
+    if address == "auto" or "://" in address or not port.isdigit():
+        return  # Ray resolves these itself
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise connect_error(address, exc) from None
+
+
+def start_workers(run: Any) -> list[Any]:
+    """Create (or find, after a restart of the flow) the run's workers; returns their handles,
+    which the caller keeps while the run goes on. Waits until every worker is up."""
+    import ray
+
+    cluster = run.config.cluster
+    worker_class = ray.remote(RoundWorker)
+    roles = [("rollout", i, cluster.rollout) for i in range(cluster.rollout_workers)]
+    roles.append(("learner", 0, cluster.learner))
+    check_fits(roles, ray.cluster_resources())
+    handles = []
+    for role, index, resources in roles:
+        handles.append(worker_class.options(
+            name=worker_name(run, role, index), namespace=NAMESPACE, get_if_exists=True,
+            num_cpus=resources.num_cpus, num_gpus=resources.num_gpus, max_restarts=2,
+        ).remote(run.paths.logs, resources.num_cpus, resources.num_gpus, role == "rollout"))
+    for (role, index, _), info in zip(roles, ray.get([h.describe.remote() for h in handles]),
+                                      strict=True):
+        log.info("ray worker %s-%d: pid %s on %s, cores %s, gpus %s", role, index, info["pid"],
+                 info["node"], info["cores"], info["gpus"])
+    return handles
+
+
+def check_fits(roles: list[tuple[str, int, Any]], available: dict[str, float]) -> None:
+    """Refuse workers the cluster can never hold at once (Ray would wait for them forever)."""
+    for key, field in (("CPU", "num_cpus"), ("GPU", "num_gpus")):
+        wanted = sum(getattr(resources, field) for _, _, resources in roles)
+        if wanted > available.get(key, 0.0) + 1e-9:
+            raise UbError(
+                f"the run's Ray workers need {wanted:g} {key}s ({len(roles) - 1} rollout "
+                f"workers and the learner, cluster.rollout/learner.{field}), the cluster has "
+                f"{available.get(key, 0.0):g}: lower cluster.rollout_workers or the "
+                f"{field} settings, or add nodes")
+
+
+class RoundWorker:
+    """The body of a Ray actor: runs round steps in a process that keeps what they load.
+
+    A CPU engine worker pins its vLLM threads to cores no other ub worker on the node holds
+    (vLLM-CPU binds its threads to cores; two engines bound to the same cores would halve each
+    other). A learner worker uses as many torch threads as it has CPUs.
+    """
+
+    def __init__(self, logs: Path, num_cpus: float, num_gpus: float, engine: bool) -> None:
+        from ub.run.logs import run_logs
+
+        self.cores = None
+        if engine and not num_gpus and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
+            self.cores = claim_cores(max(1, math.ceil(num_cpus)))
+            if self.cores:
+                os.environ["VLLM_CPU_OMP_THREADS_BIND"] = self.cores
+        if not engine and num_cpus >= 1:
+            import torch
+
+            torch.set_num_threads(int(num_cpus))
+        # The components' log files of the run, appended by every process (lines stay whole).
+        self._logs = run_logs(Path(logs))
+        self._logs.__enter__()
+
+    def describe(self) -> dict[str, Any]:
+        import ray
+
+        context = ray.get_runtime_context()
+        return {"pid": os.getpid(), "node": ray.util.get_node_ip_address(),
+                "cores": self.cores or "all", "gpus": context.get_accelerator_ids().get("GPU")}
+
+    def call(self, step: Callable[..., T], *args: Any) -> T:
+        return step(*args)
+
+
+_CLAIMED: list[Any] = []  # open lock files: a claim lasts as long as the process
+
+
+def claim_cores(count: int, lock_dir: Path | None = None) -> str | None:
+    """Claim ``count`` of this node's cores for this process, as a vLLM CPU list (``"2-3"``).
+
+    Slots of ``count`` consecutive cores are claimed with a lock file each (released when the
+    process exits, even by SIGKILL). ``None`` when every slot is taken: the caller then shares
+    all cores.
+    """
+    cores = sorted(os.sched_getaffinity(0))
+    folder = lock_dir or Path(os.environ.get("TMPDIR", "/tmp")) / "ub-cores"
+    folder.mkdir(parents=True, exist_ok=True)
+    for slot in range(len(cores) // count):
+        chosen = cores[slot * count:(slot + 1) * count]
+        handle = open(folder / f"cores-{chosen[0]}-{chosen[-1]}.lock", "w")  # noqa: SIM115
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            handle.close()
+            continue
+        _CLAIMED.append(handle)
+        from ub.inference.vllm_engine import core_list
+
+        return core_list(chosen)
+    log.warning("every core of this node is claimed by another ub engine: sharing all cores")
+    return None
