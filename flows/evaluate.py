@@ -16,7 +16,7 @@ from ub.errors import UbError
 from ub.learner.checkpoint import latest_checkpoint
 from ub.run.layout import RunPaths
 from ub.run.lock import RunLock
-from ub.run.rounds import Run, open_run, resolve_base_model
+from ub.run.rounds import Run, resolve_base_model, resolve_run_config
 
 
 @flow(name="evaluate-run")
@@ -25,7 +25,8 @@ def evaluate_run(run_name: str, root: str = "runs", checkpoint: int | None = Non
     """Evaluate checkpoint ``checkpoint`` (default: the latest) of run ``run_name``."""
     paths = RunPaths.of(root, run_name)
     with RunLock(paths.lock):
-        config = open_run(paths, None)
+        # In this process even for a run trained on Ray: its workers live only while it trains.
+        config = resolve_run_config(paths, None, ray_address="local")[0]
         run = Run(paths, config, resolve_base_model(config))
         if checkpoint is None:
             latest = latest_checkpoint(paths.root / "checkpoints")

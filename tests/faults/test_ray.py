@@ -5,6 +5,7 @@ parallel, a learner worker trains, and the run's data equals the same run's in o
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -57,3 +58,19 @@ def test_an_unreachable_ray_address_is_a_clear_error(prefect_api, tiny_model, tm
     assert result.returncode != 0
     assert "cannot reach the Ray cluster at cluster.address=127.0.0.1:" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_nightly_eval_of_a_ray_run_needs_no_cluster(reference, tmp_path):
+    from flows.evaluate import evaluate_run
+
+    run = tmp_path / "run"
+    shutil.copytree(reference[0], run)
+    stored = yaml.safe_load((run / "config.yaml").read_text())
+    stored["cluster"] = {**stored["cluster"], "address": "127.0.0.1:9"}  # the cluster is gone
+    (run / "config.yaml").write_text(yaml.safe_dump(stored))
+
+    rows = evaluate_run(run_name="run", root=str(tmp_path), checkpoint=2)
+    assert [row["games"] for row in rows] == [CONFIG["eval"]["games"]]
+    # evaluating does not rewrite where the run trains
+    assert yaml.safe_load((run / "config.yaml").read_text())["cluster"]["address"] == \
+        "127.0.0.1:9"
