@@ -84,7 +84,7 @@ def ray_head(cpus: int = 2) -> Iterator[str]:
         shutil.rmtree(temp, ignore_errors=True)
 
 
-def _rows(root: Path, table: str, pattern: str = "shard-*.parquet") -> list[dict]:
+def table_rows(root: Path, table: str, pattern: str = "shard-*.parquet") -> list[dict]:
     rows = []
     for file in sorted((root / table).rglob(pattern)):
         data = pq.read_table(file)
@@ -109,7 +109,7 @@ def differences(run: Path, reference: Path) -> list[str]:
     for table in ("games", "steps", "eval/games", "eval/steps"):
         # (only the run's own eval shard 0: a reference may have ad-hoc `ub eval` shards)
         pattern = "shard-0000.parquet" if table.startswith("eval") else "shard-*.parquet"
-        if _rows(run, table, pattern) != _rows(reference, table, pattern):
+        if table_rows(run, table, pattern) != table_rows(reference, table, pattern):
             found.append(f"{table} rows differ")
     last = paths.committed_rounds()[-1]
     for round_ in range(last + 1):

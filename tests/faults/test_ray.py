@@ -10,10 +10,11 @@ import socket
 import subprocess
 import sys
 
+import numpy
 import pytest
 import yaml
 
-from faults.runs import CONFIG, differences, ray_head, train
+from faults.runs import CONFIG, differences, ray_head, table_rows, train
 
 
 @pytest.fixture(scope="module")
@@ -42,9 +43,28 @@ def test_a_run_on_ray_equals_the_same_run_in_one_process(ray_cluster, prefect_ap
                            capture_output=True, text=True, timeout=900)
     assert local.returncode == 0, local.stderr[-3000:]
 
-    assert differences(tmp_path / "ray" / "run", tmp_path / "local" / "run") == []
+    ray_run, local_run = tmp_path / "ray" / "run", tmp_path / "local" / "run"
+    found = differences(ray_run, local_run)
+    if "steps rows differ" in found:
+        # vLLM batches a shard's requests as they arrive, so two engines may group them unlike
+        # one: the log-probs of the same sampled tokens can differ in their last bits.
+        found.remove("steps rows differ")
+        found += _steps_differences(ray_run, local_run)
+    assert found == []
     logs = (tmp_path / "ray" / "run" / "logs" / "flow.log").read_text()
     assert "ray worker rollout-1" in logs and "ray worker learner-0" in logs
+
+
+def _steps_differences(run, reference) -> list[str]:
+    found = []
+    for mine, theirs in zip(table_rows(run, "steps"), table_rows(reference, "steps"), strict=True):
+        for key, value in mine.items():
+            if key == "completion_logprobs":
+                if not numpy.allclose(value, theirs[key], atol=1e-4):
+                    found.append(f"{mine['game_id']}: {key} differ beyond 1e-4")
+            elif value != theirs[key]:
+                found.append(f"{mine['game_id']}: {key} differs")
+    return found
 
 
 def test_an_unreachable_ray_address_is_a_clear_error(prefect_api, tiny_model, tmp_path):
