@@ -60,15 +60,20 @@ def train(config: Path, root: Path, api_url: str, *, name: str = "run",
         env=child_env, capture_output=True, text=True, timeout=900)
 
 
+def free_port() -> int:
+    """A loopback TCP port nobody listens on (at the time of asking)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
 @contextmanager
 def ray_head(cpus: int = 2) -> Iterator[str]:
     """A real Ray cluster on loopback (``ray start --head``, ``cpus`` CPUs, no GPU); yields its
     address and stops it (removing its files) after."""
     ray = Path(sys.executable).parent / "ray"
     temp = Path(tempfile.mkdtemp(prefix="ubray-", dir="/tmp"))  # Ray's socket paths stay short
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     start = subprocess.run(
         [str(ray), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}",
