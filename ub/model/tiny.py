@@ -138,7 +138,9 @@ class TinyModelConfig:
     lifted TicTacToe/SimpleTak legality by ~10-25 points at equal compute."""
     bf16_autocast: bool = True
     """Run forward/backward matmuls in bfloat16 (weights, optimizer and saved model stay
-    float32): ~1.3-1.5x faster on AVX512-BF16 CPUs, same legality."""
+    float32) where the CPU computes bf16 natively (AVX512-BF16 or AMX): ~1.3-1.5x faster there,
+    same legality. Elsewhere (e.g. AVX2-only CPUs) torch falls back to a reference bf16 kernel
+    that is ~10x slower than float32, so the build stays in float32."""
     num_threads: int = 2
     """Torch CPU threads; fixed because float sums (and so the bytes) depend on it."""
 
@@ -361,6 +363,16 @@ def _replace_dir(new: Path, target: Path) -> None:
     os.replace(new, target)
     if old is not None:
         shutil.rmtree(old, ignore_errors=True)
+
+
+def native_bf16() -> bool:
+    """Whether this CPU runs bfloat16 matmuls in hardware (oneDNN's check: AVX512-BF16/AMX)."""
+    import torch
+
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
 
 
 @contextlib.contextmanager
@@ -702,6 +714,8 @@ def pretrain(
         cosine = 0.5 * (1 + math.cos(math.pi * min(1.0, progress)))
         return config.learning_rate * (config.min_lr_ratio + (1 - config.min_lr_ratio) * cosine)
 
+    use_bf16 = config.bf16_autocast and native_bf16()
+    log(f"pre-training in {'bfloat16 autocast' if use_bf16 else 'float32'}")
     model.train()
     losses: list[float] = []
     pending: list[list[int]] = []
@@ -712,7 +726,7 @@ def pretrain(
         batch = [examples[i] for i in pending.pop()]
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=config.bf16_autocast):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
             loss = _batch_loss(model, batch, config.prompt_loss_weight)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
