@@ -482,3 +482,22 @@ def test_get_engine_reuses_then_replaces(engine: VLLMEngine, model_dir: Path) ->
     with pytest.raises(UbError, match="was shut down"):
         engine.submit(req(PROMPTS[0]))
     assert tokens(other, [req(PROMPTS[0])]) == before
+
+
+def test_an_engine_starts_after_an_earlier_teardown_failed_half_way(model_dir: Path) -> None:
+    """Runs after the replacement above. vLLM keeps an in-process engine's process groups in
+    module globals; if an engine's teardown fails half-way they point at destroyed groups, and
+    (as once in CI) every later engine of the process failed to start."""
+    import torch.distributed as dist
+    from vllm.distributed import parallel_state
+
+    greedy = SamplingConfig(temperature=0.0, max_tokens=8)
+    first = get_engine(engine_config(model_dir, max_model_len=512), greedy)
+    before = tokens(first, [req(PROMPTS[0])])
+    world = parallel_state._WORLD
+    dist.destroy_process_group()  # torch's groups gone ...
+    shutdown_engine()
+    parallel_state._WORLD = world  # ... vLLM's world group kept
+
+    again = get_engine(engine_config(model_dir, max_model_len=512), greedy)
+    assert tokens(again, [req(PROMPTS[0])]) == before

@@ -674,6 +674,7 @@ class VLLMEngine:
             hint = " (HF_HUB_OFFLINE=1: use a local model directory, or export HF_HUB_OFFLINE=0)"
         # Our default VLLM_CPU_KVCACHE_SPACE (whole GiB only) would override kv_cache_gib; one the
         # user exported is respected, as vLLM documents.
+        _forget_stale_process_groups()
         with _without_our_default("VLLM_CPU_KVCACHE_SPACE"), _preserve_global_rng():
             try:
                 return vllm.LLM(**kwargs)
@@ -832,6 +833,7 @@ class VLLMEngine:
         self._closed = True
         with contextlib.suppress(Exception):
             self._engine.engine_core.shutdown()
+        _forget_stale_process_groups()
         self._llm = self._engine = self._renderer = None  # type: ignore[assignment]
         import gc
 
@@ -913,6 +915,38 @@ def _fingerprint(adapter_dir: str) -> tuple[int, int] | None:
 # --------------------------------------------------------------------------------------------
 
 _ENGINE: VLLMEngine | None = None
+
+
+def _forget_stale_process_groups() -> None:
+    """Drop vLLM's in-process world group when torch no longer knows its process groups.
+
+    An in-process engine keeps its ``torch.distributed`` groups in vLLM's module globals and
+    its shutdown tears them down. A teardown that fails half-way (its errors are suppressed in
+    :meth:`VLLMEngine.close`) leaves the globals pointing at destroyed groups, and every later
+    engine in the process then fails to start ("Process group ... is not initialized in the
+    world group map"; seen in CI). Healthy groups, such as a live engine's, are left alone.
+    """
+    import torch.distributed as dist
+    from vllm.distributed import parallel_state
+
+    world = parallel_state._WORLD
+    if world is None:
+        return
+    try:
+        dist.get_backend(world.device_group)
+        return  # alive
+    except (AttributeError, RuntimeError, ValueError):
+        pass
+    log.warning("vLLM's process group of an earlier engine was not torn down: dropping it")
+    with contextlib.suppress(Exception):
+        parallel_state.destroy_model_parallel()
+    parallel_state._WORLD = None
+    from ub.learner.distributed import rank_and_world
+
+    # The default group the stale world was built on (unless it is a learner group of ours).
+    if dist.is_initialized() and rank_and_world()[1] == 1:
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
 
 
 def get_engine(config: EngineConfig, sampling: SamplingConfig) -> VLLMEngine:
