@@ -17,6 +17,7 @@ from ub.learner.checkpoint import latest_checkpoint
 from ub.run.layout import RunPaths
 from ub.run.lock import RunLock
 from ub.run.rounds import Run, resolve_base_model, resolve_run_config
+from ub.run.store import fetch_checkpoint, sync
 
 
 @flow(name="evaluate-run")
@@ -25,6 +26,7 @@ def evaluate_run(run_name: str, root: str = "runs", checkpoint: int | None = Non
     """Evaluate checkpoint ``checkpoint`` (default: the latest) of run ``run_name``."""
     paths = RunPaths.of(root, run_name)
     with RunLock(paths.lock):
+        sync(paths)  # a run in a store: this machine's copy catches up
         # In this process even for a run trained on Ray: its workers live only while it trains.
         config = resolve_run_config(paths, None, ray_address="local")[0]
         run = Run(paths, config, resolve_base_model(config))
@@ -33,7 +35,9 @@ def evaluate_run(run_name: str, root: str = "runs", checkpoint: int | None = Non
             if latest is None:
                 raise UbError(f"run {run_name} has no checkpoint yet")
             checkpoint = int(latest.name.split("-")[-1])
-        elif not paths.checkpoint(checkpoint).exists():
+        else:
+            fetch_checkpoint(paths, paths.checkpoint(checkpoint))
+        if not paths.checkpoint(checkpoint).exists():
             raise UbError(f"run {run_name} has no checkpoint {checkpoint}")
         rows = evaluate(run, checkpoint)["rows"]
     for row in rows:

@@ -20,6 +20,7 @@ from typing import Any
 from prefect import flow
 
 from tasks import commit, evaluate, learn, plan, rate, rollout, start_checkpoint, track
+from ub.errors import UbError
 from ub.run.cluster import rollout_worker
 from ub.run.config import load_config
 from ub.run.layout import RunPaths, remove_orphans
@@ -27,6 +28,7 @@ from ub.run.lock import RunLock
 from ub.run.logs import run_logs
 from ub.run.progress import Progress
 from ub.run.rounds import Run, ShardResult, eval_due, open_run, resolve_base_model
+from ub.run.store import publish, sync
 from ub.run.tracking import finish_wandb
 
 log = logging.getLogger("ub.flow")
@@ -38,6 +40,9 @@ def selfplay(run_name: str, config: str | None = None, root: str = "runs",
              overrides: list[str] | None = None, quiet: bool = False,
              ray_address: str | None = None) -> dict[str, Any]:
     """Train run ``run_name`` under ``root`` until ``rounds`` rounds are committed.
+
+    ``root`` is a folder or an fsspec URL (``s3://bucket/runs``, ``file:///data/runs``): a run
+    in a store works in a local copy and publishes each round to the store as it commits.
 
     :param config: a preset name or YAML path; ``None`` resumes the run with its own config.
     :param rounds: the total number of rounds (extends a finished run); default: the config's.
@@ -63,8 +68,13 @@ def _train(paths: RunPaths, new_config: Any, rounds: int | None, add_rounds: int
            quiet: bool, lock: RunLock, gc_clock: GcClock, ray_address: str | None
            ) -> dict[str, Any]:
     """The rounds of one process: resume after the last committed round, run to the end."""
+    fetched, published = sync(paths)  # a run in a store: this machine's copy catches up
+    if fetched or published:
+        log.info("run store %s: fetched %d file(s), published %d", paths.store, len(fetched),
+                 len(published))
     train_config = open_run(paths, new_config, rounds=rounds, add_rounds=add_rounds,
                             ray_address=ray_address)
+    publish(paths, paths.config, paths.root / "ub-run.json")
     run = Run(paths, train_config, resolve_base_model(train_config))
     with cluster_tasks(run):
         return _rounds(run, quiet, lock, gc_clock)
@@ -143,6 +153,10 @@ def cluster_tasks(run: Run) -> Iterator[None]:
     """
     address = run.config.cluster.address
     if address is None:
+        if run.config.cluster.learner_workers > 1:
+            log.warning("cluster.learner_workers=%d applies on a Ray cluster only "
+                        "(cluster.address or --ray); this run learns in one process",
+                        run.config.cluster.learner_workers)
         yield
         return
     from prefect.client.orchestration import get_client
@@ -150,7 +164,14 @@ def cluster_tasks(run: Run) -> Iterator[None]:
     from prefect_ray import RayTaskRunner
     from prefect_ray.context import remote_options
 
-    from ub.run.cluster import check_reachable, connect_error, ray_init_kwargs, start_workers
+    from ub.run.cluster import (
+        alive_nodes,
+        check_api_shared,
+        check_reachable,
+        connect_error,
+        ray_init_kwargs,
+        start_workers,
+    )
 
     check_reachable(address)
     with get_client(sync_client=True) as client:
@@ -161,6 +182,11 @@ def cluster_tasks(run: Run) -> Iterator[None]:
         runner.__enter__()
     except (ConnectionError, TimeoutError, RuntimeError) as exc:
         raise connect_error(address, exc) from None
+    try:
+        check_api_shared(api_url, alive_nodes())
+    except UbError:
+        runner.__exit__(None, None, None)
+        raise
     previous, context.task_runner = context.task_runner, runner
     try:
         workers = start_workers(run)  # noqa: F841 (the flow owns them while it runs)

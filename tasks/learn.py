@@ -7,7 +7,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NONE
 
-from ub.run.cluster import on_worker
+from ub.run.cluster import on_learners, on_worker
 from ub.run.rounds import Run, initial_checkpoint, learn_round
 
 
@@ -20,4 +20,4 @@ def start_checkpoint(run: Run) -> str:
 # checkpoint stays the latest and the error says what to change.
 @task(name="learn", cache_policy=NONE, task_run_name="learn r{round_}")
 def learn(run: Run, round_: int) -> dict[str, Any]:
-    return on_worker(run, "learner", 0, learn_round, run, round_)
+    return on_learners(run, learn_round, run, round_)

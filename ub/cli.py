@@ -183,31 +183,65 @@ def _print_play_summary(rollout, actors, games_path: Path) -> None:
 
 def cmd_sql(args: argparse.Namespace) -> int:
     from ub.data.sql import connect, run_sql, table_dataset
+    from ub.run.store import is_url
     from ub.run.views import RunViews, is_run
 
-    root = Path(args.root)
-    if not root.exists():
-        raise UbError(f"{root} does not exist: give the folder `ub play --out` or a run wrote")
-    extra = {}
-    if is_run(root):
-        views = RunViews(root)
-        extra = views.tables()
-        for table in ("steps", "games"):
-            extra[f"eval_{table}"] = table_dataset(root / "eval", table)
-        for warning in views.warnings:
-            print(f"ub: warning: {warning}", file=sys.stderr)
-    con = connect(root, extra)
+    if is_url(args.root):
+        con, names = _connect_store(args.root)
+        root = args.root
+    else:
+        root = Path(args.root)
+        if not root.exists():
+            raise UbError(f"{root} does not exist: give the folder `ub play --out` or a run "
+                          "wrote")
+        extra = {}
+        if is_run(root):
+            views = RunViews(root)
+            extra = views.tables()
+            for table in ("steps", "games"):
+                extra[f"eval_{table}"] = table_dataset(root / "eval", table)
+            for warning in views.warnings:
+                print(f"ub: warning: {warning}", file=sys.stderr)
+        con = connect(root, extra)
+        names = sorted(["steps", "games", *extra])
     try:
         if args.query is not None:
             _print_arrow(run_sql(con, args.query), args.format)
             return 0
-        _sql_shell(con, root, sorted(["steps", "games", *extra]))
+        _sql_shell(con, root, names)
     finally:
         con.close()
     return 0
 
 
-def _sql_shell(con, root: Path, views: list[str]) -> None:
+def _connect_store(url: str):
+    """DuckDB over a run in a store: the shards read in place, the run's tables built from its
+    records (fetched to a temporary folder; they are small)."""
+    import tempfile
+
+    from ub.data.schema import TABLES
+    from ub.data.sql import connect_tables
+    from ub.run.store import RunStore
+    from ub.run.views import RunViews
+
+    store = RunStore(url.rstrip("/"))
+    if not store.files("games") and not store.files("rounds"):
+        raise UbError(f"{url} holds no ub data (no games/ or rounds/): give the URL of a run "
+                      "(the runs root followed by the run name)")
+    tables = {}
+    for table in TABLES:
+        tables[table] = store.shard_dataset(table)
+        tables[f"eval_{table}"] = store.shard_dataset(table, "eval")
+    with tempfile.TemporaryDirectory(prefix="ub-sql-") as records:
+        store.pull_records(Path(records))
+        views = RunViews(Path(records))
+        tables.update(views.tables())
+    for warning in views.warnings:
+        print(f"ub: warning: {warning}", file=sys.stderr)
+    return connect_tables(tables), sorted(tables)
+
+
+def _sql_shell(con, root: Path | str, views: list[str]) -> None:
     """Read statements (ending with ``;``) from stdin until EOF or ``.quit``."""
     import duckdb
 
@@ -425,6 +459,16 @@ def cmd_envs(args: argparse.Namespace) -> int:
 # ub train
 
 
+def _catch_up(paths) -> None:
+    """A run in a store (``--root s3://...``): bring this machine's copy up to date first."""
+    if paths.store:
+        from ub.run.lock import RunLock
+        from ub.run.store import sync
+
+        with RunLock(paths.lock):
+            sync(paths)
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from ub.run.config import load_config
     from ub.run.layout import RunPaths
@@ -437,6 +481,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                       "one with its own config, not both")
     name = args.resume or args.run or (Path(args.config).stem if args.config else "tiny-cpu")
     paths = RunPaths.of(args.root, name)
+    _catch_up(paths)
     config, source = None, None
     if not args.resume and (args.config or not paths.config.exists()):
         source = args.config or "tiny-cpu"
@@ -451,7 +496,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         RunLock(paths.lock).acquire().release()
     _check_writable(paths.root.parent)
 
-    configure_prefect(Path(args.root) / ".prefect")
+    configure_prefect((paths.root.parent if paths.store else Path(args.root)) / ".prefect")
     from flows.selfplay import selfplay
 
     selfplay(run_name=name, config=source, root=str(args.root), rounds=args.rounds,
@@ -475,8 +520,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
         resolve_base_model,
         resolve_run_config,
     )
+    from ub.run.store import fetch_checkpoint
 
     paths = RunPaths.of(args.root, args.run)
+    _catch_up(paths)
     config, _ = resolve_run_config(paths, None)
     if args.checkpoint is None:
         latest = latest_checkpoint(paths.root / "checkpoints")
@@ -485,6 +532,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         update = int(latest.name.rsplit("-", 1)[1])
     else:
         update = args.checkpoint
+        fetch_checkpoint(paths, paths.checkpoint(update))
         if not paths.checkpoint(update).exists():
             raise UbError(f"run {args.run} has no checkpoint {update} "
                           f"({paths.checkpoint(update)})")
@@ -586,11 +634,18 @@ def _print_findings(exam) -> None:
 
 def _run_dir(args: argparse.Namespace) -> Path:
     """A run given by name (under --root) or as a path."""
-    from ub.run.layout import check_run_name
+    from ub.run.layout import RunPaths, check_run_name
+    from ub.run.store import is_url
 
     candidate = Path(args.run)
     if candidate.is_dir():
         return candidate
+    if is_url(args.root):  # a run in a store: this machine's working copy of it
+        root = RunPaths.of(args.root, args.run).root
+        if not root.is_dir():
+            raise UbError(f"this machine has no copy of run {args.run!r} of {args.root}: "
+                          f"`ub sql {args.root.rstrip('/')}/{args.run}` reads it in place")
+        return root
     root = Path(args.root) / check_run_name(args.run)
     if not root.is_dir():
         raise UbError(f"no run {args.run!r} under {args.root} (and no folder {args.run})")
@@ -629,7 +684,8 @@ def build_parser() -> argparse.ArgumentParser:
     play.set_defaults(func=cmd_play)
 
     sql = sub.add_parser("sql", help="read-only SQL over a data folder or run (docs/sql.md)")
-    sql.add_argument("root", help="a data folder or run directory")
+    sql.add_argument("root", help="a data folder, a run directory or a run's store URL "
+                     "(s3://bucket/runs/NAME)")
     sql.add_argument("query", nargs="?", help="the SQL query (none: an interactive shell)")
     sql.add_argument("--format", choices=("table", "csv"), default="table")
     sql.set_defaults(func=cmd_sql)
@@ -666,7 +722,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "spiral-kuhn) or a YAML file (default: tiny-cpu, or the run's own)")
     train.add_argument("--run", help="run name (default: the config's name)")
     train.add_argument("--resume", metavar="NAME", help="continue run NAME with its own config")
-    train.add_argument("--root", default="runs", help="folder of runs (default: runs)")
+    train.add_argument("--root", default="runs", help="folder of runs, or an fsspec URL such "
+                       "as s3://bucket/runs (docs/scaling.md; default: runs)")
     train.add_argument("--rounds", type=_positive_int, help="total rounds (extends a finished run)")
     train.add_argument("--ray", metavar="ADDRESS",
                        help="run rollouts and the learner on this Ray cluster (auto, HOST:PORT, "
@@ -694,7 +751,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     evaluate = sub.add_parser("eval", help="evaluate a run's checkpoint against fixed opponents")
     evaluate.add_argument("run", help="run name")
-    evaluate.add_argument("--root", default="runs", help="folder of runs (default: runs)")
+    evaluate.add_argument("--root", default="runs",
+                          help="folder of runs, or an fsspec URL (default: runs)")
     evaluate.add_argument("--checkpoint", type=int, help="checkpoint update (default: latest)")
     evaluate.add_argument("--opponents", help="comma-separated actors (default: the run's)")
     evaluate.add_argument("--envs", help="comma-separated env ids (default: the run's)")

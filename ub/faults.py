@@ -5,8 +5,10 @@ process kill itself with SIGKILL at that point: no cleanup, no ``finally`` block
 cut or the OOM killer. Unset (always, outside tests) a point costs one dict lookup.
 
 ``UB_FAULT_AT=NAME:N:raise`` raises :class:`InjectedFault` there instead (an error inside the
-process, e.g. a game env failing on some turn). ``UB_FAULT_LOG=FILE`` appends the name of every
-point reached to FILE: a census of where a run can be cut, for randomized fault tests.
+process, e.g. a game env failing on some turn). With ``UB_FAULT_ONCE=FILE`` the fault fires in
+one process only, the first to create FILE (e.g. a Ray worker that is restarted after it).
+``UB_FAULT_LOG=FILE`` appends the name of every point reached to FILE: a census of where a
+run can be cut, for randomized fault tests.
 
 Points: ``rollout.step`` (after an engine step, mid-rollout), ``env.step`` (before a game env's
 step), ``atomic.before-rename`` (any atomic file write, temp file complete, not renamed: shards,
@@ -14,7 +16,8 @@ manifests, rating snapshots, reward state), ``shard.between-files`` (steps file 
 file not), ``learn.mid-update`` (after a micro-batch's backward pass), ``learn.after-state``
 (final-reward state saved, update not done), ``checkpoint.before-rename`` (checkpoint files
 written, folder not renamed into place), ``rate.before-snapshot`` (ratings computed, snapshot
-not written), ``round.before-commit`` (everything of the round done but its manifest).
+not written), ``round.before-commit`` (everything of the round done but its manifest),
+``store.put`` (before a file is published to a run's store, :mod:`ub.run.store`).
 """
 
 from __future__ import annotations
@@ -43,6 +46,12 @@ def fault_point(name: str) -> None:
     count, _, action = rest.partition(":")
     _hits[name] = _hits.get(name, 0) + 1
     if _hits[name] == int(count or 1):
+        once = os.environ.get("UB_FAULT_ONCE")
+        if once:
+            try:
+                os.close(os.open(once, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                return  # another process took this fault already
         if action == "raise":
             raise InjectedFault(f"injected fault at {name} (hit {_hits[name]})")
         os.kill(os.getpid(), signal.SIGKILL)

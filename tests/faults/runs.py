@@ -49,7 +49,7 @@ def plan_faults(census: dict[str, int], rng: random.Random, count: int) -> list[
 TIMING_COLUMNS = {"seconds", "gen_seconds", "env_seconds"}
 
 
-def train(config: Path, root: Path, api_url: str, *, name: str = "run",
+def train(config: Path, root: Path | str, api_url: str, *, name: str = "run",
           env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     """``ub train CONFIG --run NAME --root ROOT`` in a child process (sharing a Prefect API)."""
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("UB_FAULT")}

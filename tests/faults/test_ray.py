@@ -1,6 +1,7 @@
 """A real local Ray cluster (``ray start --head`` on loopback, 2 CPUs) runs the selfplay flow
 through prefect-ray's ``RayTaskRunner``: two rollout workers play a round's two shards in
-parallel, a learner worker trains, and the run's data equals the same run's in one process."""
+parallel, a learner worker trains, and the run's data equals the same run's in one process;
+also with a worker killed mid-shard, and with two data-parallel learner ranks."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import shutil
 import numpy
 import pytest
 import yaml
+from safetensors.torch import load_file
 
 from faults.runs import CONFIG, differences, free_port, ray_head, table_rows, train
+from ub.run.doctor import examine
 
 
 @pytest.fixture(scope="module")
@@ -19,34 +22,86 @@ def ray_cluster():
         yield address
 
 
-def test_a_run_on_ray_equals_the_same_run_in_one_process(ray_cluster, prefect_api, tiny_model,
-                                                          tmp_path):
-    config = {**CONFIG, "rollout": {**CONFIG["rollout"], "shards": 2},
-              "cluster": {"address": ray_cluster, "rollout_workers": 2,
-                          # the 2 CPUs go to the engines; the learner shares them between rounds
-                          "learner": {"num_cpus": 0}}}
-    on_ray_config, local_config = tmp_path / "ray.yaml", tmp_path / "local.yaml"
-    on_ray_config.write_text(yaml.safe_dump(config))
-    local_config.write_text(yaml.safe_dump({**config, "cluster": {"address": None}}))
+CLUSTER_CONFIG = {**CONFIG, "rollout": {**CONFIG["rollout"], "shards": 2}}
 
-    on_ray = train(on_ray_config, tmp_path / "ray", prefect_api)
-    assert on_ray.returncode == 0, on_ray.stderr[-3000:]
-    # The same thread counts as the Ray workers (one core per engine, one learner thread), so
-    # floating-point sums agree bit for bit.
-    local = train(local_config, tmp_path / "local", prefect_api,
+
+@pytest.fixture(scope="module")
+def one_process(prefect_api, tiny_model, tmp_path_factory):
+    """The run of ``CLUSTER_CONFIG`` in one process, with the thread counts of the Ray workers
+    (one core per engine, one learner thread), so floating-point sums agree bit for bit."""
+    root = tmp_path_factory.mktemp("one-process")
+    path = root / "local.yaml"
+    path.write_text(yaml.safe_dump({**CLUSTER_CONFIG, "cluster": {"address": None}}))
+    local = train(path, root, prefect_api,
                   env={"OMP_NUM_THREADS": "1", "VLLM_CPU_OMP_THREADS_BIND": "0"})
     assert local.returncode == 0, local.stderr[-3000:]
+    return root / "run"
 
-    ray_run, local_run = tmp_path / "ray" / "run", tmp_path / "local" / "run"
-    found = differences(ray_run, local_run)
+
+def on_ray(cluster: dict, prefect_api, tmp_path, env: dict[str, str] | None = None):
+    path = tmp_path / "ray.yaml"
+    path.write_text(yaml.safe_dump({**CLUSTER_CONFIG, "cluster": cluster}))
+    result = train(path, tmp_path / "ray", prefect_api, env=env)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return tmp_path / "ray" / "run"
+
+
+def two_engines(address: str) -> dict:
+    # the 2 CPUs go to the engines; the learner shares them between rounds
+    return {"address": address, "rollout_workers": 2, "learner": {"num_cpus": 0}}
+
+
+def assert_same_data(ray_run, one_process) -> None:
+    found = differences(ray_run, one_process)
     if "steps rows differ" in found:
         # vLLM batches a shard's requests as they arrive, so two engines may group them unlike
         # one: the log-probs of the same sampled tokens can differ in their last bits.
         found.remove("steps rows differ")
-        found += _steps_differences(ray_run, local_run)
+        found += _steps_differences(ray_run, one_process)
     assert found == []
+
+
+def test_a_run_on_ray_equals_the_same_run_in_one_process_even_when_a_worker_dies(
+        ray_cluster, one_process, prefect_api, tmp_path, ledger):
+    """Two engine workers play a round's shards side by side and a learner worker trains; one
+    engine worker is killed (SIGKILL) mid-generation: Ray restarts the actor, the Prefect task's
+    retry replays the shard on it (a new engine), and the run's data equals the same run's in
+    one process."""
+    fired = tmp_path / "fault-fired"
+    ledger["faults injected"] += 1
+    ray_run = on_ray(two_engines(ray_cluster), prefect_api, tmp_path,
+                     env={"UB_FAULT_AT": "rollout.step:5", "UB_FAULT_ONCE": str(fired)})
+    assert fired.exists()  # a worker was killed (in this run, once)
     logs = (ray_run / "logs" / "flow.log").read_text()
     assert "ray worker rollout-1" in logs and "ray worker learner-0" in logs
+
+    def plays(run) -> int:
+        return sum((run / "logs" / log).read_text().count(": playing ")
+                   for log in ("eval.log", "rollout.log"))
+
+    assert plays(ray_run) == plays(one_process) + 1  # the killed shard, played again
+    assert_same_data(ray_run, one_process)
+    ledger["faults survived"] += 1
+
+
+def test_a_data_parallel_learner_on_ray_takes_the_one_process_updates(
+        ray_cluster, one_process, prefect_api, tmp_path):
+    ray_run = on_ray({"address": ray_cluster, "rollout_workers": 1, "learner_workers": 2,
+                      "rollout": {"num_cpus": 1}, "learner": {"num_cpus": 0.5}},
+                     prefect_api, tmp_path)
+    assert "learners: 2 data-parallel ranks" in (ray_run / "logs" / "flow.log").read_text()
+    assert examine(ray_run).findings == []
+    # Round 0 is played by checkpoint 0 (no learner yet): the same games.
+    assert table_rows(ray_run, "games")[:12] == table_rows(one_process, "games")[:12]
+    # Two ranks' summed gradients are the one-process gradient, up to float summation order
+    # (and the last bits of the stored log-probs, as above).
+    for update in (1, 2):
+        for name in ("adapter_model.safetensors", "optimizer.safetensors"):
+            mine = load_file(ray_run / "checkpoints" / f"ckpt-{update:06d}" / name)
+            theirs = load_file(one_process / "checkpoints" / f"ckpt-{update:06d}" / name)
+            for key, tensor in theirs.items():
+                numpy.testing.assert_allclose(mine[key].numpy(), tensor.numpy(), rtol=1e-3,
+                                              atol=1e-5, err_msg=f"ckpt-{update} {name} {key}")
 
 
 def _steps_differences(run, reference) -> list[str]:

@@ -37,10 +37,14 @@ def connect(root: Path, extra: dict[str, pa.Table | ds.Dataset] | None = None
     root = Path(root)
     if not root.is_dir():
         raise UbError(f"{root} is not a directory of ub data (expected steps/ and games/ inside)")
+    return connect_tables({**{t: table_dataset(root, t) for t in TABLES}, **(extra or {})})
+
+
+def connect_tables(tables: dict[str, pa.Table | ds.Dataset]) -> duckdb.DuckDBPyConnection:
+    """An in-memory DuckDB connection with a read-only view per table, then external access
+    switched off (the views still read their files: Arrow scans them, not DuckDB)."""
     con = duckdb.connect(":memory:")
-    for table in TABLES:
-        con.register(table, table_dataset(root, table))
-    for name, table in (extra or {}).items():
+    for name, table in tables.items():
         con.register(name, table)
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")

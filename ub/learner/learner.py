@@ -55,6 +55,7 @@ from ub.learner.checkpoint import (
     write_checkpoint,
 )
 from ub.learner.config import LearnerConfig
+from ub.learner.distributed import barrier, gather, rank_and_world, sum_gradients
 from ub.model.lora import LoraSettings
 
 log = logging.getLogger(__name__)
@@ -471,7 +472,9 @@ class Learner:
         totals: dict[str, torch.Tensor] = {}
         diff_max = torch.zeros((), device=self.device)
         tokens = padded = 0
-        for group in groups:
+        # Data-parallel (ub.learner.distributed): this rank's share of the micro-batches.
+        rank, world = rank_and_world()
+        for group in groups[rank::world]:
             batch_rows = [rows[i] for i in group]
             mb = batch.select(batch_rows)
             input_ids = mb.input_ids.to(self.device)
@@ -508,6 +511,9 @@ class Learner:
                 diff_max = torch.maximum(
                     diff_max, (logprobs.detach() - token_batch.behaviour_logprobs).abs().max())
 
+        if world > 1:  # every rank gets every rank's figures (and checks the same losses)
+            losses, totals, diff_max, tokens, padded = _merge_ranks(
+                losses, totals, diff_max, tokens, padded)
         if losses:
             per_micro_batch = torch.stack(losses).cpu()
             bad = torch.nonzero(~torch.isfinite(per_micro_batch)).flatten().tolist()
@@ -520,6 +526,8 @@ class Learner:
         for p in self.params.values():  # rows all skipped: a zero gradient, still a step
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+        if world > 1:
+            sum_gradients(list(self.params.values()))
         sums_host = {k: float(v) for k, v in totals.items()}
         completion_tokens = int(sums_host.pop("completion_tokens", 0))
         metrics: dict[str, Any] = {"loss": float(per_micro_batch.sum()) if losses else 0.0}
@@ -606,6 +614,20 @@ class Learner:
 # --------------------------------------------------------------------------------------------
 # Helpers
 # --------------------------------------------------------------------------------------------
+
+
+def _merge_ranks(losses: list[torch.Tensor], totals: dict[str, torch.Tensor],
+                 diff_max: torch.Tensor, tokens: int, padded: int) -> tuple[Any, ...]:
+    """The update's statistics over all ranks' micro-batches (in rank order)."""
+    parts = gather((torch.stack(losses).cpu().tolist() if losses else [],
+                    {k: float(v) for k, v in totals.items()}, float(diff_max), tokens, padded))
+    merged: dict[str, torch.Tensor] = {}
+    for _, sums, _, _, _ in parts:
+        for key, value in sums.items():
+            merged[key] = merged.get(key, 0.0) + torch.tensor(value, dtype=torch.float64)
+    return ([torch.tensor(x) for part in parts for x in part[0]], merged,
+            torch.tensor(max(part[2] for part in parts)), sum(part[3] for part in parts),
+            sum(part[4] for part in parts))
 
 
 def _lora_shape(lora: LoraSettings) -> tuple[Any, ...]:
@@ -715,7 +737,9 @@ def learn_on_batch(batch: Any, learner_config: LearnerConfig,
     metrics["from_checkpoint"] = _path_str(from_checkpoint)
     if hasattr(batch, "stats"):
         metrics["batch"] = batch.stats.to_dict()
-    learner.save(out, metrics, overwrite=overwrite)
+    if rank_and_world()[0] == 0:  # data-parallel ranks hold the same state: one writes it
+        learner.save(out, metrics, overwrite=overwrite)
+    barrier()  # no rank goes on (e.g. to start from ``out``) before it is written
     return metrics
 
 

@@ -109,3 +109,32 @@ def synthetic_batch(num_rows: int, vocab_size: int, *, seed: int = 0,
     lengths = torch.tensor([len(p) + len(c) for p, c in rows], dtype=torch.int64)
     return TrainBatch(input_ids=input_ids, completion_mask=completion_mask,
                       behaviour_logprobs=behaviour, advantages=advantages, lengths=lengths)
+
+
+def data_parallel_updates(rank: int, world: int, address: str, model_dir: str | Path,
+                          out: str | Path, micro_batch_tokens: int = 256, updates: int = 2,
+                          rows: int = 12, threads: int = 1) -> None:
+    """``updates`` learner updates on synthetic batches of ``rows`` rows as rank ``rank`` of
+    ``world`` (``world`` 1: one process) with ``threads`` torch threads; checkpoints
+    ``out/ckpt-N`` and every update's metrics in ``out/metrics-RANK.json``. What the
+    data-parallel test compares between one process and two, and what the benchmark times."""
+    import json
+
+    from ub.learner import LearnerConfig, learn_on_batch
+    from ub.learner.distributed import join, leave
+    from ub.model.lora import LoraSettings
+
+    out = Path(out)
+    if world > 1:
+        join(rank, world, address)
+    config = LearnerConfig(base_model=str(model_dir), lora=LoraSettings(8, 16, dropout=0.0),
+                           learning_rate=5e-3, length_normalizer=16,
+                           micro_batch_tokens=micro_batch_tokens, seed=3, num_threads=threads)
+    previous, metrics = None, []
+    for update in range(1, updates + 1):
+        checkpoint = out / f"ckpt-{update}"
+        batch = synthetic_batch(rows, 500, seed=10 + update)
+        metrics.append(learn_on_batch(batch, config, previous, checkpoint))
+        previous = checkpoint
+    (out / f"metrics-{rank}.json").write_text(json.dumps(metrics, default=str))
+    leave()

@@ -6,7 +6,9 @@ With ``cluster.address`` set, the flow's tasks go through prefect-ray's ``RayTas
 - ``rollout-0 .. rollout-{n-1}``: one vLLM engine each, started on first use and kept across
   rounds; new checkpoints arrive as new LoRA adapters by path. Round shards go to
   ``shard % n``, evaluations to ``rollout-0``.
-- ``learner-0``: the learner's base model and optimizer, kept across rounds.
+- ``learner-0 .. learner-{m-1}``: the learner's base model and optimizer, kept across
+  rounds; with ``learner_workers`` above 1 they form a ``torch.distributed`` group and train
+  data-parallel (:mod:`ub.learner.distributed`).
 
 Actors, not plain tasks, hold the resources: Ray reuses a task's worker process but may hand
 the next task other GPUs, while the engine stays on the device it started on. An actor owns
@@ -36,8 +38,10 @@ T = TypeVar("T")
 
 NAMESPACE = "ub"
 # Environment a worker must share with the flow process: where Prefect's API and home are,
-# offline switches, ub's own settings. Ray workers inherit the raylet's environment otherwise.
-FORWARDED_PREFIXES = ("PREFECT_", "UB_", "HF_", "VLLM_", "TRANSFORMERS_", "WANDB_")
+# offline switches, ub's own settings, a run store's credentials (workers publish their own
+# files). Ray workers inherit the raylet's environment otherwise.
+FORWARDED_PREFIXES = ("PREFECT_", "UB_", "HF_", "VLLM_", "TRANSFORMERS_", "WANDB_", "AWS_",
+                      "GOOGLE_", "FSSPEC_")
 FORWARDED_NAMES = ("DO_NOT_TRACK", "TOKENIZERS_PARALLELISM")
 
 
@@ -49,6 +53,19 @@ def on_worker(run: Any, role: str, index: int, step: Callable[..., T], *args: An
 
     worker = ray.get_actor(worker_name(run, role, index), namespace=NAMESPACE)
     return ray.get(worker.call.remote(step, *args))
+
+
+def on_learners(run: Any, step: Callable[..., T], *args: Any) -> T:
+    """``step(*args)`` on every learner rank at once (they meet in their collectives);
+    rank 0's result, or here without a cluster."""
+    workers = run.config.cluster.learner_workers
+    if run.config.cluster.address is None or workers == 1:
+        return on_worker(run, "learner", 0, step, *args)
+    import ray
+
+    handles = [ray.get_actor(worker_name(run, "learner", rank), namespace=NAMESPACE)
+               for rank in range(workers)]
+    return ray.get([handle.call.remote(step, *args) for handle in handles])[0]
 
 
 def worker_name(run: Any, role: str, index: int) -> str:
@@ -96,6 +113,25 @@ def check_reachable(address: str, timeout: float = 5.0) -> None:
         raise connect_error(address, exc) from None
 
 
+def alive_nodes() -> int:
+    """The nodes of the Ray cluster this process is connected to."""
+    import ray
+
+    return sum(1 for node in ray.nodes() if node.get("Alive"))
+
+
+def check_api_shared(api_url: str, nodes: int) -> None:
+    """Tasks run on every node and report to the Prefect API: with several nodes, an API on
+    this machine's loopback (the temporary server ``ub train`` starts) cannot be theirs."""
+    from urllib.parse import urlparse
+
+    if nodes > 1 and urlparse(api_url).hostname in ("127.0.0.1", "localhost", "::1"):
+        raise UbError(f"the Ray cluster has {nodes} nodes, but the Prefect API ({api_url}) is "
+                      "on this machine's loopback, which the other nodes cannot reach: start "
+                      "`prefect server start --host 0.0.0.0` on a node they all reach and "
+                      "export PREFECT_API_URL=http://THAT_HOST:4200/api before `ub train`")
+
+
 def start_workers(run: Any) -> list[Any]:
     """Create (or find, after a restart of the flow) the run's workers; returns their handles,
     which the caller keeps while the run goes on. Waits until every worker is up."""
@@ -104,7 +140,7 @@ def start_workers(run: Any) -> list[Any]:
     cluster = run.config.cluster
     worker_class = ray.remote(RoundWorker)
     roles = [("rollout", i, cluster.rollout) for i in range(cluster.rollout_workers)]
-    roles.append(("learner", 0, cluster.learner))
+    roles += [("learner", i, cluster.learner) for i in range(cluster.learner_workers)]
     check_fits(roles, ray.cluster_resources())
     handles = []
     for role, index, resources in roles:
@@ -116,6 +152,12 @@ def start_workers(run: Any) -> list[Any]:
                                       strict=True):
         log.info("ray worker %s-%d: pid %s on %s, cores %s, gpus %s", role, index, info["pid"],
                  info["node"], info["cores"], info["gpus"])
+    learners = handles[cluster.rollout_workers:]
+    if len(learners) > 1:  # rank 0's node hosts the group's rendezvous
+        address = ray.get(learners[0].rendezvous.remote())
+        ray.get([h.join_learners.remote(rank, len(learners), address)
+                 for rank, h in enumerate(learners)])
+        log.info("learners: %d data-parallel ranks, rendezvous %s", len(learners), address)
     return handles
 
 
@@ -124,11 +166,12 @@ def check_fits(roles: list[tuple[str, int, Any]], available: dict[str, float]) -
     for key, field in (("CPU", "num_cpus"), ("GPU", "num_gpus")):
         wanted = sum(getattr(resources, field) for _, _, resources in roles)
         if wanted > available.get(key, 0.0) + 1e-9:
+            learners = sum(1 for role, _, _ in roles if role == "learner")
             raise UbError(
-                f"the run's Ray workers need {wanted:g} {key}s ({len(roles) - 1} rollout "
-                f"workers and the learner, cluster.rollout/learner.{field}), the cluster has "
-                f"{available.get(key, 0.0):g}: lower cluster.rollout_workers or the "
-                f"{field} settings, or add nodes")
+                f"the run's Ray workers need {wanted:g} {key}s ({len(roles) - learners} rollout "
+                f"and {learners} learner workers, cluster.rollout/learner.{field}), the "
+                f"cluster has {available.get(key, 0.0):g}: lower cluster.rollout_workers, "
+                f"cluster.learner_workers or the {field} settings, or add nodes")
 
 
 class RoundWorker:
@@ -164,6 +207,21 @@ class RoundWorker:
 
     def call(self, step: Callable[..., T], *args: Any) -> T:
         return step(*args)
+
+    def rendezvous(self) -> str:
+        """``HOST:PORT`` for the learners' process group, on this (rank 0's) node."""
+        import ray
+
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            port = probe.getsockname()[1]
+        return f"{ray.util.get_node_ip_address()}:{port}"
+
+    def join_learners(self, rank: int, world: int, address: str) -> None:
+        from ub.learner.distributed import join
+
+        join(rank, world, address)
+        log.info("learner rank %d of %d joined the process group at %s", rank, world, address)
 
 
 _CLAIMED: list[Any] = []  # open lock files: a claim lasts as long as the process

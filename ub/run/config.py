@@ -145,13 +145,18 @@ class WorkerResources(_Section):
 class ClusterSection(_Section):
     """Where the round's work runs. ``address: null`` (the default): in the ``ub train``
     process. A Ray address: rollout and eval shards on ``rollout_workers`` Ray actors (one
-    vLLM engine each, kept across rounds), the learner on one more (see docs/scaling.md)."""
+    vLLM engine each, kept across rounds), the learner on ``learner_workers`` more (see
+    docs/scaling.md)."""
 
     address: str | None = None
     """``auto`` (the cluster this machine belongs to), ``HOST:PORT`` or ``ray://HOST:10001``."""
     rollout_workers: int = Field(2, ge=1)
     """Engine workers: a round's shards are spread over them (set ``rollout.shards`` to a
     multiple)."""
+    learner_workers: int = Field(1, ge=1)
+    """Data-parallel learner ranks, each with the ``learner`` resources (e.g. one GPU): every
+    rank takes a share of the batch's micro-batches and the gradients are summed
+    (:mod:`ub.learner.distributed`). 1: one learner process."""
     rollout: WorkerResources = WorkerResources()
     learner: WorkerResources = WorkerResources()
 

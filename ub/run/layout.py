@@ -13,6 +13,9 @@
       ratings/round-NNNNNN.json       rating snapshot after round N
       rounds/round-NNNNNN.json        round manifest: written last, the round's commit point
       logs/                           one log file per component
+
+A runs root may also be an fsspec URL (``s3://bucket/runs``): the run then works in a local
+copy of this layout and publishes it to the URL as it commits (:mod:`ub.run.store`).
 """
 
 from __future__ import annotations
@@ -78,10 +81,27 @@ class RunPaths:
     """Where everything of one run lives."""
 
     root: Path
+    store: str | None = None
+    """The run's durable copy (an fsspec URL, see :mod:`ub.run.store`) when the runs root is a
+    URL; ``root`` is then this machine's working copy of it."""
 
     @classmethod
     def of(cls, runs_root: str | Path, name: str) -> RunPaths:
+        from ub.run.store import is_url, working_copy
+
+        if is_url(runs_root):
+            url = f"{str(runs_root).rstrip('/')}/{check_run_name(name)}"
+            return cls(working_copy(url), url)
         return cls((Path(runs_root).expanduser() / check_run_name(name)).absolute())
+
+    @property
+    def location(self) -> str:
+        """Where the run's data is for a user: its store URL, or its directory."""
+        return self.store or str(self.root)
+
+    def key(self, path: Path) -> str:
+        """``path`` (inside the run) relative to the run root, as a store key."""
+        return Path(path).relative_to(self.root).as_posix()
 
     @property
     def name(self) -> str:

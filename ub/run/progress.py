@@ -43,7 +43,7 @@ class Progress:
         self.console.print(
             f"[bold]ub train[/bold] run [cyan]{self.run.name}[/cyan] ({what}; "
             f"{c.rounds} rounds of {c.rollout.games_per_round} games on "
-            f"{', '.join(e.env_id for e in c.envs)}) -> {self.run.paths.root}")
+            f"{', '.join(e.env_id for e in c.envs)}) -> {self.run.paths.location}")
 
     def round_done(self, round_: int, m: dict[str, Any]) -> None:
         t = m["timings"]
@@ -74,13 +74,15 @@ class Progress:
                           eval_cell(row), str(row["draws"]), _pct(row["invalid_move_rate"]))
         if curve:
             self.console.print(table)
-        root = self.run.paths.root
+        paths = self.run.paths
+        where = paths.location
+        runs_root = f" --root {where.rsplit('/', 1)[0]}" if paths.store else ""
         self.console.print(
-            f"run data: {root}  (query it: ub sql {root} \"SELECT ...\"; "
-            f"resume or extend: ub train --resume {self.run.name} --rounds N)  "
+            f"run data: {where}  (query it: ub sql {where} \"SELECT ...\"; "
+            f"resume or extend: ub train --resume {self.run.name}{runs_root} --rounds N)  "
             f"[dim]{time.perf_counter() - self.started:.0f} s[/dim]")
-        last = self.run.paths.committed_rounds()
-        return {"run": self.run.name, "root": str(root),
+        last = paths.committed_rounds()
+        return {"run": self.run.name, "root": str(paths.root), "store": paths.store,
                 "rounds": len(last), "evals": [{"update": u, **row} for u, row in curve]}
 
 
@@ -99,7 +101,8 @@ def round_summary_markdown(run: Run, round_: int, m: dict[str, Any]) -> str:
         for row in rows:
             lines.append(f"- eval checkpoint {update} vs {row['opponent']} on {row['env_id']}: "
                          f"win {eval_cell(row)}")
-    lines += ["", f"Data: `{run.paths.root}`; query it with `ub sql {run.paths.root}`."]
+    where = run.paths.location
+    lines += ["", f"Data: `{where}`; query it with `ub sql {where}`."]
     return "\n".join(lines)
 
 

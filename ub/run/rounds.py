@@ -45,6 +45,7 @@ from ub.run.layout import (
     read_json,
     write_json_atomic,
 )
+from ub.run.store import fetch_checkpoint, fetch_missing, publish, publish_checkpoint
 from ub.seeding import derive_seed
 
 CHECKPOINT_PREFIX = "ckpt-"
@@ -355,6 +356,10 @@ def _play_shard(run: Run, root: Path, sid: ShardId, assignments: list, *, sampli
 
     for name in sorted({a.name for g in assignments for a in g.actors if a.kind == "hosted"}):
         check_hosted(name)  # unreachable or keyless: say so before any game starts
+    checkpoints = run.paths.root / "checkpoints"
+    for adapter in sorted({a.adapter for g in assignments for a in g.actors if a.adapter}):
+        if Path(adapter).parent == checkpoints:
+            fetch_checkpoint(run.paths, Path(adapter))  # a worker without the run's files
     needs_engine = any(a.kind == "model" for g in assignments for a in g.actors)
     engine = get_run_engine(run) if needs_engine else None
     logger.info("%s shard %s/%s: playing %d games", kind, sid.round, sid.shard, len(assignments))
@@ -372,7 +377,7 @@ def _play_shard(run: Run, root: Path, sid: ShardId, assignments: list, *, sampli
     extra = {"kind": kind, "model": run.base_model, "decisions": st.decisions,
              "model_decisions": st.model_decisions, "generated_tokens": st.generated_tokens,
              "seconds": st.seconds, "invalid_moves": invalid, "outcomes": st.outcomes}
-    write_shard(root, sid, run.name, rollout.steps, rollout.games, extra)
+    publish(run.paths, *write_shard(root, sid, run.name, rollout.steps, rollout.games, extra))
     logger.info("%s shard %s/%s committed: %d games (%s), %d model decisions, %d invalid, "
                 "%d tokens in %.1f s -> %s", kind, sid.round, sid.shard, st.games, st.outcomes,
                 st.model_decisions, invalid, st.generated_tokens, st.seconds, games_path)
@@ -399,7 +404,9 @@ def initial_checkpoint(run: Run) -> str:
     from ub.learner import write_initial_checkpoint
 
     path = run.paths.checkpoint(0)
+    fetch_checkpoint(run.paths, path)  # a resume elsewhere: the run's own start, not a new one
     write_initial_checkpoint(run.config.learner_config(run.base_model), path)
+    publish_checkpoint(run.paths, path)
     return str(path)
 
 
@@ -412,21 +419,33 @@ def learn_round(run: Run, round_: int) -> dict[str, Any]:
     """
     from ub.batch import assemble_batch
     from ub.learner import learn_on_batch
+    from ub.learner.distributed import rank_and_world
 
     config = run.config
-    previous = run.paths.final_rewards_state(round_ - 1)
+    writer = rank_and_world()[0] == 0  # data-parallel ranks: rank 0 writes for all
+    paths = run.paths
+    # A learner on a machine without the run's files takes them from the run's store.
+    fetch_missing(paths, paths.data / "steps" / f"round={round_:06d}")
+    fetch_missing(paths, paths.data / "games" / f"round={round_:06d}")
+    fetch_missing(paths, paths.root / "state")
+    fetch_checkpoint(paths, paths.checkpoint(round_))
+    fetch_checkpoint(paths, paths.checkpoint(round_ + 1))  # made before a crash: reused
+    previous = paths.final_rewards_state(round_ - 1)
     state = read_json(previous) if round_ > 0 else None
     batch_config = config.batch_config(
         first_round=round_, last_round=round_,
         checkpoints=[checkpoint_name(behaviour_update(config, round_))],
         seed=derive_seed(config.seed, round_, "batch"))
     started = time.perf_counter()
-    batch = assemble_batch(run.paths.data, batch_config, state)
+    batch = assemble_batch(paths.data, batch_config, state)
     assemble_seconds = time.perf_counter() - started
-    write_json_atomic(run.paths.final_rewards_state(round_), batch.final_state)
+    if writer:
+        publish(paths, write_json_atomic(paths.final_rewards_state(round_), batch.final_state))
     fault_point("learn.after-state")
     metrics = learn_on_batch(batch, config.learner_config(run.base_model),
-                             run.paths.checkpoint(round_), run.paths.checkpoint(round_ + 1))
+                             paths.checkpoint(round_), paths.checkpoint(round_ + 1))
+    if writer:
+        publish_checkpoint(paths, paths.checkpoint(round_ + 1))
     metrics["assemble_seconds"] = assemble_seconds
     log_learner.info(
         "round %d: %s -> %s%s: batch %s rows / %s tokens (%s truncated), loss %.5f, grad norm "
@@ -500,9 +519,12 @@ def rate_round(run: Run, round_: int, evaluated: list[int]) -> list[dict[str, An
     """Ratings after round ``round_``: the previous snapshot, the new checkpoint (inheriting its
     parent's rating), then the round's training games and the eval games of the checkpoints
     ``evaluated`` in the round, in game order. Returns the leaderboard."""
+    fetch_missing(run.paths, run.paths.data / "games" / f"round={round_:06d}")
+    for update in evaluated:
+        fetch_missing(run.paths, run.paths.eval_data / "games" / f"round={update:06d}")
     table = _apply_round(run, load_ratings(run, round_ - 1), round_, evaluated)
     fault_point("rate.before-snapshot")
-    write_json_atomic(run.paths.ratings(round_), table.snapshot())
+    publish(run.paths, write_json_atomic(run.paths.ratings(round_), table.snapshot()))
     top = table.leaderboard()[:3]
     log_pool.info("ratings after round %d: %s", round_, ", ".join(
         f"{m['name']} {m['mu']:.2f}±{m['sigma']:.2f}" for m in top))
@@ -531,7 +553,9 @@ def rebuild_ratings(run: Run, through_round: int) -> Any:
 def commit_round(run: Run, round_: int, manifest: dict[str, Any]) -> Path:
     """Write round ``round_``'s manifest: from now on the round is done."""
     fault_point("round.before-commit")
-    return write_json_atomic(run.paths.manifest(round_), {"round": round_, **manifest})
+    path = write_json_atomic(run.paths.manifest(round_), {"round": round_, **manifest})
+    publish(run.paths, path)  # last: in the store too, the manifest commits the round
+    return path
 
 
 def read_manifest(run: Run, round_: int) -> dict[str, Any]:

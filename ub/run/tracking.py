@@ -31,6 +31,7 @@ import pyarrow as pa
 
 from ub.data.atomic import write_atomic
 from ub.run.rounds import Run
+from ub.run.store import fetch_missing, publish
 from ub.run.views import METRICS_SCHEMA
 
 
@@ -45,6 +46,7 @@ def _collection(run: Run, round_: int) -> dict[str, float]:
 
     folder = f"round={round_:06d}"
     steps = run.paths.data / "steps" / folder
+    fetch_missing(run.paths, steps)  # a driver without the workers' files
     games = run.paths.data / "games" / folder
     if not steps.is_dir() or not games.is_dir():
         return {}
@@ -126,8 +128,10 @@ def write_metrics(run: Run, round_: int, metrics: dict[str, float]) -> Path:
     names = sorted(metrics)
     table = pa.table({"round": [round_] * len(names), "metric": names,
                       "value": [metrics[n] for n in names]}, schema=METRICS_SCHEMA)
-    return write_atomic(metrics_path(run, round_),
+    path = write_atomic(metrics_path(run, round_),
                         lambda handle: pq.write_table(table, handle, compression="zstd"))
+    publish(run.paths, path)
+    return path
 
 
 # --------------------------------------------------------------------------------------------

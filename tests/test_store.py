@@ -1,0 +1,183 @@
+"""A run's durable copy at an fsspec URL: publish order, what a store reader trusts, fetching
+checkpoints with verification, catching a working copy up, clear errors. The store is a real
+``file://`` fsspec filesystem, through the code path every fsspec store takes."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ub.actors.spec import parse_actor
+from ub.data.shards import ShardId, shard_path, write_parquet_atomic, write_shard
+from ub.data.sql import connect_tables, query, run_sql
+from ub.errors import UbError
+from ub.games.specs import GameSpec
+from ub.learner.checkpoint import (
+    ADAPTER_CONFIG,
+    ADAPTER_WEIGHTS,
+    MANIFEST,
+    OPTIMIZER_STATE,
+    CheckpointState,
+    write_checkpoint,
+)
+from ub.model.lora import LoraSettings
+from ub.rollout import assign_games, play_games
+from ub.run.layout import RunPaths, write_json_atomic
+from ub.run.store import (
+    RunStore,
+    fetch_checkpoint,
+    fetch_missing,
+    is_url,
+    publish,
+    publish_checkpoint,
+    sync,
+    working_copy,
+)
+
+
+@pytest.fixture(scope="module")
+def rollout():
+    spec = GameSpec("TicTacToe-v0-train")
+    actors = [parse_actor("random"), parse_actor("random")]
+    return play_games(assign_games(spec, actors, 10, base_seed=5), run="run", base_seed=5)
+
+
+@pytest.fixture()
+def paths(tmp_path, monkeypatch) -> RunPaths:
+    """Run ``run`` under the store ``file://TMP/store``, its working copy under TMP/work."""
+    monkeypatch.setenv("UB_WORK_DIR", str(tmp_path / "work"))
+    return RunPaths.of(f"file://{tmp_path}/store", "run")
+
+
+def checkpoint(folder: Path, update: int) -> Path:
+    def adapter(into: Path) -> None:
+        (into / ADAPTER_WEIGHTS).write_bytes(bytes(range(256)) * (update + 1))
+        (into / ADAPTER_CONFIG).write_text(json.dumps({"r": 8}))
+
+    state = CheckpointState(update, {"path": "tiny", "fingerprint": "x"}, LoraSettings(8, 16),
+                            metrics={"update": update})
+    return write_checkpoint(folder, state, adapter)
+
+
+def test_a_url_root_keeps_a_working_copy_per_store_path(tmp_path, monkeypatch):
+    assert is_url("s3://bucket/runs") and is_url("file:///data/runs")
+    assert not is_url("runs") and not is_url("/data/runs") and not is_url(Path("s3:/x"))
+    monkeypatch.setenv("UB_WORK_DIR", str(tmp_path))
+    assert working_copy("s3://bucket/runs/demo") == tmp_path / "s3" / "bucket" / "runs" / "demo"
+    paths = RunPaths.of("s3://bucket/runs/", "demo")
+    assert (paths.store, paths.root, paths.name) == (
+        "s3://bucket/runs/demo", tmp_path / "s3" / "bucket" / "runs" / "demo", "demo")
+    assert paths.location == "s3://bucket/runs/demo"
+    local = RunPaths.of(tmp_path / "runs", "demo")
+    assert local.store is None and local.location == str(tmp_path / "runs" / "demo")
+
+
+def test_files_are_published_in_the_order_that_commits_them(paths, rollout, monkeypatch):
+    steps, games = write_shard(paths.data, ShardId(0, 0), "run", rollout.steps, rollout.games)
+    ckpt = checkpoint(paths.checkpoint(1), 1)
+    state = write_json_atomic(paths.final_rewards_state(0), {"x": 1})
+    ratings = write_json_atomic(paths.ratings(0), {"members": []})
+    manifest = write_json_atomic(paths.manifest(0), {"round": 0})
+    order: list[str] = []
+    real_put = RunStore._put_file
+    monkeypatch.setattr(RunStore, "_put_file",
+                        lambda self, local, key: (order.append(key), real_put(self, local, key)))
+
+    # Given all at once (as a resume publishes what the last process did not), in any order:
+    publish(paths, manifest, games, ratings, *sorted(ckpt.iterdir()), state, steps)
+    assert order.index("steps/round=000000/shard-0000.parquet") < order.index(
+        "games/round=000000/shard-0000.parquet")
+    ckpt_files = [k for k in order if k.startswith("checkpoints/")]
+    assert ckpt_files[-1] == f"checkpoints/ckpt-000001/{MANIFEST}" and len(ckpt_files) >= 5
+    assert order[-1] == "rounds/round-000000.json"
+    assert set(RunStore(paths.store).files()) == set(order)
+    assert not list(Path(paths.store[len("file://"):]).rglob(".*"))  # no temporary names left
+
+
+def test_a_store_reader_trusts_what_a_local_reader_trusts(paths, rollout):
+    write_shard(paths.data, ShardId(0, 0), "run", rollout.steps, rollout.games)
+    write_shard(paths.eval_data, ShardId(0, 0), "run", rollout.steps, rollout.games)
+    half = write_parquet_atomic(rollout.steps, shard_path(paths.data, "steps", ShardId(0, 1)))
+    store = RunStore(paths.store)
+    store.publish_missing(paths.root)
+    # An unfinished put (a hidden temporary name) is not a file of the store.
+    hidden = Path(store.path("games/round=000000/.shard-0001.parquet.tmp-1-deadbeef"))
+    hidden.write_bytes(b"partial")
+    assert "games/round=000000/.shard-0001.parquet.tmp-1-deadbeef" not in store.files()
+    assert f"steps/round=000000/{half.name}" in store.files()
+
+    sql = "SELECT count(*) AS n, count(DISTINCT game_id) AS games FROM steps"
+    in_place = connect_tables({"steps": store.shard_dataset("steps"),
+                               "eval_games": store.shard_dataset("games", "eval")})
+    # Shard 1 has steps but no games file: not committed, in the store as on disk.
+    assert run_sql(in_place, sql).to_pylist() == query(paths.data, sql).to_pylist() == [
+        {"n": rollout.steps.num_rows, "games": 10}]
+    assert run_sql(in_place, "SELECT count(*) AS n FROM eval_games").to_pylist() == [{"n": 10}]
+
+
+def test_a_checkpoint_is_fetched_whole_and_verified(paths, tmp_path):
+    ckpt = checkpoint(paths.checkpoint(0), 0)
+    publish_checkpoint(paths, ckpt)
+    elsewhere = RunPaths(tmp_path / "other", paths.store)
+    fetch_checkpoint(elsewhere, elsewhere.checkpoint(0))
+    for file in ckpt.iterdir():
+        assert (elsewhere.checkpoint(0) / file.name).read_bytes() == file.read_bytes()
+    # Not published (or published without its manifest yet): not fetched, nothing made.
+    checkpoint(paths.checkpoint(1), 1)
+    store = RunStore(paths.store)
+    store.put(paths.root, [f"checkpoints/ckpt-000001/{ADAPTER_WEIGHTS}"])
+    fetch_checkpoint(elsewhere, elsewhere.checkpoint(1))
+    assert not elsewhere.checkpoint(1).exists()
+    # A damaged object is refused by name; nothing is left on the fetching machine.
+    store.put(paths.root, [p.relative_to(paths.root).as_posix()
+                           for p in sorted(paths.checkpoint(1).iterdir())])
+    damaged = Path(store.path(f"checkpoints/ckpt-000001/{OPTIMIZER_STATE}"))
+    damaged.write_bytes(damaged.read_bytes()[:-1] + b"\0")
+    with pytest.raises(UbError, match=rf"ckpt-000001 in the run store is damaged .*"
+                                      rf"{OPTIMIZER_STATE} does not match"):
+        fetch_checkpoint(elsewhere, elsewhere.checkpoint(1))
+    assert sorted(p.name for p in elsewhere.checkpoint(0).parent.iterdir()) == ["ckpt-000000"]
+
+
+def test_sync_catches_a_new_machine_up_and_publishes_what_only_it_has(paths, rollout,
+                                                                      tmp_path):
+    write_shard(paths.data, ShardId(0, 0), "run", rollout.steps, rollout.games)
+    checkpoint(paths.checkpoint(0), 0)
+    checkpoint(paths.checkpoint(1), 1)
+    write_json_atomic(paths.manifest(0), {"round": 0})
+    paths.config.write_text("seed: 1\n")
+    fetched, published = sync(paths)  # the first machine: publishes everything, in order
+    assert fetched == [] and published[-1] == "rounds/round-000000.json"
+
+    other = RunPaths(tmp_path / "machine-b", paths.store)
+    fetched, published = sync(other)
+    assert published == ["config.yaml"] and "rounds/round-000000.json" in fetched
+    assert other.committed_rounds() == [0]
+    assert other.checkpoint(1).exists()  # the latest, which the next round plays
+    assert not other.checkpoint(0).exists()  # older ones come when something needs them
+    # Round 1 runs on machine B; machine A catches up before its next round.
+    write_json_atomic(other.manifest(1), {"round": 1})
+    sync(other)
+    assert fetch_missing(paths, paths.root / "rounds") == ["rounds/round-000001.json"]
+
+
+def test_two_machines_that_drove_a_run_apart_are_refused(paths, tmp_path):
+    write_json_atomic(paths.manifest(0), {"round": 0, "games": 1})
+    sync(paths)
+    other = RunPaths(tmp_path / "machine-b", paths.store)
+    write_json_atomic(other.manifest(0), {"round": 0, "games": 2})
+    with pytest.raises(UbError, match=r"hold different round 0s: two machines drove this run"):
+        sync(other)
+
+
+def test_unusable_stores_say_what_to_do(tmp_path):
+    with pytest.raises(UbError, match=r"cannot open run store nosuch://x/run: .*install"):
+        RunStore("nosuch://x/run").files()
+    # (a file where the store's folder should be: refused the same way as a permission error)
+    (tmp_path / "blocked").write_text("")
+    write_json_atomic(tmp_path / "state" / "f.json", {})
+    with pytest.raises(UbError, match=r"run store file://.*/blocked/run: cannot publish "
+                                      r"state/f.json: .*credentials.*working copy"):
+        RunStore(f"file://{tmp_path}/blocked/run").put(tmp_path, ["state/f.json"])
