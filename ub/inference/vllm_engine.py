@@ -833,7 +833,6 @@ class VLLMEngine:
         self._closed = True
         with contextlib.suppress(Exception):
             self._engine.engine_core.shutdown()
-        _forget_stale_process_groups()
         self._llm = self._engine = self._renderer = None  # type: ignore[assignment]
         import gc
 
@@ -922,9 +921,10 @@ def _forget_stale_process_groups() -> None:
 
     An in-process engine keeps its ``torch.distributed`` groups in vLLM's module globals and
     its shutdown tears them down. A teardown that fails half-way (its errors are suppressed in
-    :meth:`VLLMEngine.close`) leaves the globals pointing at destroyed groups, and every later
-    engine in the process then fails to start ("Process group ... is not initialized in the
-    world group map"; seen in CI). Healthy groups, such as a live engine's, are left alone.
+    :meth:`VLLMEngine.close`) leaves the globals pointing at destroyed groups, and the next
+    engine in the process would fail to start ("Process group ... is not initialized in the
+    world group map"; seen in CI), so each start checks first. Healthy groups, such as a live
+    engine's, are left alone.
     """
     import torch.distributed as dist
     from vllm.distributed import parallel_state
