@@ -133,8 +133,11 @@ class RunStore:
                 out[key] = int(info.get("size") or 0)
         return out
 
-    def committed_rounds(self) -> list[int]:
-        found = (_ROUND_MANIFEST.match(k) for k in self.files("rounds"))
+    def committed_rounds(self, listing: dict[str, int] | None = None) -> list[int]:
+        """The rounds whose manifest is published (from ``listing``, :meth:`files`, if the
+        caller has it already)."""
+        keys = self.files("rounds") if listing is None else listing
+        found = (_ROUND_MANIFEST.match(k) for k in keys)
         return sorted(int(m.group(1)) for m in found if m)
 
     # ---- publishing ------------------------------------------------------------------------
@@ -160,11 +163,13 @@ class RunStore:
         except OSError as exc:
             raise self._error(f"publish {key}", exc) from None
 
-    def publish_missing(self, local_root: Path) -> list[str]:
+    def publish_missing(self, local_root: Path, listing: dict[str, int] | None = None
+                        ) -> list[str]:
         """Publish every durable file of the working copy the store lacks (or holds at
-        another size), in commit order; the config is always republished. Returns the keys."""
+        another size), in commit order; the config is always republished. ``listing``: the
+        store's :meth:`files`, if the caller has listed them already. Returns the keys."""
         local_root = Path(local_root)
-        published = self.files()
+        published = self.files() if listing is None else listing
         keys = []
         for key, size in local_files(local_root).items():
             if key in ("config.yaml", "ub-run.json") or published.get(key) != size:
@@ -214,13 +219,15 @@ class RunStore:
         except (OSError, ValueError) as exc:
             raise self._error(f"fetch {key}", exc) from None
 
-    def pull(self, local_root: Path, prefix: str = "") -> list[str]:
-        """Fetch the store's durable files under ``prefix`` that the working copy lacks, in
+    def pull(self, local_root: Path, prefix: str = "",
+             listing: dict[str, int] | None = None) -> list[str]:
+        """Fetch the store's durable files under ``prefix`` (or in ``listing``, the store's
+        :meth:`files` if the caller has listed them already) that the working copy lacks, in
         commit order, except checkpoints (:meth:`fetch_checkpoint` fetches one when it is
         needed). What the working copy has is kept. Returns the keys fetched."""
         local_root = Path(local_root)
         fetched = []
-        for key in sorted(self.files(prefix), key=publish_rank):
+        for key in sorted(self.files(prefix) if listing is None else listing, key=publish_rank):
             if (key.split("/")[0] in DURABLE and not key.startswith("checkpoints/")
                     and not (local_root / key).exists()):
                 self._get_file(key, local_root / key)
@@ -312,7 +319,8 @@ def sync(paths: RunPaths) -> tuple[list[str], list[str]]:
     if not paths.store:
         return [], []
     store = RunStore(paths.store)
-    ours, theirs = paths.committed_rounds(), store.committed_rounds()
+    listing = store.files()  # one listing serves the check, the fetch and the publish
+    ours, theirs = paths.committed_rounds(), store.committed_rounds(listing)
     common = min(len(ours), len(theirs))
     if common:
         key = paths.key(paths.manifest(common - 1))
@@ -324,8 +332,9 @@ def sync(paths: RunPaths) -> tuple[list[str], list[str]]:
             raise UbError(f"the working copy {paths.root} and the run store {paths.store} hold "
                           f"different round {common - 1}s: two machines drove this run. Move "
                           "the working copy aside to continue from the store")
-    fetched = store.pull(paths.root)
-    published = store.publish_missing(paths.root)
+    fetched = store.pull(paths.root, listing=listing)
+    # (what was just fetched came from the listing, so it is not published back)
+    published = store.publish_missing(paths.root, listing)
     # The latest checkpoint, which the next round plays and `ub eval` defaults to.
     fetch_checkpoint(paths, paths.checkpoint(len(paths.committed_rounds())))
     return fetched, published
