@@ -233,7 +233,7 @@ def scenario(root: Path, rounds: int, window: int | None, args: argparse.Namespa
         state = final_stage(root, before, None)[2][first - 1]
     out = {
         "window_rounds": [first, last],
-        "window_shards": len([1 for f in (root / "steps").glob("round=*/shard-*.parquet")
+        "window_shards": len([1 for f in (root / "steps").glob("round*/shard-*.parquet")
                               if first <= int(f.parent.name[6:]) <= last]),
         "final_state_restored": state is not None,
     }

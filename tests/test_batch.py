@@ -136,6 +136,54 @@ def test_batch_equals_python_reference(root, name):
         assert {r["round"] for r in reference} == {2}
 
 
+@pytest.fixture(scope="module")
+def sloppy_root(tmp_path_factory):
+    """Real games whose model decisions are marked invalid at random (a third of them), in won,
+    drawn and lost games alike, as a model that retried its way to a win would leave them."""
+    path = tmp_path_factory.mktemp("sloppy")
+    rng = np.random.default_rng(11)
+    for round_ in range(2):
+        write_round(path, round_)
+        for shard in range(len(ENVS)):
+            file = shard_path(path, "steps", ShardId(round_, shard))
+            steps = pq.read_table(file)
+            flip = (rng.random(steps.num_rows) < 0.33) & (
+                steps["actor_kind"].to_numpy(zero_copy_only=False) == "model")
+            steps = steps.set_column(steps.schema.get_field_index("invalid_move"), "invalid_move",
+                                     pa.array(flip))
+            write_parquet_atomic(steps, file)
+    return path
+
+
+@pytest.mark.parametrize("step", [
+    [{"name": "invalid_move_penalty", "penalty": -1.0}],
+    [{"name": "format_reward", "bonus": 0.5}, {"name": "invalid_move_penalty", "penalty": 0.0}],
+])
+@pytest.mark.parametrize("sampling", [["normalize_per_env"], ["normalize"], []])
+def test_an_invalid_move_never_scores_above_a_valid_move_of_its_game(sloppy_root, step,
+                                                                     sampling):
+    config = BatchConfig(batch_size=100_000, seed=1, step=step, sampling=sampling,
+                         final=["win_draw_loss", {"name": "role_advantage", "ema": 0.9}])
+    rows = assemble_batch(sloppy_root, config).rows.to_pylist()
+    by_game: dict[str, list[dict]] = {}
+    for row in rows:
+        by_game.setdefault(row["game_id"], []).append(row)
+    compared = 0
+    for game_rows in by_game.values():
+        invalid = [r["advantage"] for r in game_rows if r["invalid_move"]]
+        valid = [r["advantage"] for r in game_rows if not r["invalid_move"]]
+        if invalid and valid:
+            assert max(invalid) <= min(valid) + 1e-12
+            compared += 1
+    assert compared > 10
+    assert any(r["invalid_move"] and r["final_reward"] > 0 for r in rows)  # won games covered
+
+
+def test_invalid_move_penalty_must_come_last():
+    with pytest.raises(UbError, match="invalid_move_penalty last"):
+        BatchConfig(step=["invalid_move_penalty", "format_reward"]).validate()
+
+
 def test_batch_is_a_pure_function_of_seed_and_data(root):
     a = assemble_batch(root, BatchConfig(batch_size=30, seed=5))
     b = assemble_batch(root, BatchConfig(batch_size=30, seed=5))
@@ -190,7 +238,7 @@ def test_sql_is_inspectable(root):
                          step=[{"name": "format_reward", "bonus": 0.5}])
     batch = assemble_batch(root, config)
     assert batch.sql == batch_sql(root, config)
-    assert "round=000001" in batch.sql and "round=000000" not in batch.sql
+    assert "round-000001" in batch.sql and "round-000000" not in batch.sql
     assert "format_ok" in batch.sql and "LIMIT 16" in batch.sql
     text = explain(root, config)
     assert batch.sql in text and "phase 2" in text

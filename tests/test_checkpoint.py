@@ -37,6 +37,8 @@ from ub.learner.checkpoint import (
     METRICS,
     OPTIMIZER_STATE,
     RNG_STATE,
+    read_checkpoint,
+    write_checkpoint,
 )
 from ub.learner.testing import build_random_model, synthetic_batch
 from ub.model.lora import LoraSettings, new_adapter
@@ -422,3 +424,26 @@ def test_prepare_does_not_change_the_callers_batch(fresh: Learner, model_dir: Pa
     finally:
         del ALGORITHMS["doubled_test"]
         fresh.configure(config(model_dir))
+
+
+def test_adapter_config_bytes_do_not_depend_on_set_order(fresh: Learner, tmp_path: Path) -> None:
+    """PEFT keeps target_modules as a set and writes it in hash order, which changes from
+    process to process: the checkpoint writes one canonical form, so identical adapters (a run
+    and its resumed twin) have identical bytes."""
+    ckpt = fresh.save(tmp_path / "update-0", {})
+    state = read_checkpoint(ckpt)
+    adapter_config = json.loads((ckpt / ADAPTER_CONFIG).read_text())
+
+    def writer(modules: list[str]):
+        def write(folder: Path) -> None:
+            shutil.copy(ckpt / ADAPTER_WEIGHTS, folder / ADAPTER_WEIGHTS)
+            (folder / ADAPTER_CONFIG).write_text(
+                json.dumps({**adapter_config, "target_modules": modules}))
+        return write
+
+    modules = sorted(LORA.target_modules)
+    a = write_checkpoint(tmp_path / "a", state, writer(modules))
+    b = write_checkpoint(tmp_path / "b", state, writer(modules[::-1]))
+    assert file_bytes(a, ADAPTER_CONFIG) == file_bytes(b, ADAPTER_CONFIG)
+    assert file_bytes(a, MANIFEST) == file_bytes(b, MANIFEST)
+    assert json.loads(file_bytes(ckpt, ADAPTER_CONFIG))["target_modules"] == modules

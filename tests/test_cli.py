@@ -29,8 +29,8 @@ def test_play_then_sql(capsys, tmp_path, engine):
     assert code == 0, err
     assert "6 games of TicTacToe-v0-train" in out and "tokens/s" in out
     assert files_under(out_dir) == [
-        "games", "games/round=000000", "games/round=000000/shard-0000.parquet",
-        "steps", "steps/round=000000", "steps/round=000000/shard-0000.parquet",
+        "games", "games/round-000000", "games/round-000000/shard-0000.parquet",
+        "steps", "steps/round-000000", "steps/round-000000/shard-0000.parquet",
     ]
     code, out, _ = run(capsys, "sql", str(out_dir), "SELECT count(*) AS n FROM games",
                        "--format", "csv")
@@ -56,6 +56,51 @@ def rank32_adapter(tiny_model, tmp_path_factory):
 
     return new_adapter(tiny_model, tmp_path_factory.mktemp("r32") / "rank32",
                        LoraSettings(rank=32, alpha=32))
+
+
+@pytest.fixture(scope="module")
+def bad(tiny_adapters, tmp_path_factory) -> Path:
+    """Damaged and foreign files the sweep feeds to commands (``{bad}``): configs that are not
+    UTF-8 or repeat a key, adapters that are pickled or truncated, a Parquet file of another
+    schema in a shard's place, and runs (``{bad}/runs``) with a truncated checkpoint adapter,
+    a truncated round manifest and a config that is not UTF-8."""
+    import shutil
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from ub.run.config import load_config
+    from ub.run.layout import RunPaths
+    from ub.run.rounds import open_run
+
+    root = tmp_path_factory.mktemp("bad")
+    (root / "latin1.yaml").write_bytes(b"seed: 1  # caf\xe9\n")
+    (root / "twice.yaml").write_text("seed: 1\nrounds: 2\nseed: 2\n"
+                                     "envs: [{env_id: TicTacToe-v0-train}]\n")
+    pickled = root / "pickled"
+    pickled.mkdir()
+    shutil.copy(Path(tiny_adapters[0]) / "adapter_config.json", pickled)
+    (pickled / "adapter_model.bin").write_bytes(b"\x80\x04K\x01.")  # pickle of 1
+    truncated = root / "truncated"
+    shutil.copytree(tiny_adapters[0], truncated)
+    weights = truncated / "adapter_model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    for table in ("steps", "games"):
+        shard = root / "foreign" / table / "round-000000" / "shard-0000.parquet"
+        shard.parent.mkdir(parents=True)
+        pq.write_table(pa.table({"x": [1, 2]}), shard)
+    runs = root / "runs"
+    exp = RunPaths.of(runs, "exp")
+    open_run(exp, load_config("tiny-cpu"))
+    shutil.copytree(truncated, exp.checkpoint(0))
+    broken = RunPaths.of(runs, "broken")
+    open_run(broken, load_config("tiny-cpu"))
+    broken.manifest(0).parent.mkdir()
+    broken.manifest(0).write_text('{"round": 0, "sha')
+    latin = RunPaths.of(runs, "latin")
+    open_run(latin, load_config("tiny-cpu"))
+    latin.config.write_bytes(latin.config.read_bytes() + b"# \xff\n")
+    return root
 
 
 BAD_INPUTS = [
@@ -120,6 +165,46 @@ BAD_INPUTS = [
     (["doctor", "ghost", "--root", "{out}"], "no run 'ghost'"),
     (["doctor", "{out}"], "is not a ub run"),
     (["doctor", "../x"], "invalid run name"),
+    # Issue 18: tracebacks before, accepted before, unbounded, or output left behind. Every
+    # `ub play` here writes to a folder that does not exist yet: a refusal must not create it.
+    (["train", "{bad}/latin1.yaml", "--root", "{out}"], "is not UTF-8 text"),
+    (["train", "--resume", "latin", "--root", "{bad}/runs"], "is not UTF-8 text"),
+    (["train", "{bad}/twice.yaml", "--root", "{out}"], "'seed' is given twice"),
+    (["batch", "{out}", "--config", "{bad}/twice.yaml"], "'seed' is given twice"),
+    (["play", "--env", "TicTacToe-v0", "--players", "model:{bad}/pickled,random",
+      "--out", "{out}/new"], "adapter_model.bin: pickle files are not loaded"),
+    (["play", "--env", "TicTacToe-v0", "--players", "model:{bad}/truncated,random",
+      "--out", "{out}/new"], "cannot read adapter_model.safetensors"),
+    (["eval", "exp", "--root", "{bad}/runs", "--checkpoint", "0"],
+     "cannot read adapter_model.safetensors"),
+    (["play", "--env", "TicTacToe-v0", "--temperature", "nan", "--out", "{out}/new"],
+     "expected a finite number"),
+    (["eval", "exp", "--root", "{bad}/runs", "--checkpoint", "0", "--envs",
+      "TicTacToe-v0-trian"],
+     "did you mean: TicTacToe-v0-train"),
+    (["eval", "exp", "--root", "{bad}/runs", "--games", "1000000000"], "at most 100000 games"),
+    (["train", "--run", "name\n", "--root", "{out}"], "invalid run name"),
+    (["play", "--env", "TicTacToe-v0", "--round", "-1", "--out", "{out}/new"], "must be >= 0"),
+    (["dashboard", "ghost", "--refresh", "nan"], "expected a finite number"),
+    (["sql", "{bad}/foreign", "SELECT * FROM games"], "has no ub schema version"),
+    (["sql", "{out}", ""], "holds no SQL statement"),
+    (["sql", "{out}", "-- only a comment"], "holds no SQL statement"),
+    (["play", "--env", "TicTacToe-v0", "--games", "1000000000", "--out", "{out}/new"],
+     "at most 100000 games"),
+    (["play", "--env", "TicTacToe-v0-trian", "--out", "{out}/new"], "did you mean"),
+    (["play", "--env", "TicTacToe-v0", "--players", "random,random,random", "--out",
+      "{out}/new"], "failed to start with 3 player(s)"),
+    (["play", "--env", "TicTacToe-v0", "--model", "{file}", "--out", "{out}/new"],
+     "is not a directory"),
+    (["play", "--env", "TicTacToe-v0", "--max-model-len", "1000000000", "--out", "{out}/new"],
+     "exceeds the model's context"),
+    (["train", "--root", "{out}", "--ray", "127.0.0.1:1"], "cannot reach the Ray cluster"),
+    (["train", "--root", "ftp://127.0.0.1:1/runs"], "is unreachable"),
+    (["train", "--root", "nosuch://bucket/runs"], "Protocol not known"),
+    (["eval", "exp", "--root", "ftp://127.0.0.1:1/runs"], "is unreachable"),
+    (["train", "--root", "{out}", "--set", "eval.opponents=[hosted:m@http://127.0.0.1:1/v1]"],
+     "is unreachable"),
+    (["train", "--resume", "broken", "--root", "{bad}/runs"], "round-000000.json is corrupt"),
 ]
 
 # Every section of a training config with a wrong value: the error names the field.
@@ -141,6 +226,14 @@ CONFIG_FIELD_CASES = [
     ("eval.opponents=[nobody]", "nobody"), ("pipeline.max_staleness=4", "max_staleness"),
     ("tracking.wandb=sometimes", "tracking.wandb"), ("tracking.bogus=1", "bogus"),
     ("bogus_section=1", "bogus_section"),
+    ("envs=[{{env_id: TicTacToe-v0-train, weight: .inf}}]", "envs.0.weight: Input should be "
+     "a finite number"),
+    ("engine.kv_cache_gib=.inf", "kv_cache_gib: Input should be a finite number"),
+    ("sampling.max_tokens=1000000000", "must be below engine.max_model_len 2048"),
+    ("rollout.games_per_round=true", "games_per_round: Input should be a valid integer"),
+    ("rollout.games_per_round=1000000000", "less than or equal to 100000"),
+    ("rollout.games_per_round=64.0", "games_per_round: Input should be a valid integer"),
+    ("eval.games=1000000000", "less than or equal to 100000"),
 ]
 BAD_INPUTS += [(["train", "--root", "{out}", "--set", setting], field)
                for setting, field in CONFIG_FIELD_CASES]
@@ -148,15 +241,16 @@ BAD_INPUTS += [(["train", "--root", "{out}", "--set", setting], field)
 
 @pytest.mark.parametrize(("argv", "message"), BAD_INPUTS, ids=lambda v: str(v)[:60])
 def test_bad_input_is_one_clear_line_and_changes_nothing(
-    argv, message, capsys, tmp_path, rank32_adapter, engine, ledger
+    argv, message, capsys, tmp_path, rank32_adapter, bad, engine, ledger, monkeypatch
 ):
     out_dir = tmp_path / "out"
     out_dir.mkdir()
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    argv = [a.format(out=out_dir, tmp=tmp_path, file=blocker, rank32=rank32_adapter)
+    monkeypatch.setenv("UB_WORK_DIR", str(tmp_path / "work"))  # runs in stores: copies here
+    argv = [a.format(out=out_dir, tmp=tmp_path, file=blocker, rank32=rank32_adapter, bad=bad)
             for a in argv]
-    before = files_under(tmp_path)
+    before = files_under(tmp_path), files_under(bad)
     ledger["bad inputs tried"] += 1
     code, _, err = run(capsys, *argv)
     assert code == 2
@@ -164,7 +258,7 @@ def test_bad_input_is_one_clear_line_and_changes_nothing(
     assert len(lines) == 1 and lines[0].startswith("ub: error:"), err
     assert message in lines[0]
     assert "Traceback" not in err
-    assert files_under(tmp_path) == before
+    assert (files_under(tmp_path), files_under(bad)) == before
     assert not any(name.startswith(".") for name in os.listdir(out_dir))
     ledger["bad inputs clear"] += 1
 

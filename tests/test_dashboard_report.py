@@ -19,7 +19,8 @@ from ub.run.layout import RunPaths
 CONFIG = {
     "seed": 3, "rounds": 2, "model": {"base": "tiny"},
     "sampling": {"temperature": 1.0, "max_tokens": 12},
-    "envs": [{"env_id": "TicTacToe-v0-train"}],
+    # Two envs with different decisions per game: a per-env mean differs from a per-decision one.
+    "envs": [{"env_id": "TicTacToe-v0-train"}, {"env_id": "Nim-v0-train"}],
     "rollout": {"games_per_round": 8},
     "batch": {"batch_size": 32},
     "learner": {"learning_rate": 1e-3, "lora": {"rank": 8, "alpha": 16}},
@@ -52,9 +53,27 @@ def test_dashboard_state_is_the_runs_data(run_dir):
     assert [m["mu"] - 3 * m["sigma"] for m in state.ladder] == sorted(
         (m["mu"] - 3 * m["sigma"] for m in state.ladder), reverse=True)
     series = {s.label: s.values for s in state.series}
-    direct = query(run_dir, "SELECT round, avg(invalid_move::INT) AS r FROM steps WHERE "
-                            "actor_kind = 'model' GROUP BY round ORDER BY round").to_pylist()
-    assert series["invalid-move rate"] == pytest.approx([row["r"] for row in direct])
+    # Every rate weighs each decision once, like the progress line and SQL over the decisions.
+    direct = query(run_dir, "SELECT round, avg(invalid_move::INT) AS invalid, "
+                            "avg(format_ok::INT) AS format, avg(num_completion_tokens) AS tokens "
+                            "FROM steps WHERE actor_kind = 'model' GROUP BY round ORDER BY round"
+                   ).to_pylist()
+    assert series["invalid-move rate"] == pytest.approx([row["invalid"] for row in direct])
+    assert series["format success"] == pytest.approx([row["format"] for row in direct])
+    assert series["response tokens"] == pytest.approx([row["tokens"] for row in direct])
+    # Mirror games (a checkpoint against itself) count from each seat's point of view.
+    mirror = query(run_dir, """
+        SELECT actors[1] AS name, sum((r = 'win')::INT) AS w, sum((r = 'draw')::INT) AS d,
+               sum((r = 'loss')::INT) AS l
+        FROM (SELECT actors, unnest(results) AS r FROM games
+              WHERE actors[1] = actors[2] AND outcome <> 'error') GROUP BY name""").to_pylist()
+    assert mirror, "the run has self-play games"
+    ladder = {m["name"]: m for m in state.ladder}
+    for row in mirror:
+        assert state.matches[row["name"]][row["name"]] == [row["w"], row["d"], row["l"]]
+        member = ladder[row["name"]]
+        assert member["wins"] + member["draws"] + member["losses"] >= row["w"] + row["d"] + row["l"]
+        assert member["wins"] >= row["w"] and member["losses"] >= row["l"]
     wins = series["win vs random (TicTacToe-v0-train)"]
     assert len(wins) == 2 and all(w is not None for w in wins)
     assert state.throughput["games/s"] > 0
@@ -109,13 +128,51 @@ def test_report_writes_real_plots_and_one_page(run_dir, tmp_path, capsys):
     assert capsys.readouterr().out.strip() == str(out / "report.html")
     pngs = sorted(out.glob("*.png"))
     assert {p.stem for p in pngs} >= {"learning_curve", "ratings", "match_matrix",
-                                      "move_quality", "learner", "throughput"}
+                                      "move_quality", "response_length", "learner", "throughput"}
     for png in pngs:
         image = matplotlib.image.imread(png)
-        assert image.shape[:2] == (450, 800)
+        assert image.shape[:2] == ((700, 800) if png.stem == "match_matrix" else (450, 800))
         assert image.std() > 0.01, f"{png.name} is blank"
     page = (out / "report.html").read_text()
     assert page.count('src="data:image/png;base64,') == len(pngs)
+    # The numbers are on the page: the learning curve with its intervals, and the settings.
+    from ub.run.views import RunViews
+
+    for row in RunViews(run_dir).evals().to_pylist():
+        assert (f"<td>{100 * row['win_rate']:.1f}% [{100 * row['win_low']:.1f}%, "
+                f"{100 * row['win_high']:.1f}%]</td>") in page
+    assert "<code>rollout.games_per_round</code></td><td>8</td>" in page
+    assert "<code>envs[1].env_id</code></td><td>Nim-v0-train</td>" in page
+
+
+def test_report_plots_put_each_quantity_on_its_own_labelled_axis(run_dir, tmp_path):
+    """Loss, gradient norm and clip fraction get a panel each; truncation counts are not drawn
+    on the token axis; the match matrix colours scores (0..1), not game counts."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ub.report import SIZE, _learner, _match_matrix, _response_length
+    from ub.run.views import RunViews
+
+    views = RunViews(run_dir)
+    t = {name: table.to_pylist() for name, table in views.tables().items()}
+    fig = plt.figure(figsize=SIZE)
+    assert _learner(t, fig)
+    assert [ax.get_ylabel() for ax in fig.axes] == ["loss", "gradient norm", "clip fraction"]
+    fig = plt.figure(figsize=SIZE)
+    assert _response_length(t, fig)
+    labels = [ax.get_ylabel() for ax in fig.axes]
+    assert labels == ["completion tokens per decision", "truncated sequences in the batch (count)"]
+    fig = plt.figure(figsize=SIZE)
+    matches = {"ckpt-000001": {"random": [3, 1, 0]}, "random": {"ckpt-000001": [0, 1, 3]}}
+    assert _match_matrix(matches, fig)
+    image = fig.axes[0].images[0]
+    assert image.get_clim() == (0, 1)
+    assert image.get_array()[0][1] == pytest.approx(3.5 / 4)
+    assert [t.get_text() for t in fig.axes[0].get_yticklabels()] == ["ckpt 1", "random"]
+    plt.close("all")
 
 
 def test_bad_runs_are_clear(run_dir, tmp_path, capsys):
@@ -149,11 +206,45 @@ def test_a_running_run_shows_its_newest_log_line(run_dir, tmp_path):
         log.write(newest + "\n")
     with RunLock(copy / "run.lock"):
         state = gather(copy)
-    assert (state.phase, state.activity) == ("running", newest)
+    assert (state.phase, state.activity) == ("running: playing games", newest)
     assert gather(copy).phase == "finished"
 
 
+def test_a_run_driven_elsewhere_shows_its_phase_from_its_logs(run_dir, tmp_path):
+    """A deployment's worker drives the run from a process whose lock this one cannot see:
+    fresh lines in RUN/logs/ say it runs, and which step it is in."""
+    from datetime import datetime, timedelta
+
+    from ub.cli import main
+
+    copy = tmp_path / "deployed"
+    shutil.copytree(run_dir, copy)
+    config = yaml.safe_load((copy / "config.yaml").read_text())
+    (copy / "config.yaml").write_text(yaml.safe_dump({**config, "rounds": 5}))
+    stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S,000")
+    line = f"{stamp} INFO ub.eval [pid 7] eval ckpt 2: 120/400 games (3.1 games/s, ETA 1m30s)"
+    with (copy / "logs" / "eval.log").open("a") as log:
+        log.write(line + "\n")
+    state = gather(copy)
+    assert state.phase.startswith("running (log ") and state.phase.endswith(": evaluating")
+    assert state.activity == line
+    assert main(["dashboard", str(copy), "--once"]) == 0
+    # An old line: the run stopped there, and the line says where.
+    old = (datetime.now() - timedelta(hours=2)).strftime("%Y-%m-%d %H:%M:%S,000")
+    (copy / "logs" / "eval.log").write_text(line.replace(stamp, old) + "\n")
+    for other in (copy / "logs").glob("*.log"):
+        if other.name != "eval.log":
+            other.unlink()
+    state = gather(copy)
+    assert state.phase == "stopped" and state.activity.endswith("ETA 1m30s)")
+
+
 def test_sparkline_scales_to_the_series():
-    assert sparkline([0.0, 0.5, 1.0]) == "▁▄█"
-    assert sparkline([None, 2.0, 2.0]) == " ▁▁"
+    assert sparkline([0.0, 0.5, 1.0]) == "▁▅█"
+    assert sparkline([None, 2.0, 2.0]) == " ▅▅"  # flat: the middle, not the floor
     assert sparkline([]) == ""
+    # A rate on its fixed 0..1 range: a 1.000 -> 0.998 dip is no dip at all.
+    assert sparkline([1.0, 0.998, 1.0], bounds=(0.0, 1.0)) == "███"
+    # Elsewhere a tiny relative change stays small (at least 10% of the magnitude is shown).
+    assert sparkline([100.0, 99.8, 100.0]) in ("▅▄▅", "▅▅▅")
+    assert sparkline([10.0, 20.0, 30.0]) == "▁▅█"

@@ -6,7 +6,13 @@ import pyarrow as pa
 import pytest
 
 from ub.actors.spec import parse_actor
-from ub.evaluation import eval_assignments, summarize, wilson_interval
+from ub.evaluation import (
+    eval_assignments,
+    random_baseline,
+    summarize,
+    wilson_interval,
+    with_baseline,
+)
 from ub.games.specs import GameSpec
 from ub.rollout import play_games
 
@@ -37,6 +43,37 @@ def test_assignments_balance_seats_and_share_positions_across_checkpoints():
         seats = [g.actors.index(a) for g in first if g.spec == spec]
         assert sorted(seats) == [0, 0, 0, 1, 1, 1]
     assert [g.seed for g in first] == [g.seed for g in second]
+
+
+def test_every_checkpoint_meets_the_same_opponent_moves():
+    """Paired evaluation: the random opponent's moves do not depend on which checkpoint (round)
+    is evaluated, only on the run seed and the game, and eval game ids never equal training
+    ids (RUN-rNNNNNN-gNNNNNN)."""
+    rival = parse_actor("random")
+    assignments = eval_assignments(parse_actor("expert"), [rival],
+                                   [GameSpec("TicTacToe-v0-train")], 30, seed=4)
+    columns = ["game_index", "actors", "rewards", "num_turns"]
+    plays = [play_games(assignments, run="r", round_=update, base_seed=9, seed_round="eval",
+                        game_id_prefix=f"r-eval-c{update:06d}-s0000")
+             for update in (0, 4)]
+    assert plays[0].games.select(columns).equals(plays[1].games.select(columns))
+    assert plays[0].steps["action"].equals(plays[1].steps["action"])
+    training = play_games(assignments, run="r", round_=0, base_seed=9).games["game_id"]
+    assert not set(plays[0].games["game_id"].to_pylist()) & set(training.to_pylist())
+
+
+def test_random_baseline_is_random_in_the_actors_seats_on_the_same_seeds():
+    expert, rival = parse_actor("expert"), parse_actor("random")
+    assignments = eval_assignments(expert, [rival], [GameSpec("TicTacToe-v0-train")], 200,
+                                   seed=2)
+    baseline = random_baseline(assignments, "expert", base_seed=5)
+    wins, decided = baseline[("TicTacToe-v0-train", "random")]
+    assert decided == 200 and 0.3 < wins / decided < 0.55  # random vs random, seats balanced
+    assert random_baseline(assignments, "expert", base_seed=5) == baseline  # deterministic
+    played = play_games(assignments, base_seed=5, seed_round="eval")
+    [row] = with_baseline(summarize(played.games, played.steps, "expert"), baseline)
+    assert row.baseline_win_rate == wins / decided
+    assert row.baseline_low < row.baseline_win_rate < row.baseline_high < row.win_rate
 
 
 def test_summary_counts_wins_draws_losses_and_move_rates():

@@ -124,3 +124,26 @@ def test_bad_specs_are_clear():
         check_env(GameSpec("TicTacToe-v0", num_players=3))
     with pytest.raises(UbError, match="2 seat"):
         assign_games(GameSpec("TicTacToe-v0"), [parse_actor("random")], 1, base_seed=0)
+
+
+@pytest.mark.parametrize("env_id", ["TicTacToe-v0-train", "Nim-v0-train", "KuhnPoker-v0-train"])
+def test_an_invalid_move_loses_the_game_at_once(env_id):
+    """One price everywhere: TextArena's hidden retry would let a sampling player recover where a
+    greedy one repeats the move and forfeits, so by default there is no retry."""
+    game = Game(GameSpec(env_id), seed=3, game_id="g")
+    seat = game.current_seat
+    decision = game.apply("[not a move]")
+    assert decision.invalid_move and game.done
+    assert game.result.results[seat] == "loss"
+    assert game.result.invalid_moves[seat]
+
+
+def test_invalid_move_retries_restore_textarenas_allowance():
+    game = Game(GameSpec("TicTacToe-v0-train", invalid_move_retries=1), seed=3, game_id="g")
+    seat = game.current_seat
+    assert game.apply("[9]").invalid_move and not game.done
+    assert game.current_seat == seat  # the same seat tries again
+    game.apply("[9]")
+    assert game.done and game.result.results[seat] == "loss"
+    with pytest.raises(UbError, match="invalid_move_retries"):
+        GameSpec("TicTacToe-v0-train", invalid_move_retries=-1)

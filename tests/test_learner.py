@@ -271,3 +271,53 @@ def test_learn_step_from_shards(learner: Learner, model_dir: Path, rollout, trai
     assert read_manifest(out)["update"] == metrics["update"]
     again = learn_step(root, batch_config, config, trained, out)
     assert again["reused"] is True and again["loss"] == pytest.approx(metrics["loss"])
+
+
+def test_minibatches_and_epochs_take_several_steps_and_a_failure_undoes_them_all(
+        learner: Learner, model_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``minibatches * epochs`` optimizer steps per update, cut by the learner's saved RNG (so a
+    resumed run repeats them); a step failing after others leaves nothing changed."""
+    config = learner_config(model_dir, minibatches=2, epochs=2, learning_rate=1e-2,
+                            algorithm="ppo")
+    batch = synthetic_batch(16, vocab_size=500, seed=3)
+    learner.configure(config)
+    learner.start(None)
+    before = learner.lora_state()
+    metrics = learner.update(batch)
+    assert metrics["optimizer_steps"] == 4 and metrics["update"] == 1
+    assert metrics["grad_norm_max"] >= metrics["grad_norm"] > 0
+    after = learner.lora_state()
+    assert any(not torch.equal(before[k], after[k]) for k in before)
+
+    learner.start(None)  # the same update again from the cold start: the same weights
+    learner.update(batch)
+    assert all(torch.equal(after[k], v) for k, v in learner.lora_state().items())
+
+    learner.start(None)
+    weights, optimizer = learner.lora_state(), str(learner.optimizer.state_dict())
+    original, calls = learner._step, []
+
+    def third_step_fails(minibatch, step):
+        calls.append(step)
+        if len(calls) == 3:
+            raise RuntimeError("injected")
+        return original(minibatch, step)
+
+    monkeypatch.setattr(learner, "_step", third_step_fails)
+    with pytest.raises(RuntimeError, match="injected"):
+        learner.update(batch)
+    assert learner.update_index == 0 and calls == [0, 1, 2]
+    assert all(torch.equal(weights[k], v) for k, v in learner.lora_state().items())
+    assert str(learner.optimizer.state_dict()) == optimizer
+
+
+def test_warmup_ramps_the_learning_rate_over_optimizer_steps(learner: Learner,
+                                                             model_dir: Path) -> None:
+    learner.configure(learner_config(model_dir, minibatches=2, warmup_steps=4,
+                                     learning_rate=1e-2))
+    learner.start(None)
+    batch = synthetic_batch(16, vocab_size=500, seed=3)
+    first = learner.update(batch)  # steps 0 and 1: 1/4 and 2/4 of the rate
+    assert first["learning_rate"] == pytest.approx((0.25e-2 + 0.5e-2) / 2)
+    learner.update(batch)
+    assert learner.update(batch)["learning_rate"] == pytest.approx(1e-2)  # steps 4, 5

@@ -214,6 +214,40 @@ def test_columnar_and_per_game_paths_agree(real_games):
         assert fast.state_dict() == slow.state_dict()
 
 
+# Every kind of actor name a run or `ub play` writes (ub.actors.names is the one definition).
+PRODUCTION_ACTORS = ["ckpt-000000", "ckpt-000007", "ckpt-000123", "model", "model:/runs/x/ckpt-3",
+                     "random", "expert", "hosted:gpt@http://127.0.0.1:9/v1"]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_columnar_and_per_game_paths_agree_on_production_actor_names(real_games, seed):
+    """The two final-stage paths give identical rewards and state on random seatings of real
+    games with the actor names runs actually write (a run's seats are ``ckpt-NNNNNN``)."""
+    rng = np.random.default_rng(seed)
+    names = rng.choice(PRODUCTION_ACTORS, size=(real_games.num_rows, 2)).tolist()
+    games = real_games.set_column(real_games.schema.get_field_index("actors"), "actors",
+                                  pa.array(names, pa.list_(pa.string())))
+    ordered = sort_games(games)
+    seats = seat_rows(ordered.filter(pa.compute.not_equal(ordered["outcome"], "error")))
+    spec = [{"name": "role_advantage", "ema": float(rng.uniform(0.5, 0.99))}]
+    fast, slow = build_transforms("final", spec)[0], build_transforms("final", spec)[0]
+    got = fast.apply(seats.raw_reward.copy(), seats)
+    want = FinalTransform.apply(slow, seats.raw_reward.copy(), seats)
+    assert got.tolist() == want.tolist()
+    assert fast.state_dict() == slow.state_dict()
+
+
+def test_role_advantage_learns_from_a_runs_checkpoint_seats(real_games):
+    """A training run's seats are ``ckpt-NNNNNN``: their returns must move the baselines."""
+    games = real_games.set_column(real_games.schema.get_field_index("actors"), "actors",
+                                  pa.array([["ckpt-000003", "random"]] * real_games.num_rows))
+    result = apply_final_transforms(games, [{"name": "role_advantage", "ema": 0.9}])
+    counts = result.state["transforms"][0]["state"]["counts"]
+    played = int(pa.compute.sum(pa.compute.not_equal(games["outcome"], "error")).as_py())
+    assert sum(counts["TicTacToe-v0-train"].values()) + sum(
+        counts["Nim-v0-train"].values()) == played  # one update per ckpt seat, none for random
+
+
 def test_missing_roles_fall_back_to_seat_names():
     row = game(0, 0, [1.0, -1.0])
     row["roles"] = None
@@ -282,12 +316,14 @@ def test_user_transform_subclass_and_register():
 def test_step_transforms_in_duckdb():
     steps = pa.table({"format_ok": [True, True, False, False],
                       "invalid_move": [False, True, False, True],
-                      "base": [1.0, 1.0, -1.0, 0.0]})
+                      "base": [1.0, 1.0, -1.0, 0.0],
+                      "game_min_final_reward": [-1.0, -1.0, -1.0, -0.5]})
     transforms = build_transforms("step", [{"name": "format_reward", "bonus": 0.25},
                                            {"name": "invalid_move_penalty", "penalty": -2.0}])
     sql = f"SELECT {step_reward_sql(transforms, 'base')} AS r FROM steps"
     got = [r[0] for r in duckdb.connect().register("steps", steps).sql(sql).fetchall()]
-    assert got == [1.25, -0.75, -1.0, -2.0]
+    # An invalid move scores `penalty` below its game's lowest final reward, bonus or not.
+    assert got == [1.25, -3.0, -1.0, -2.5]
     rows = steps.to_pylist()
     python = []
     for row in rows:

@@ -29,6 +29,7 @@ from ub.run.store import (
     RunStore,
     fetch_checkpoint,
     fetch_missing,
+    fetch_round,
     is_url,
     publish,
     publish_checkpoint,
@@ -87,8 +88,8 @@ def test_files_are_published_in_the_order_that_commits_them(paths, rollout, monk
 
     # Given all at once (as a resume publishes what the last process did not), in any order:
     publish(paths, manifest, games, ratings, *sorted(ckpt.iterdir()), state, steps)
-    assert order.index("steps/round=000000/shard-0000.parquet") < order.index(
-        "games/round=000000/shard-0000.parquet")
+    assert order.index("steps/round-000000/shard-0000.parquet") < order.index(
+        "games/round-000000/shard-0000.parquet")
     ckpt_files = [k for k in order if k.startswith("checkpoints/")]
     assert ckpt_files[-1] == f"checkpoints/ckpt-000001/{MANIFEST}" and len(ckpt_files) >= 5
     assert order[-1] == "rounds/round-000000.json"
@@ -103,10 +104,10 @@ def test_a_store_reader_trusts_what_a_local_reader_trusts(paths, rollout):
     store = RunStore(paths.store)
     store.publish_missing(paths.root)
     # An unfinished put (a hidden temporary name) is not a file of the store.
-    hidden = Path(store.path("games/round=000000/.shard-0001.parquet.tmp-1-deadbeef"))
+    hidden = Path(store.path("games/round-000000/.shard-0001.parquet.tmp-1-deadbeef"))
     hidden.write_bytes(b"partial")
-    assert "games/round=000000/.shard-0001.parquet.tmp-1-deadbeef" not in store.files()
-    assert f"steps/round=000000/{half.name}" in store.files()
+    assert "games/round-000000/.shard-0001.parquet.tmp-1-deadbeef" not in store.files()
+    assert f"steps/round-000000/{half.name}" in store.files()
 
     sql = "SELECT count(*) AS n, count(DISTINCT game_id) AS games FROM steps"
     in_place = connect_tables({"steps": store.shard_dataset("steps"),
@@ -181,3 +182,19 @@ def test_unusable_stores_say_what_to_do(tmp_path):
     with pytest.raises(UbError, match=r"run store file://.*/blocked/run: cannot publish "
                                       r"state/f.json: .*credentials.*working copy"):
         RunStore(f"file://{tmp_path}/blocked/run").put(tmp_path, ["state/f.json"])
+
+
+def test_a_format_1_run_in_a_store_is_read_and_fetched(paths, rollout, tmp_path):
+    """A run stored by an older ub (shard folders ``round=NNNNNN``): the store reader lists its
+    shards, and a machine without them fetches a round by number."""
+    write_shard(paths.data, ShardId(0, 0), "run", rollout.steps, rollout.games)
+    for table in ("steps", "games"):
+        (paths.data / table / "round-000000").rename(paths.data / table / "round=000000")
+    store = RunStore(paths.store)
+    store.publish_missing(paths.root)
+    assert "games/round=000000/shard-0000.parquet" in store.files()
+    in_place = connect_tables({"games": store.shard_dataset("games")})
+    assert run_sql(in_place, "SELECT count(*) AS n FROM games").to_pylist() == [{"n": 10}]
+    other = RunPaths(tmp_path / "machine-b", paths.store)
+    assert fetch_round(other, other.data, "games", 0) == ["games/round=000000/shard-0000.parquet"]
+    assert shard_path(other.data, "games", ShardId(0, 0)).exists()

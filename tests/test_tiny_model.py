@@ -278,8 +278,10 @@ def test_default_model_plays_legal_moves() -> None:
     tokenizer = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path)
     # Positions from games neither the build's training nor its own check played (other seed).
-    rates = measure_legality(model, tokenizer, positions_per_env=60, seed=2024)
+    # The demo's games: greedy play (evaluation) must be legal at least 99% of the time.
+    rates = measure_legality(model, tokenizer, env_ids=("TicTacToe-v0-train", "Nim-v0-train"),
+                             positions_per_env=200, seed=2024)
     greedy = {env: row["greedy"]["legal"] for env, row in rates.items()}
     sampled = {env: row["sampled"]["legal"] for env, row in rates.items()}
-    assert min(greedy.values()) >= 0.5, greedy
-    assert sum(sampled.values()) / len(sampled) >= 0.6, sampled
+    assert min(greedy.values()) >= 0.99, greedy
+    assert min(sampled.values()) >= 0.8, sampled

@@ -160,7 +160,7 @@ def test_ub_eval_adds_an_unrated_shard_and_leaves_the_run_alone(reference_run, c
                  "--games", "4"]) == 0
     out = capsys.readouterr().out
     assert "ckpt-000001" in out and "random" in out
-    shard = paths.eval_data / "games" / "round=000001" / "shard-0001.parquet"
+    shard = paths.eval_data / "games" / "round-000001" / "shard-0001.parquet"
     games = pq.read_table(shard, columns=["actors"]).to_pylist()
     assert len(games) == 4 and all("ckpt-000001" in g["actors"] for g in games)
     assert paths.ratings(1).read_text() == ratings
@@ -324,7 +324,7 @@ def test_pipelined_rounds_play_the_previous_checkpoint(prefect_api, config_file,
     for f in sorted((paths.data / "games").rglob("shard-*.parquet")):
         for g in pq.read_table(f, columns=["actors"]).to_pylist():
             by_round.setdefault(f.parent.name, set()).update(g["actors"])
-    assert by_round == {"round=000000": {"ckpt-000000"}, "round=000001": {"ckpt-000000"}}
+    assert by_round == {"round-000000": {"ckpt-000000"}, "round-000001": {"ckpt-000000"}}
     learner = json.loads(paths.manifest(1).read_text())["learner"]
     # Checkpoint 1 scores checkpoint 0's tokens: the ratio is no longer exactly 1.
     assert learner["update"] == 2 and learner["ratio_mean"] != pytest.approx(1.0, abs=1e-7)

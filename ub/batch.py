@@ -143,7 +143,10 @@ class BatchConfig:
         if not isinstance(self.pad_token_id, int) or self.pad_token_id < 0:
             raise UbError(f"pad_token_id must be an integer >= 0, got {self.pad_token_id!r}")
         FinalRewardChain(self.final)
-        build_transforms("step", self.step)
+        steps = [t.name for t in build_transforms("step", self.step)]
+        if "invalid_move_penalty" in steps[:-1]:
+            raise UbError(f"step transforms {steps}: list invalid_move_penalty last, so that no "
+                          "later transform lifts an invalid move above a valid one")
         build_transforms("sampling", self.sampling)
 
 
@@ -402,10 +405,16 @@ WITH decisions AS (  -- the learner's decisions in the window
     WHERE actor_kind = 'model'
       AND {(chr(10) + '      AND ').join(filters)}
 ),
+game_floor AS (  -- each game's lowest final reward (invalid_move_penalty anchors to it)
+    SELECT game_id, min(reward) AS game_min_final_reward
+    FROM final_rewards
+    GROUP BY game_id
+),
 joined AS (  -- final stage: the Arrow table `final_rewards`, one row per (game, seat);
              -- errored games have no row, so their decisions drop out here
-    SELECT d.*, f.raw_reward, f.reward AS final_reward
+    SELECT d.*, f.raw_reward, f.reward AS final_reward, g.game_min_final_reward
     FROM decisions AS d JOIN final_rewards AS f USING (game_id, seat)
+         JOIN game_floor AS g USING (game_id)
 ),
 shaped AS (  -- step stage
     SELECT *, {step} AS reward
@@ -779,6 +788,7 @@ def reference_rows(root: Path, config: BatchConfig,
             games += pq.read_table(shard_path(root, "games", sid), columns=GAME_COLUMNS).to_pylist()
     games.sort(key=lambda g: (g["round"], g["game_index"], g["game_id"]))
     final: dict[tuple[str, int], tuple[float, float]] = {}
+    game_min: dict[str, float] = {}
     for g in games:
         key = (g["round"], g["game_index"], g["game_id"])
         if chain.through is not None and key <= chain.through:
@@ -796,6 +806,7 @@ def reference_rows(root: Path, config: BatchConfig,
         if g["round"] >= first:
             for seat, (raw, r) in enumerate(zip(view.raw_rewards, rewards, strict=True)):
                 final[(g["game_id"], seat)] = (raw, r)
+            game_min[g["game_id"]] = min(rewards)
 
     # steps: filter, shape, keep the batch_size smallest sample keys
     steps = build_transforms("step", config.step)
@@ -818,6 +829,7 @@ def reference_rows(root: Path, config: BatchConfig,
             if got is None:
                 continue
             row["raw_reward"], row["final_reward"] = got
+            row["game_min_final_reward"] = game_min[row["game_id"]]
             reward = row["final_reward"] + row["step_reward"]
             for t in steps:
                 reward = t.apply_row(reward, row)

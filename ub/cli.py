@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import math
 import os
 import sys
 import tempfile
@@ -35,14 +36,47 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _game_count(text: str) -> int:
+    from ub.run.config import MAX_GAMES
+
+    value = _positive_int(text)
+    if value > MAX_GAMES:
+        raise argparse.ArgumentTypeError(f"at most {MAX_GAMES} games per call, got {value} "
+                                         "(play more as several calls)")
+    return value
+
+
 def _non_negative_float(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):  # nan passes every comparison
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
     return value
+
+
+def _check_can_create(folder: Path) -> None:
+    """Fail before any work if ``folder`` could not be created and written, creating nothing
+    (the folder appears only when its first file is written)."""
+    existing = folder.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        reason = "not a folder" if not existing.is_dir() else "permission denied"
+        raise UbError(f"output folder {folder} is not writable ({existing}: {reason})")
 
 
 def _check_writable(folder: Path) -> None:
@@ -94,11 +128,16 @@ def cmd_play(args: argparse.Namespace) -> int:
 
             check_hosted(actor.name)
     out = Path(args.out)
-    _check_writable(out)
+    _check_can_create(out)  # (created by the first shard write: a refusal leaves nothing)
     check_env(spec)  # fail in a second, before the engine starts
 
     engine = None
     if any(a.kind == "model" for a in actors):
+        from ub.learner.checkpoint import read_adapter
+
+        for actor in actors:  # safetensors that load, before vLLM meets them
+            if actor.adapter is not None:
+                read_adapter(actor.adapter)
         engine = _engine_from_args(args)
         for actor in actors:  # validate adapters (paths, rank) before playing anything
             engine.lora_request(actor.adapter)
@@ -135,10 +174,26 @@ def _engine_from_args(args: argparse.Namespace):
         raise UbError(
             f"model directory {model} does not exist (build the default with `ub model tiny`)"
         )
+    _check_context(model, args.max_model_len, args.max_tokens)
     config = EngineConfig(model=model, max_model_len=args.max_model_len,
                           max_lora_rank=args.max_lora_rank)
     sampling = SamplingConfig(temperature=args.temperature, max_tokens=args.max_tokens)
     return get_engine(config, sampling)
+
+
+def _check_context(model: str, max_model_len: int, max_tokens: int) -> None:
+    """Refuse a context the model cannot hold before vLLM starts (it refuses with a long
+    traceback), and completions that leave no room for a prompt."""
+    from ub.inference.vllm_engine import validate_model_dir
+
+    limit = (validate_model_dir(model) or {}).get("max_position_embeddings")
+    if isinstance(limit, int) and max_model_len > limit:
+        raise UbError(f"--max-model-len {max_model_len} exceeds the model's context of {limit} "
+                      f"tokens (max_position_embeddings in {model}/config.json): use at most "
+                      f"{limit}")
+    if max_tokens >= max_model_len:
+        raise UbError(f"--max-tokens {max_tokens} must be below --max-model-len "
+                      f"{max_model_len} (the context holds the prompt and the completion)")
 
 
 def _rate(flags: list[bool]) -> str:
@@ -307,13 +362,11 @@ def _yaml_section(path_text: str | None, section: str) -> dict:
         return {}
     import yaml
 
-    from ub.run.config import load_yaml
+    from ub.run.config import load_yaml, read_text
 
     path = Path(path_text)
     try:
-        loaded = load_yaml(path.read_text()) or {}
-    except OSError as exc:
-        raise UbError(f"cannot read config {path}: {exc.strerror}") from None
+        loaded = load_yaml(read_text(path, "config")) or {}
     except yaml.YAMLError as exc:
         raise UbError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
     if not isinstance(loaded, dict):
@@ -465,8 +518,49 @@ def _catch_up(paths) -> None:
         from ub.run.lock import RunLock
         from ub.run.store import sync
 
+        _check_store(paths)  # (before the lock creates the working copy)
         with RunLock(paths.lock):
             sync(paths)
+
+
+def _check_store(paths) -> None:
+    """A run in a store: its URL opens and lists (known scheme, package installed, endpoint
+    reachable) before anything is written locally."""
+    if paths.store:
+        from ub.run.store import RunStore
+
+        try:
+            RunStore(paths.store).files("rounds")
+        except OSError as exc:  # (some filesystems connect when they are opened)
+            raise UbError(f"run store {paths.store} is unreachable ({exc}): check the URL, "
+                          "the credentials and the network") from None
+
+
+def _check_services(config) -> None:
+    """The Ray cluster and hosted opponents a run needs answer, before the run writes."""
+    if config.cluster.address is not None:
+        from ub.run.cluster import check_reachable
+
+        check_reachable(config.cluster.address)
+    from ub.actors.spec import parse_actor
+    from ub.pool.sampling import OpponentConfig
+
+    names = [*OpponentConfig.from_dict(config.opponents).fixed_names(), *config.eval.opponents]
+    for name in dict.fromkeys(names):
+        if parse_actor(name).kind == "hosted":
+            from ub.actors.hosted import check_hosted
+
+            check_hosted(name)
+
+
+def _check_manifests(paths) -> None:
+    """Every committed round's manifest reads: a damaged one is refused here, naming the file
+    and `ub doctor`, rather than by the flow after Prefect and the logs have started."""
+    from ub.run.layout import read_json
+
+    paths.next_round()  # (refuses a gap in the rounds)
+    for round_ in paths.committed_rounds():
+        read_json(paths.manifest(round_))
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -492,11 +586,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     # Everything that can be refused is refused here, in a second, before Prefect starts.
     resolved = resolve_run_config(paths, config, rounds=args.rounds, ray_address=args.ray)[0]
     check_base_model(resolved.model.base)
+    _check_services(resolved)
+    _check_manifests(paths)
     if paths.root.exists():
         RunLock(paths.lock).acquire().release()
-    _check_writable(paths.root.parent)
+    _check_can_create(paths.root.parent)
 
     configure_prefect((paths.root.parent if paths.store else Path(args.root)) / ".prefect")
+    from ub.run.prefect_env import start_tied_server
+
+    start_tied_server()  # dies with this process, even by SIGKILL
     from flows.selfplay import selfplay
 
     selfplay(run_name=name, config=source, root=str(args.root), rounds=args.rounds,
@@ -512,7 +611,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from ub.learner.checkpoint import latest_checkpoint
     from ub.run.layout import RunPaths, checkpoint_name
     from ub.run.lock import RunLock
-    from ub.run.progress import eval_cell
+    from ub.run.progress import baseline_cell, eval_cell
     from ub.run.rounds import (
         Run,
         actor_spec,
@@ -541,27 +640,35 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.games is not None and args.games % 2:
         raise UbError(f"--games must be even so both seats get the same number, got "
                       f"{args.games}")
-    with RunLock(paths.lock):
-        run = Run(paths, config, resolve_base_model(config))
-        # Unknown names list the valid ones, before the engine starts.
-        for name in opponents or []:
-            actor_spec(run, name)
-            if name == "expert":
-                from ub.actors.expert import check_expert_supports
+    # Everything that can be refused is refused before the lock and the engine: an eval that
+    # starts writes a shard.
+    from ub.games.specs import check_env_id
+    from ub.learner.checkpoint import read_adapter
 
-                for env_id in envs or config.eval.envs or [e.env_id for e in config.envs]:
-                    check_expert_supports(env_id)
+    for env_id in envs or []:
+        check_env_id(env_id)
+    read_adapter(paths.checkpoint(update))  # safetensors that load, before vLLM meets them
+    run = Run(paths, config, resolve_base_model(config))
+    # Unknown names list the valid ones, before the engine starts.
+    for name in opponents or []:
+        actor_spec(run, name)
+        if name == "expert":
+            from ub.actors.expert import check_expert_supports
+
+            for env_id in envs or config.eval.envs or [e.env_id for e in config.envs]:
+                check_expert_supports(env_id)
+    with RunLock(paths.lock):
         custom = opponents is not None or envs is not None or args.games is not None
         shard = max(1, next_free_shard(paths.eval_data, update).shard) if custom else 0
         result = evaluate_checkpoint(run, update, opponents=opponents, envs=envs,
                                      games=args.games, shard=shard)
     table = Table(title=f"{args.run}: {checkpoint_name(update)}")
-    for column in ("env", "opponent", "games", "win rate [95% CI]", "draws", "losses",
-                   "invalid moves", "format ok"):
+    for column in ("env", "opponent", "games", "win rate [95% CI]", "random in its seats",
+                   "draws", "losses", "invalid moves", "format ok"):
         table.add_column(column)
     for row in result["rows"]:
         table.add_row(row["env_id"], row["opponent"], str(row["games"]), eval_cell(row),
-                      str(row["draws"]), str(row["losses"]),
+                      baseline_cell(row), str(row["draws"]), str(row["losses"]),
                       f"{row['invalid_move_rate']:.1%}", f"{row['format_rate']:.1%}")
     Console(highlight=False).print(table)
     print(f"games: {result['shard']}" + (" (stored earlier)" if result["reused"] else ""))
@@ -630,6 +737,7 @@ def _print_findings(exam) -> None:
     verdict = (f"{len(exam.findings)} problem(s); `ub doctor {exam.root} --repair` quarantines "
                "what cannot be trusted" if exam.findings else "ok")
     print(f"{exam.root.name}: {len(exam.rounds)} committed round(s), {verdict}")
+    print(exam.format_line)
 
 
 def _run_dir(args: argparse.Namespace) -> Path:
@@ -665,14 +773,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     play = sub.add_parser("play", help="play games and write a Parquet shard")
     play.add_argument("--env", required=True, help="TextArena env id, e.g. TicTacToe-v0-train")
-    play.add_argument("--games", type=_positive_int, default=16, help="number of games")
+    play.add_argument("--games", type=_game_count, default=16, help="number of games")
     play.add_argument("--players", default="model,random",
                       help="actors by seat, comma-separated: model, model:ADAPTER, random")
     play.add_argument("--out", required=True, help="data folder (steps/ and games/ go inside)")
     play.add_argument("--model", help="model directory (default: the tiny CPU model)")
     play.add_argument("--template", default="plain", help="prompt template (plain, qwen3-zs, chat)")
     play.add_argument("--seed", type=int, default=0, help="seed of games and sampling")
-    play.add_argument("--round", type=int, default=0, help="round number stored with the data")
+    play.add_argument("--round", type=_non_negative_int, default=0,
+                      help="round number stored with the data")
     play.add_argument("--run", default="play", help="run name stored with the data")
     play.add_argument("--temperature", type=_non_negative_float, default=1.0)
     play.add_argument("--max-tokens", type=_positive_int, default=32,
@@ -756,7 +865,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--checkpoint", type=int, help="checkpoint update (default: latest)")
     evaluate.add_argument("--opponents", help="comma-separated actors (default: the run's)")
     evaluate.add_argument("--envs", help="comma-separated env ids (default: the run's)")
-    evaluate.add_argument("--games", type=_positive_int, help="games per (env, opponent)")
+    evaluate.add_argument("--games", type=_game_count, help="games per (env, opponent)")
     evaluate.set_defaults(func=cmd_eval)
 
     dashboard = sub.add_parser("dashboard", help="live terminal view of a run (q quits)")

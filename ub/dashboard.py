@@ -29,15 +29,27 @@ from ub.run.views import RunViews, is_run
 SPARKS = "▁▂▃▄▅▆▇█"
 
 
-def sparkline(values: list[float | None], width: int = 40) -> str:
-    """Unicode bars scaled to the series' own range (missing values are spaces)."""
+def sparkline(values: list[float | None], width: int = 40,
+              bounds: tuple[float, float | None] | None = None, min_span: float = 0.1) -> str:
+    """Unicode bars (missing values are spaces) on ``bounds`` (a rate: ``(0, 1)``; a count:
+    ``(0, None)``, up to the series' maximum), or else on the series' own range widened to at
+    least ``min_span`` of its magnitude, centred: a 1.000 -> 0.998 dip must not fill the whole
+    height."""
     values = values[-width:]
     present = [v for v in values if v is not None]
     if not present:
         return ""
-    low, high = min(present), max(present)
-    span = (high - low) or 1.0
-    return "".join(" " if v is None else SPARKS[int((v - low) / span * (len(SPARKS) - 1))]
+    if bounds is not None:
+        low, high = bounds[0], bounds[1] if bounds[1] is not None else max(max(present), 1.0)
+    else:
+        low, high = min(present), max(present)
+        floor = min_span * max(abs(low), abs(high)) or 1.0
+        if high - low < floor:
+            middle = (high + low) / 2
+            low, high = middle - floor / 2, middle + floor / 2
+    span = high - low
+    top = len(SPARKS) - 1
+    return "".join(" " if v is None else SPARKS[min(top, max(0, round((v - low) / span * top)))]
                    for v in values)
 
 
@@ -45,6 +57,8 @@ def sparkline(values: list[float | None], width: int = 40) -> str:
 class Series:
     label: str
     values: list[float | None]
+    bounds: tuple[float, float | None] | None = None
+    """The sparkline's fixed range (rates: 0..1; counts: 0..max); ``None``: its own range."""
 
     @property
     def last(self) -> float | None:
@@ -67,6 +81,15 @@ class DashboardState:
     host: dict[str, float] = field(default_factory=dict)
     activity: str = ""
     warnings: list[str] = field(default_factory=list)
+
+
+LIVE_LOG_SECONDS = 300.0
+"""A run whose logs were written this recently is running, lock or not: a deployment's worker
+drives it from a process (or machine) whose lock this one may not see."""
+
+STEPS = {"ub.rollout": "playing games", "ub.learner": "learning", "ub.eval": "evaluating",
+         "ub.pool": "rating", "ub.flow": "between steps", "vllm": "starting the engine"}
+"""The step of a round that each component's newest log line means."""
 
 
 def run_phase(root: Path) -> str:
@@ -94,6 +117,26 @@ def latest_activity(root: Path) -> str:
     return newest
 
 
+def log_age(line: str) -> float | None:
+    """Seconds since a log line (``2026-11-24 09:00:00,123 INFO ...``, local time) was written;
+    ``None`` if it has no timestamp."""
+    from datetime import datetime
+
+    try:
+        stamp = datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f")
+    except ValueError:
+        return None
+    return (datetime.now() - stamp).total_seconds()
+
+
+def log_step(line: str) -> str:
+    """The step a log line is about (``playing games``, ``learning``, ...), from its logger."""
+    parts = line.split()
+    name = parts[3] if len(parts) > 3 else ""
+    return next((step for prefix, step in STEPS.items()
+                 if name == prefix or name.startswith(prefix + ".")), "")
+
+
 def gather(root: Path, cache: dict | None = None) -> DashboardState:
     """Read the run at ``root`` into a :class:`DashboardState`; pass the same ``cache`` dict on
     every refresh to parse only the files written since the last one."""
@@ -115,13 +158,21 @@ def gather(root: Path, cache: dict | None = None) -> DashboardState:
     evals = views.evals().to_pylist()
     metrics = views.metrics()
     collection = metrics.filter(pc.starts_with(metrics["metric"], "collection/")).to_pylist()
+    activity = latest_activity(root)
+    age = log_age(activity)
     phase = run_phase(root)
     if phase == "idle":
-        phase = "finished" if total is not None and len(rounds) >= total else (
-            "waiting for the first round" if not rounds else "stopped")
+        if total is not None and len(rounds) >= total:
+            phase = "finished"
+        elif age is not None and age < LIVE_LOG_SECONDS:
+            # No lock visible here, but its logs move: a deployment's worker drives it.
+            phase = f"running (log {age:.0f} s ago)"
+        else:
+            phase = "waiting for the first round" if not rounds else "stopped"
+    if phase.startswith("running") and log_step(activity):
+        phase += f": {log_step(activity)}"
     state = DashboardState(root.name, str(root), phase, len(rounds), total)
-    if phase.startswith("running"):
-        state.activity = latest_activity(root)
+    state.activity = activity
 
     if rounds:
         last = rounds[-1]
@@ -133,20 +184,46 @@ def gather(root: Path, cache: dict | None = None) -> DashboardState:
             "round seconds": last["round_seconds"] or 0.0,
         }
     snapshot = views.last_ratings()
-    state.ladder = sorted(
-        ({**m, "conservative": m["mu"] - 3 * m["sigma"]} for m in snapshot.get("members", [])),
-        key=lambda m: (-m["conservative"], m["name"]))
-    state.matches = snapshot.get("matches", {})
+    mirrors = mirror_records(root, len(rounds), cache)
+    members = []
+    for m in snapshot.get("members", []):
+        m = {**m, "conservative": m["mu"] - 3 * m["sigma"]}
+        # The snapshot leaves mirror games (unrated) out of W/D/L: count each seat's result.
+        for i, key in enumerate(("wins", "draws", "losses")):
+            m[key] = m[key] + mirrors.get(m["name"], [0, 0, 0])[i]
+        members.append(m)
+    state.ladder = sorted(members, key=lambda m: (-m["conservative"], m["name"]))
+    state.matches = {a: dict(row) for a, row in snapshot.get("matches", {}).items()}
+    for name, wdl in mirrors.items():
+        state.matches.setdefault(name, {})[name] = wdl
 
     n = len(rounds)
     by_round: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for m in collection:
+    for m in sorted(collection, key=lambda m: m["metric"]):  # (envs in one order per key)
         parts = m["metric"].split("/")
         if len(parts) == 3:
             by_round[parts[2]][m["round"]].append(m["value"])
 
     def mean_series(key: str) -> list[float | None]:
-        return [sum(v) / len(v) if (v := by_round[key].get(r)) else None for r in range(n)]
+        """The round's per-env values weighted by each env's decisions (as the progress line
+        and SQL over the decisions weigh them); equal weights for runs that predate the
+        ``decisions`` metric."""
+        out: list[float | None] = []
+        for r in range(n):
+            values, weights = by_round[key].get(r), by_round["decisions"].get(r)
+            if not values:
+                out.append(None)
+            elif weights and len(weights) == len(values) and sum(weights) > 0:
+                out.append(sum(v * w for v, w in zip(values, weights, strict=True))
+                           / sum(weights))
+            else:
+                out.append(sum(values) / len(values))
+        return out
+
+    def per_decision(key: str) -> list[float | None]:
+        """A round's total of ``key`` over its model decisions (round manifests)."""
+        return [r[key] / r["model_decisions"] if r.get(key) is not None
+                and r.get("model_decisions") else None for r in rounds]
 
     curves: dict[str, list[float | None]] = {}
     for e in evals:
@@ -154,12 +231,13 @@ def gather(root: Path, cache: dict | None = None) -> DashboardState:
         curves.setdefault(label, [None] * n)
         if e["round"] < n:
             curves[label][e["round"]] = e["win_rate"]
-    state.series = [Series(label, values) for label, values in sorted(curves.items())]
+    rate = (0.0, 1.0)
+    state.series = [Series(label, values, rate) for label, values in sorted(curves.items())]
     state.series += [
-        Series("invalid-move rate", mean_series("invalid_move_rate")),
-        Series("format success", mean_series("format_rate")),
-        Series("response tokens", mean_series("response_tokens")),
-        Series("truncated sequences", [r["truncated"] for r in learner]),
+        Series("invalid-move rate", per_decision("invalid_moves"), rate),
+        Series("format success", mean_series("format_rate"), rate),
+        Series("response tokens", per_decision("generated_tokens")),
+        Series("truncated sequences", [r["truncated"] for r in learner], (0.0, None)),
         Series("learner loss", [r["loss"] for r in learner]),
         Series("gradient norm", [r["grad_norm"] for r in learner]),
     ]
@@ -177,6 +255,65 @@ def gather(root: Path, cache: dict | None = None) -> DashboardState:
         pass
     state.warnings = views.warnings
     return state
+
+
+def mirror_records(root: Path, rounds: int, cache: dict | None = None
+                   ) -> dict[str, list[int]]:
+    """``[wins, draws, losses]`` of each actor in its mirror games (every seat the same actor)
+    of the first ``rounds`` rounds, counted per seat: a self-play game is one win and one loss
+    (or two draws) for the checkpoint. Reads only the ``games`` shards' ``actors`` and
+    ``results`` columns, each file once per ``cache``."""
+    import pyarrow.parquet as pq
+
+    from ub.data.shards import committed_shards, shard_path
+
+    seen: dict[str, dict[str, list[int]]] = ({} if cache is None
+                                             else cache.setdefault("mirrors", {}))
+    totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+    for sid in committed_shards(root):
+        if sid.round >= rounds:
+            continue  # a round in progress: not in the ratings snapshot either
+        path = shard_path(root, "games", sid)
+        key = f"{path}:{path.stat().st_mtime_ns}"
+        if key not in seen:
+            counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
+            try:
+                games = pq.read_table(path, columns=["actors", "results"]).to_pylist()
+            except (OSError, ValueError):
+                games = []  # a damaged shard: `ub doctor` names it
+            for g in games:
+                actors, results = g["actors"] or [], g["results"] or []
+                if len(set(actors)) == 1 and len(actors) > 1 and len(results) == len(actors):
+                    for result in results:
+                        if result in ("win", "draw", "loss"):
+                            counts[actors[0]][("win", "draw", "loss").index(result)] += 1
+            seen[key] = dict(counts)
+        for name, wdl in seen[key].items():
+            totals[name] = [a + b for a, b in zip(totals[name], wdl, strict=True)]
+    return dict(totals)
+
+
+MATRIX_CHECKPOINTS = 5
+"""Checkpoints in the dashboard's match matrix (the newest; fixed opponents always): W/D/L
+cells stay readable in 80 columns."""
+
+
+def matrix_members(matches: dict[str, dict[str, list[int]]]) -> list[str]:
+    """The match matrix's rows and columns: the newest checkpoints, then the fixed opponents."""
+    from ub.actors.names import checkpoint_update
+
+    names = set(matches) | {b for row in matches.values() for b in row}
+    checkpoints = sorted((u, n) for n in names if (u := checkpoint_update(n)) is not None)
+    return ([n for _, n in checkpoints[-MATRIX_CHECKPOINTS:]]
+            + sorted(n for n in names if checkpoint_update(n) is None))
+
+
+def _short(name: str) -> str:
+    """``ckpt-000012`` -> ``c12``; other names cut to 8 characters."""
+    from ub.actors.names import checkpoint_update
+
+    update = checkpoint_update(name)
+    return f"c{update}" if update is not None else name[:8]
 
 
 def _fmt(value: float | None) -> str:
@@ -201,11 +338,11 @@ def render(state: DashboardState) -> Group:
                        f"{m['conservative']:.2f}", str(m["games"]), str(m["wins"]),
                        str(m["draws"]), str(m["losses"]), bar)
 
-    names = sorted(state.matches)
+    names = matrix_members(state.matches)
     matrix = Table(box=None)
     matrix.add_column("vs")
     for name in names:
-        matrix.add_column(name[-6:] if name.startswith("ckpt-") else name[:8])
+        matrix.add_column(_short(name), no_wrap=True)
     most = max((sum(c) for row in state.matches.values() for c in row.values()), default=1)
     for a in names:
         cells = []
@@ -216,23 +353,24 @@ def render(state: DashboardState) -> Group:
                 continue
             heat = ("grey50", "yellow", "orange1", "red")[min(3, int(4 * sum(wdl) / most))]
             cells.append(f"[{heat}]{wdl[0]}/{wdl[1]}/{wdl[2]}[/{heat}]")
-        matrix.add_row(a, *cells)
+        matrix.add_row(_short(a), *cells)
 
     trends = Table(box=None)
     for column in ("series", "last", "over rounds"):
         trends.add_column(column)
     for s in state.series:
-        trends.add_row(s.label, _fmt(s.last), sparkline(s.values))
+        trends.add_row(s.label, _fmt(s.last), sparkline(s.values, bounds=s.bounds))
 
     parts: list[Any] = [head]
     if state.activity:
-        parts.append(Text(f"now: {state.activity}", style="dim", overflow="ellipsis",
+        now = "now" if state.phase.startswith("running") else "last log"
+        parts.append(Text(f"{now}: {state.activity}", style="dim", overflow="ellipsis",
                           no_wrap=True))
     parts += [
         Panel(throughput, title="throughput (last round)"),
         Panel(ladder if state.ladder else Text("no ratings yet"), title="TrueSkill ladder"),
         Panel(matrix if names else Text("no rated matches yet"),
-              title="match matrix (W/D/L of row vs column)"),
+              title="match matrix (W/D/L of row vs column; cN = ckpt-N)"),
         Panel(trends, title="trends"),
         Panel(host, title="host"),
     ]

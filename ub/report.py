@@ -1,10 +1,12 @@
 """``ub report RUN``: static plots of a run (PNG) and one self-contained HTML page.
 
 Plots, each from the run's tables (:mod:`ub.run.views`): the learning curve against each fixed
-opponent with 95% Wilson bands; TrueSkill mu ± sigma of each checkpoint over rounds; the match
-matrix; invalid-move and format rates; response length and truncation; the learner's loss,
-gradient norm and clip fraction; throughput and the time breakdown per round. A plot with no
-data yet (e.g. no evaluation) is left out.
+opponent with 95% Wilson bands; TrueSkill ratings (each checkpoint's latest mu ± sigma, and mu
+over rounds); the match matrix (score of row vs column); invalid-move and format rates; response
+length and truncation; the learner's loss, gradient norm and clip fraction (one panel each:
+they differ by orders of magnitude); throughput and the time breakdown per round. A plot with
+no data yet (e.g. no evaluation) is left out. The page also has the numbers: the learning curve
+as a table (win rate with its 95% interval per checkpoint) and the run's settings.
 """
 
 from __future__ import annotations
@@ -16,100 +18,221 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from ub.actors.names import checkpoint_update
 from ub.errors import UbError
 from ub.run.views import RunViews, is_run
 
-
-def _figure():
-    import matplotlib
-
-    matplotlib.use("Agg")  # files only, no display
-    import matplotlib.pyplot as plt
-
-    return plt.subplots(figsize=(8, 4.5), dpi=100)
+SIZE = (8, 4.5)
+"""A plot's size in inches (at 100 dpi: 800 x 450 pixels)."""
+MATRIX_SIZE = (8, 7)
+"""The match matrix's: square cells with readable numbers."""
 
 
-def _learning_curve(t: dict[str, list[dict]], ax) -> bool:
+def _short(name: str) -> str:
+    """A readable axis label: ``ckpt-000004`` -> ``ckpt 4``; other names as they are, cut."""
+    update = checkpoint_update(name)
+    return f"ckpt {update}" if update is not None else (name if len(name) <= 14
+                                                        else name[:13] + "…")
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def _learning_curve(t: dict[str, list[dict]], fig) -> bool:
+    ax = fig.subplots()
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for row in t["evals"]:
         groups[(row["env_id"], row["opponent"])].append(row)
     for (env, opponent), rows in sorted(groups.items()):
         rows.sort(key=lambda r: r["update"])
         x = [r["update"] for r in rows]
-        ax.plot(x, [r["win_rate"] for r in rows], marker="o", label=f"win vs {opponent} ({env})")
-        ax.fill_between(x, [r["win_low"] for r in rows], [r["win_high"] for r in rows], alpha=0.2)
+        line, = ax.plot(x, [r["win_rate"] for r in rows], marker="o",
+                        label=f"win vs {opponent} ({env})")
+        ax.fill_between(x, [r["win_low"] for r in rows], [r["win_high"] for r in rows],
+                        alpha=0.2, color=line.get_color())
         ax.plot(x, [r["draws"] / max(r["games"], 1) for r in rows], ls="--",
-                label=f"draw vs {opponent}")
+                color=line.get_color(), alpha=0.7, label=f"draw vs {opponent} ({env})")
         ax.plot(x, [r["losses"] / max(r["games"], 1) for r in rows], ls=":",
-                label=f"loss vs {opponent}")
-    ax.set(xlabel="checkpoint (update)", ylabel="rate", ylim=(0, 1),
+                color=line.get_color(), alpha=0.7, label=f"loss vs {opponent} ({env})")
+    ax.set(xlabel="checkpoint (update)", ylabel="rate of eval games", ylim=(0, 1),
            title="Learning curve (95% Wilson band on the win rate)")
     return bool(groups)
 
 
-def _ratings(t: dict[str, list[dict]], ax) -> bool:
+def _ratings(t: dict[str, list[dict]], fig) -> bool:
+    """Left: each checkpoint's latest mu ± sigma by update (the newest is the rightmost point,
+    never hidden), fixed opponents as horizontal lines. Right: mu over rounds, no bands."""
     members: dict[str, list[dict]] = defaultdict(list)
     for row in t["ratings"]:
         members[row["name"]].append(row)
-    for name, rows in sorted(members.items()):
-        rows.sort(key=lambda r: r["round"])
-        x = [r["round"] for r in rows]
-        mu = [r["mu"] for r in rows]
-        ax.plot(x, mu, label=name if len(members) <= 12 else None)
-        ax.fill_between(x, [m - r["sigma"] for m, r in zip(mu, rows, strict=True)],
-                        [m + r["sigma"] for m, r in zip(mu, rows, strict=True)], alpha=0.1)
-    ax.set(xlabel="round", ylabel="TrueSkill mu ± sigma", title="Ratings over rounds")
-    return bool(members)
-
-
-def _match_matrix(matches: dict[str, dict[str, list[int]]], ax) -> bool:
-    names = sorted(matches)
-    if not names:
+    if not members:
         return False
-    counts = [[sum(matches.get(a, {}).get(b, [0, 0, 0])) for b in names] for a in names]
-    image = ax.imshow(counts, cmap="viridis")
-    ax.set_xticks(range(len(names)), names, rotation=60, ha="right", fontsize=7)
-    ax.set_yticks(range(len(names)), names, fontsize=7)
-    for i, a in enumerate(names):
-        for j, b in enumerate(names):
-            wdl = matches.get(a, {}).get(b)
-            if wdl:
-                ax.text(j, i, "/".join(map(str, wdl)), ha="center", va="center", fontsize=6,
-                        color="white")
-    ax.figure.colorbar(image, ax=ax, label="games")
-    ax.set_title("Match matrix (W/D/L of row vs column)")
+    latest, over_time = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1]})
+    checkpoints = sorted((checkpoint_update(n), n) for n in members
+                         if checkpoint_update(n) is not None)
+    fixed = sorted(n for n in members if checkpoint_update(n) is None)
+    last = {n: max(rows, key=lambda r: r["round"]) for n, rows in members.items()}
+    if checkpoints:
+        x = [u for u, _ in checkpoints]
+        mu = [last[n]["mu"] for _, n in checkpoints]
+        sigma = [last[n]["sigma"] for _, n in checkpoints]
+        latest.errorbar(x, mu, yerr=sigma, fmt="o-", capsize=3, color="tab:blue",
+                        label="checkpoint mu ± sigma")
+        newest_update, newest = checkpoints[-1]
+        latest.annotate(f"{_short(newest)}: {last[newest]['mu']:.1f}",
+                        (newest_update, last[newest]["mu"]), textcoords="offset points",
+                        xytext=(-10, 10), ha="right", fontsize=8, color="tab:blue")
+    for i, name in enumerate(fixed):
+        latest.axhline(last[name]["mu"], ls="--", color=f"C{(i + 1) % 10}",
+                       label=f"{_short(name)} (fixed)")
+    latest.set(xlabel="checkpoint (update)", ylabel="TrueSkill mu",
+               title="Latest rating of each checkpoint")
+    latest.legend(fontsize=7, loc="best")
+    cmap = _colormap("viridis")
+    top = max((u for u, _ in checkpoints), default=1) or 1
+    for update, name in checkpoints:
+        rows = sorted(members[name], key=lambda r: r["round"])
+        newest = name == checkpoints[-1][1]  # (often one point: made by the last round)
+        over_time.plot([r["round"] for r in rows], [r["mu"] for r in rows],
+                       marker="o" if newest else ".", markersize=8 if newest else 4,
+                       color=cmap(update / top), lw=2.5 if newest else 1,
+                       label=_short(name) if newest else None)
+    for i, name in enumerate(fixed):
+        rows = sorted(members[name], key=lambda r: r["round"])
+        over_time.plot([r["round"] for r in rows], [r["mu"] for r in rows], ls="--",
+                       color=f"C{(i + 1) % 10}", label=_short(name))
+    over_time.set(xlabel="round", ylabel="TrueSkill mu",
+                  title="mu over rounds (dark: older checkpoints)")
+    over_time.legend(fontsize=7, loc="best")
     return True
 
 
-def _collection(t: dict[str, list[dict]], keys: tuple[str, ...], ax, title: str,
-                ylabel: str) -> bool:
+def _integer_ticks():
+    from matplotlib.ticker import MaxNLocator
+
+    return MaxNLocator(integer=True)
+
+
+def _colormap(name: str):
+    import matplotlib
+
+    return matplotlib.colormaps[name]
+
+
+MAX_MATRIX = 16
+"""Members shown in the match matrix: the fixed opponents and the newest checkpoints."""
+
+
+def _match_matrix(matches: dict[str, dict[str, list[int]]], fig) -> bool:
+    names = sorted(set(matches) | {b for row in matches.values() for b in row},
+                   key=lambda n: (checkpoint_update(n) is None, checkpoint_update(n) or 0, n))
+    if not names:
+        return False
+    checkpoints = [n for n in names if checkpoint_update(n) is not None]
+    fixed = [n for n in names if checkpoint_update(n) is None]
+    names = checkpoints[-max(1, MAX_MATRIX - len(fixed)):] + fixed
+    ax = fig.subplots()
+    score = [[float("nan")] * len(names) for _ in names]
+    for i, a in enumerate(names):
+        for j, b in enumerate(names):
+            w, d, lost = matches.get(a, {}).get(b, [0, 0, 0])
+            if w + d + lost:
+                score[i][j] = (w + d / 2) / (w + d + lost)
+    image = ax.imshow(score, cmap="RdYlGn", vmin=0, vmax=1)
+    labels = [_short(n) for n in names]
+    size = 9 if len(names) <= 8 else 8
+    ax.set_xticks(range(len(names)), labels, rotation=45, ha="right", fontsize=size)
+    ax.set_yticks(range(len(names)), labels, fontsize=size)
+    for i, a in enumerate(names):
+        for j, b in enumerate(names):
+            w, d, lost = matches.get(a, {}).get(b, [0, 0, 0])
+            if w + d + lost:
+                text = (f"{100 * score[i][j]:.0f}%\n{w + d + lost}" if len(names) <= 10
+                        else f"{100 * score[i][j]:.0f}")
+                ax.text(j, i, text, ha="center", va="center", fontsize=size - 1,
+                        color="black")
+    fig.colorbar(image, ax=ax, label="score of row vs column (win 1, draw ½)")
+    cell = "score %, games" if len(names) <= 10 else "score %"
+    ax.set(xlabel="opponent", ylabel="member",
+           title=f"Match matrix: score of row vs column (cell: {cell})")
+    return True
+
+
+METRIC_LABELS = {"invalid_move_rate": "invalid moves", "format_rate": "format ok",
+                 "response_tokens": "tokens"}
+
+
+def _collection(t: dict[str, list[dict]], keys: tuple[str, ...], ax, ylabel: str) -> bool:
     series: dict[str, dict[int, float]] = defaultdict(dict)
     for row in t["metrics"]:
         parts = row["metric"].split("/")
         if parts[0] == "collection" and len(parts) == 3 and parts[2] in keys:
-            series[f"{parts[2]} ({parts[1]})"][row["round"]] = row["value"]
+            series[f"{METRIC_LABELS.get(parts[2], parts[2])} ({parts[1]})"][row["round"]] = (
+                row["value"])
     for label, points in sorted(series.items()):
         rounds = sorted(points)
         ax.plot(rounds, [points[r] for r in rounds], marker=".", label=label)
-    ax.set(xlabel="round", ylabel=ylabel, title=title)
+    ax.set(xlabel="round", ylabel=ylabel)
     return bool(series)
 
 
-def _lines(rows: list[dict], keys: tuple[str, ...], ax, title: str) -> bool:
-    plotted = False
-    for key in keys:
+def _move_quality(t: dict[str, list[dict]], fig) -> bool:
+    ax = fig.subplots()
+    drawn = _collection(t, ("invalid_move_rate", "format_rate"), ax, "rate of model decisions")
+    ax.set(ylim=(0, 1.02), title="Invalid-move and format rates (training games)")
+    return drawn
+
+
+def _response_length(t: dict[str, list[dict]], fig) -> bool:
+    """Tokens on the left axis, the count of truncated training sequences on its own right."""
+    ax = fig.subplots()
+    drawn = _collection(t, ("response_tokens",), ax, "completion tokens per decision")
+    points = [(r["round"], r["truncated"]) for r in t["learner"] if r.get("truncated") is not None]
+    if points:
+        twin = ax.twinx()
+        twin.bar(*zip(*points, strict=True), width=0.4, alpha=0.3, color="tab:red",
+                 label="truncated sequences (batch)")
+        twin.set_ylabel("truncated sequences in the batch (count)", color="tab:red")
+        twin.set_ylim(bottom=0, top=max(1, max(v for _, v in points)) * 1.2)
+        twin.yaxis.set_major_locator(_integer_ticks())
+        twin.legend(fontsize=7, loc="upper right")
+    # From 0 (a 3.00 -> 3.12 wiggle must not look like a doubling), with room for the legends.
+    ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], 1) * 1.3)
+    if drawn:
+        ax.legend(fontsize=7, loc="upper left")
+    ax.set(title="Response length and truncation")
+    return drawn or bool(points)
+
+
+LEARNER_PANELS = (("loss", "loss"), ("grad_norm", "gradient norm"),
+                  ("clip_fraction", "clip fraction"))
+
+
+def _learner(t: dict[str, list[dict]], fig) -> bool:
+    """One panel per figure (loss, gradient norm, clip fraction), each on its own axis."""
+    rows = t["learner"]
+    if not rows:
+        return False
+    axes = fig.subplots(1, len(LEARNER_PANELS))
+    for ax, (key, label) in zip(axes, LEARNER_PANELS, strict=True):
         points = [(r["round"], r[key]) for r in rows if r.get(key) is not None]
         if points:
-            ax.plot(*zip(*points, strict=True), marker=".", label=key)
-            plotted = True
-    ax.set(xlabel="round", title=title)
-    return plotted
+            ax.plot(*zip(*points, strict=True), marker="o")
+        else:
+            ax.text(0.5, 0.5, f"no {label}\n(not reported by\nthis algorithm)",
+                    ha="center", va="center", transform=ax.transAxes, fontsize=8)
+        ax.set(xlabel="round", ylabel=label, title=label)
+        ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
+    fig.suptitle("Learner, per update")
+    return True
 
 
-def _throughput(t: dict[str, list[dict]], ax) -> bool:
+def _throughput(t: dict[str, list[dict]], fig) -> bool:
     rows = t["rounds"]
     if not rows:
         return False
+    ax = fig.subplots()
     x = [r["round"] for r in rows]
     bottom = [0.0] * len(rows)
     for key in ("rollout_seconds", "eval_seconds", "learner_seconds", "other_seconds"):
@@ -121,11 +244,68 @@ def _throughput(t: dict[str, list[dict]], ax) -> bool:
     twin.plot(x, [r["generated_tokens"] / r["rollout_seconds"] if r["rollout_seconds"] else 0
                   for r in rows], color="black", marker=".", label="generated tokens/s")
     twin.set_ylabel("generated tokens/s")
+    # Headroom above both for the two legends, one in each upper corner.
+    twin.set_ylim(bottom=0, top=twin.get_ylim()[1] * 1.3)
+    twin.legend(fontsize=7, loc="upper right")
+    ax.set_ylim(top=ax.get_ylim()[1] * 1.3)
+    ax.legend(fontsize=7, loc="upper left", ncols=4)
     return True
+
+
+def _curve_table(evals: list[dict]) -> str:
+    """The learning curve as numbers: one row per (checkpoint, env, opponent)."""
+    if not evals:
+        return "<p>No evaluation yet.</p>"
+    head = ("checkpoint", "env", "opponent", "games", "win rate [95% CI]", "draws", "losses",
+            "invalid moves")
+    rows = []
+    for r in sorted(evals, key=lambda r: (r["env_id"], r["opponent"], r["update"])):
+        cells = (r["update"], r["env_id"], r["opponent"], r["games"],
+                 f"{_pct(r['win_rate'])} [{_pct(r['win_low'])}, {_pct(r['win_high'])}]",
+                 r["draws"], r["losses"], _pct(r["invalid_move_rate"]))
+        rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")
+    return ("<table><tr>" + "".join(f"<th>{h}</th>" for h in head) + "</tr>"
+            + "".join(rows) + "</table>")
+
+
+def _flatten(data: Any, prefix: str = "") -> list[tuple[str, str]]:
+    if isinstance(data, dict):
+        return [item for key, value in data.items()
+                for item in _flatten(value, f"{prefix}.{key}" if prefix else str(key))]
+    if isinstance(data, list) and any(isinstance(v, dict) for v in data):
+        return [item for i, value in enumerate(data) for item in _flatten(value, f"{prefix}[{i}]")]
+    return [(prefix, "null" if data is None else str(data))]
+
+
+def _settings_table(root: Path) -> str:
+    """The run's resolved config (``config.yaml``), one setting a row."""
+    import yaml
+
+    try:
+        data = yaml.safe_load((root / "config.yaml").read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        return f"<p class=warn>config.yaml is unreadable: {html.escape(str(exc))}</p>"
+    rows = "".join(f"<tr><td><code>{html.escape(k)}</code></td><td>{html.escape(v)}</td></tr>"
+                   for k, v in _flatten(data))
+    return f"<table><tr><th>setting</th><th>value</th></tr>{rows}</table>"
+
+
+def _totals(t: dict[str, list[dict]]) -> str:
+    rounds = t["rounds"]
+    games = sum(r["games"] or 0 for r in rounds)
+    decisions = sum(r["model_decisions"] or 0 for r in rounds)
+    invalid = sum(r["invalid_moves"] or 0 for r in rounds)
+    seconds = sum(r["round_seconds"] or 0.0 for r in rounds)
+    return (f"{len(rounds)} committed rounds, {games} training games, {decisions} model "
+            f"decisions ({_pct(invalid / decisions) if decisions else '-'} invalid), "
+            f"{seconds / 60:.1f} minutes of rounds")
 
 
 def write_report(root: Path, out: Path) -> Path:
     """Write the plots and ``report.html`` into ``out``; return the HTML's path."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
     import matplotlib.pyplot as plt
 
     root = Path(root)
@@ -138,18 +318,14 @@ def write_report(root: Path, out: Path) -> Path:
     matches = views.last_ratings().get("matches", {})
 
     plots: list[tuple[str, str, Callable[[Any], bool]]] = [
-        ("learning_curve", "Learning curve", lambda ax: _learning_curve(t, ax)),
-        ("ratings", "TrueSkill ratings", lambda ax: _ratings(t, ax)),
-        ("match_matrix", "Match matrix", lambda ax: _match_matrix(matches, ax)),
-        ("move_quality", "Invalid moves and format", lambda ax: _collection(
-            t, ("invalid_move_rate", "format_rate"), ax, "Invalid-move and format rates",
-            "rate")),
-        ("response_length", "Response length and truncation", lambda ax: _collection(
-            t, ("response_tokens",), ax, "Response length", "completion tokens")
-            | _lines(t["learner"], ("truncated",), ax, "Response length and truncation")),
-        ("learner", "Learner", lambda ax: _lines(
-            t["learner"], ("loss", "grad_norm", "clip_fraction"), ax, "Learner")),
-        ("throughput", "Throughput and time", lambda ax: _throughput(t, ax)),
+        ("learning_curve", "Learning curve", lambda fig: _learning_curve(t, fig)),
+        ("ratings", "TrueSkill ratings", lambda fig: _ratings(t, fig)),
+        ("match_matrix", "Match matrix", lambda fig: _match_matrix(matches, fig)),
+        ("move_quality", "Invalid moves and format", lambda fig: _move_quality(t, fig)),
+        ("response_length", "Response length and truncation",
+         lambda fig: _response_length(t, fig)),
+        ("learner", "Learner: loss, gradient norm, clip fraction", lambda fig: _learner(t, fig)),
+        ("throughput", "Throughput and time", lambda fig: _throughput(t, fig)),
     ]
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -157,12 +333,14 @@ def write_report(root: Path, out: Path) -> Path:
         raise UbError(f"output folder {out} is not writable ({exc.strerror or exc})") from None
     sections = []
     for name, title, draw in plots:
-        fig, ax = _figure()
+        fig = plt.figure(figsize=MATRIX_SIZE if name == "match_matrix" else SIZE, dpi=100)
         try:
-            if not draw(ax):
+            if not draw(fig):
                 continue
-            if ax.get_legend_handles_labels()[0]:
-                ax.legend(fontsize=7, loc="best")
+            for ax in fig.axes:
+                handles, _ = ax.get_legend_handles_labels()
+                if handles and ax.get_legend() is None:
+                    ax.legend(fontsize=7, loc="best")
             fig.tight_layout()
             path = out / f"{name}.png"
             fig.savefig(path)
@@ -177,8 +355,12 @@ def write_report(root: Path, out: Path) -> Path:
         "<!doctype html><meta charset=utf-8>"
         f"<title>ub report: {html.escape(root.name)}</title>"
         "<style>body{font-family:sans-serif;max-width:900px;margin:auto}"
-        "img{max-width:100%}.warn{color:#a60}</style>"
+        "img{max-width:100%}.warn{color:#a60}table{border-collapse:collapse;font-size:90%}"
+        "td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}</style>"
         f"<h1>ub report: {html.escape(root.name)}</h1>"
-        f"<p>{len(t['rounds'])} committed rounds; data in <code>{html.escape(str(root))}</code>"
-        f"</p>{warnings}\n" + "\n".join(sections) + "\n")
+        f"<p>{html.escape(_totals(t))}; data in <code>{html.escape(str(root))}</code></p>"
+        f"{warnings}\n<h2>Learning curve (numbers)</h2>\n{_curve_table(t['evals'])}\n"
+        + "\n".join(sections)
+        + f"\n<h2>Settings</h2>\n<details open><summary>config.yaml</summary>"
+          f"{_settings_table(root)}</details>\n")
     return page

@@ -43,6 +43,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from ub.actors.names import is_model_actor
 from ub.errors import UbError
 
 STAGES = ("final", "step", "sampling")
@@ -293,12 +294,6 @@ def build_transforms(stage: str, specs: Iterable[str | Mapping[str, Any] | Rewar
 # --------------------------------------------------------------------------------------------
 
 
-def _is_model_actor(name: str) -> bool:
-    # Actor names are "model", "model:ADAPTER_PATH", a training run's checkpoint "ckpt-NNNNNN"
-    # (ub.run.rounds) or a fixed opponent (ub.actors.spec).
-    return name == "model" or name.startswith(("model:", "ckpt-"))
-
-
 @register
 @dataclass
 class WinDrawLoss(FinalTransform):
@@ -366,7 +361,7 @@ class RoleAdvantage(FinalTransform):
                           f"got {self.update_from!r}")
 
     def _updates(self, actor: str) -> bool:
-        return self.update_from == "all" or _is_model_actor(actor)
+        return self.update_from == "all" or is_model_actor(actor)
 
     def transform_game(self, rewards: list[float], game: GameView) -> list[float]:
         seen = self.baselines.get(game.env_id, {})
@@ -393,8 +388,11 @@ class RoleAdvantage(FinalTransform):
         if self.update_from == "all":
             updates = np.ones(n, dtype=bool)
         else:
-            updates = pc.or_(pc.equal(seats.actor, "model"),
-                             pc.starts_with(seats.actor, "model:")).to_numpy(zero_copy_only=False)
+            # One decision per distinct name, by the one function that defines a model actor.
+            names = pc.dictionary_encode(seats.actor)
+            is_model = np.array([is_model_actor(a) for a in names.dictionary.to_pylist()],
+                                dtype=bool)
+            updates = is_model[names.indices.to_numpy(zero_copy_only=False).astype(np.int64)]
         order = np.argsort(codes, kind="stable")
         ema, one_minus = float(self.ema), 1.0 - float(self.ema)
         out_sorted: list[float] = []
@@ -681,7 +679,15 @@ class FormatReward(StepTransform):
 @register
 @dataclass
 class InvalidMovePenalty(StepTransform):
-    """Add ``penalty`` (<= 0) to the reward of a decision the game rejected as invalid."""
+    """An invalid move scores ``penalty`` (<= 0) below the lowest final reward of its game.
+
+    ``reward := least(reward, game_min_final_reward) + penalty`` for a decision the game
+    rejected. An additive penalty alone is not enough: in a game its seat went on to win, an
+    invalid move would keep most of the win and, after centring, often a positive advantage.
+    Anchored to the game's lowest final reward it can never score above any valid move of the
+    same game (a valid move scores at least its seat's final reward), whatever the outcome.
+    List it last among the step transforms, so no later bonus lifts an invalid move again.
+    """
 
     name: ClassVar[str] = "invalid_move_penalty"
     penalty: float = -1.0
@@ -689,14 +695,17 @@ class InvalidMovePenalty(StepTransform):
     def validate(self) -> None:
         sql_float(self.penalty)
         if float(self.penalty) > 0:
-            raise UbError(f"invalid_move_penalty penalty is added to the reward and must be <= 0, "
-                          f"got {self.penalty}")
+            raise UbError(f"invalid_move_penalty penalty is added to the game's lowest final "
+                          f"reward and must be <= 0, got {self.penalty}")
 
     def sql(self, reward: str) -> str:
-        return f"({reward}) + CASE WHEN invalid_move THEN {sql_float(self.penalty)} ELSE 0.0 END"
+        return (f"CASE WHEN invalid_move THEN least({reward}, game_min_final_reward) + "
+                f"{sql_float(self.penalty)} ELSE {reward} END")
 
     def apply_row(self, reward: float, row: Mapping[str, Any]) -> float:
-        return reward + (float(self.penalty) if row["invalid_move"] else 0.0)
+        if not row["invalid_move"]:
+            return reward
+        return min(reward, row["game_min_final_reward"]) + float(self.penalty)
 
 
 def step_reward_sql(transforms: Sequence[StepTransform], base: str) -> str:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,6 +108,9 @@ def play_games(
     base_seed: int = 0,
     concurrency: int = 128,
     sampling: Any = None,
+    seed_round: int | str | None = None,
+    game_id_prefix: str | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Rollout:
     """Play every assignment and return the ``steps`` and ``games`` tables.
 
@@ -118,6 +122,11 @@ def play_games(
     :param concurrency: the most games in flight at once.
     :param sampling: a :class:`ub.inference.SamplingConfig` for this rollout's model turns
         (e.g. greedy evaluation); ``None``: the engine's default.
+    :param seed_round: what sampling and scripted-player seeds mix in instead of ``round_``
+        (evaluation passes ``"eval"``, so every checkpoint meets the same opponent moves).
+    :param game_id_prefix: game ids are ``PREFIX-gNNNNNN``; default ``RUN-rNNNNNN`` (the round).
+    :param progress: called with (games finished, games in all) as each game ends, e.g. a
+        :func:`ub.run.progress.progress_bar`.
     """
     from ub.actors.scripted import make_scripted_player
 
@@ -133,8 +142,11 @@ def play_games(
     waiting: dict[str, tuple[_Live, dict]] = {}  # request id -> game waiting on it
     started = time.perf_counter()
 
+    seed_scope = round_ if seed_round is None else seed_round
+    prefix = game_id_prefix or f"{run or 'play'}-r{round_:06d}"
+
     def game_id(a: GameAssignment) -> str:
-        return f"{run or 'play'}-r{round_:06d}-g{a.game_index:06d}"
+        return f"{prefix}-g{a.game_index:06d}"
 
     def finish(item: _Live) -> None:
         a, g = item.assignment, item.game
@@ -173,6 +185,8 @@ def play_games(
             "winner": result.winner, "num_turns": g.turn, "reason": result.reason,
             "error": result.error, "seconds": result.seconds,
         })
+        if progress is not None:
+            progress(stats.games, len(assignments))
 
     def advance(item: _Live) -> None:
         """Move scripted seats until the game ends or waits for the model or a hosted seat."""
@@ -207,7 +221,7 @@ def play_games(
             return False
         from ub.inference.vllm_engine import GenerationRequest
 
-        seed = derive_seed(base_seed, round_, item.assignment.game_index, g.turn, "sample")
+        seed = derive_seed(base_seed, seed_scope, item.assignment.game_index, g.turn, "sample")
         request_id = f"{g.game_id}-t{g.turn}"
         engine.submit(GenerationRequest(request_id, ids, seed, actor.adapter, sampling))
         waiting[request_id] = (item, {
@@ -264,7 +278,7 @@ def play_games(
             a = queue.popleft()
             game = Game(a.spec, a.seed, game_id(a))
             players = {
-                seat: make_scripted_player(actor.name, derive_seed(base_seed, round_,
+                seat: make_scripted_player(actor.name, derive_seed(base_seed, seed_scope,
                                                                     a.game_index, seat, "player"))
                 for seat, actor in enumerate(a.actors) if actor.kind == "scripted"
             }

@@ -128,7 +128,36 @@ def differences(run: Path, reference: Path) -> list[str]:
         folder = paths.checkpoint(update)
         read_checkpoint(folder)
         read_adapter(folder)
-        for name in ("adapter_model.safetensors", "optimizer.safetensors"):
-            if (folder / name).read_bytes() != (ref.checkpoint(update) / name).read_bytes():
+        for name in sorted({p.name for p in folder.iterdir()} | {p.name for p in
+                                                                ref.checkpoint(update).iterdir()}):
+            mine, theirs = (f / name for f in (folder, ref.checkpoint(update)))
+            if not (mine.is_file() and theirs.is_file()):
+                found.append(f"{folder.name}/{name} is missing from one run")
+            elif name in TIMED_FILES:
+                if TIMED_FILES[name](mine) != TIMED_FILES[name](theirs):
+                    found.append(f"{folder.name}/{name} differs beyond its timing fields")
+            elif mine.read_bytes() != theirs.read_bytes():
                 found.append(f"{folder.name}/{name} differs")
     return found
+
+
+def _untimed_metrics(path: Path) -> dict:
+    """A checkpoint's metrics.json without what measures time or memory (or names a folder)."""
+    metrics = json.loads(path.read_text())
+    for key in ("seconds", "tokens_per_second", "peak_rss_mb", "from_checkpoint"):
+        metrics.pop(key, None)
+    for key in ("seconds", "timings"):
+        metrics.get("batch", {}).pop(key, None)
+    return metrics
+
+
+def _untimed_manifest(path: Path) -> dict:
+    """A checkpoint manifest without metrics.json's hash (that file holds timings)."""
+    manifest = json.loads(path.read_text())
+    manifest["files"].pop("metrics.json", None)
+    return manifest
+
+
+# A checkpoint's files that hold timings: compared with those fields left out, the rest byte
+# for byte.
+TIMED_FILES = {"metrics.json": _untimed_metrics, "ub_checkpoint.json": _untimed_manifest}

@@ -10,6 +10,7 @@ import pytest
 
 from faults.runs import differences, train
 from ub.cli import main
+from ub.run.layout import check_run_format
 
 
 def _copy(reference, tmp_path):
@@ -21,7 +22,37 @@ def _copy(reference, tmp_path):
 def test_a_healthy_run_is_ok(reference, capsys):
     ref, _ = reference
     assert main(["doctor", str(ref)]) == 0
-    assert capsys.readouterr().out.strip() == "run: 2 committed round(s), ok"
+    assert capsys.readouterr().out.strip().splitlines() == [
+        "run: 2 committed round(s), ok", "run format 2: shard folders round-NNNNNN"]
+
+
+def test_a_format_1_run_still_reads_and_says_its_format(reference, fault_config, prefect_api,
+                                                        tmp_path, capsys):
+    """A run from before run format 2 (hive ``round=NNNNNN`` folders, no ub-run.json): the
+    doctor finds it healthy and names its format, `ub sql` reads it, and a resume replays a
+    round in the run's own layout."""
+    run = _copy(reference, tmp_path)
+    (run / "ub-run.json").unlink()
+    for folder in sorted(run.glob("**/round-[0-9]*")):
+        if folder.is_dir():
+            folder.rename(folder.with_name(folder.name.replace("round-", "round=")))
+    for manifest in (run / "rounds").glob("*.json"):  # format 1 manifests list round=R paths
+        data = json.loads(manifest.read_text())
+        data["shards"] = [s.replace("/round-", "/round=") for s in data["shards"]]
+        manifest.write_text(json.dumps(data))
+    assert main(["doctor", str(run)]) == 0
+    out = capsys.readouterr().out
+    assert "run format 1: shard folders round=NNNNNN" in out and "ok" in out
+    assert main(["sql", str(run), "SELECT count(DISTINCT round) AS n FROM games",
+                 "--format", "csv"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["n", "2"]
+    shard = run / "games" / "round=000001" / "shard-0000.parquet"
+    shard.write_bytes(shard.read_bytes()[:300])
+    assert main(["doctor", str(run), "--repair"]) == 0
+    result = train(fault_config, tmp_path, prefect_api)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert shard.exists() and not list(run.glob("**/round-[0-9]*/"))
+    assert check_run_format(run) == 1
 
 
 def test_a_live_runs_temporary_files_are_work_in_progress(reference, tmp_path, capsys):
@@ -38,7 +69,7 @@ def test_a_live_runs_temporary_files_are_work_in_progress(reference, tmp_path, c
 def test_damage_is_named_repaired_and_replayed(reference, fault_config, prefect_api, tmp_path,
                                                capsys):
     run = _copy(reference, tmp_path)
-    shard = run / "games" / "round=000001" / "shard-0000.parquet"
+    shard = run / "games" / "round-000001" / "shard-0000.parquet"
     shard.write_bytes(shard.read_bytes()[:300])  # truncated
     (run / "checkpoints" / "ckpt-000002" / "adapter_model.safetensors").unlink()
     (run / "metrics" / "round-000000.parquet").write_text("garbage")
@@ -47,7 +78,7 @@ def test_damage_is_named_repaired_and_replayed(reference, fault_config, prefect_
 
     assert main(["doctor", str(run)]) == 1
     out = capsys.readouterr().out
-    assert "games/round=000001/shard-0000.parquet: is not a readable Parquet file" in out
+    assert "games/round-000001/shard-0000.parquet: is not a readable Parquet file" in out
     assert "checkpoints/ckpt-000002: checkpoint is missing adapter_model.safetensors" in out
     assert "metrics/round-000000.parquet: unreadable metrics" in out
     assert "steps/.shard-0001.parquet.tmp-4242-0123abcd: temporary file" in out
@@ -78,11 +109,11 @@ def test_a_manifest_pointing_at_nothing_is_found(reference, tmp_path, capsys):
     run = _copy(reference, tmp_path)
     manifest = run / "rounds" / "round-000000.json"
     data = json.loads(manifest.read_text())
-    data["shards"] = ["games/round=000000/shard-0007.parquet"]
+    data["shards"] = ["games/round-000000/shard-0007.parquet"]
     manifest.write_text(json.dumps(data))
     assert main(["doctor", str(run)]) == 1
     out = capsys.readouterr().out
-    assert "games/round=000000/shard-0007.parquet: missing games shard of a committed round" in out
+    assert "games/round-000000/shard-0007.parquet: missing games shard of a committed round" in out
     assert "shard-0000.parquet: shard of a committed round that its manifest does not list" in out
     assert main(["doctor", str(run), "--repair"]) == 0
     assert "back at round 0" in capsys.readouterr().out

@@ -53,11 +53,12 @@ def two_engines(address: str) -> dict:
 
 def assert_same_data(ray_run, one_process) -> None:
     found = differences(ray_run, one_process)
-    if "steps rows differ" in found:
-        # vLLM batches a shard's requests as they arrive, so two engines may group them unlike
-        # one: the log-probs of the same sampled tokens can differ in their last bits.
-        found.remove("steps rows differ")
-        found += _steps_differences(ray_run, one_process)
+    for table in ("steps", "eval/steps"):
+        if f"{table} rows differ" in found:
+            # vLLM batches a shard's requests as they arrive, so two engines may group them
+            # unlike one: the log-probs of the same sampled tokens can differ in their last bits.
+            found.remove(f"{table} rows differ")
+            found += _steps_differences(ray_run, one_process, table)
     assert found == []
 
 
@@ -104,9 +105,11 @@ def test_a_data_parallel_learner_on_ray_takes_the_one_process_updates(
                                               atol=1e-5, err_msg=f"ckpt-{update} {name} {key}")
 
 
-def _steps_differences(run, reference) -> list[str]:
+def _steps_differences(run, reference, table: str) -> list[str]:
     found = []
-    for mine, theirs in zip(table_rows(run, "steps"), table_rows(reference, "steps"), strict=True):
+    pattern = "shard-0000.parquet" if table.startswith("eval") else "shard-*.parquet"
+    for mine, theirs in zip(table_rows(run, table, pattern), table_rows(reference, table, pattern),
+                            strict=True):
         for key, value in mine.items():
             if key == "completion_logprobs":
                 # (null for scripted players' moves)

@@ -6,6 +6,9 @@
 - ``hosted:MODEL@BASE_URL[?options]``: an OpenAI-compatible chat endpoint
   (:mod:`ub.actors.hosted`).
 
+A training run's checkpoints are ``ckpt-NNNNNN`` in the data; which names play a model is
+decided in :mod:`ub.actors.names` alone.
+
 The name is stored verbatim in ``steps.actor`` and ``games.actors``.
 """
 
@@ -14,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ub.actors.names import ADAPTER_PREFIX, MODEL
 from ub.errors import UbError
 
 
@@ -47,10 +51,10 @@ def scripted_names() -> list[str]:
 def parse_actor(name: str) -> ActorSpec:
     """Parse ``model``, ``model:PATH`` or a scripted player name (unknown names list valid ones)."""
     name = name.strip()
-    if name == "model":
+    if name == MODEL:
         return ActorSpec(name, "model")
-    if name.startswith("model:"):
-        path = name.split(":", 1)[1]
+    if name.startswith(ADAPTER_PREFIX):
+        path = name[len(ADAPTER_PREFIX):]
         if not path:
             raise UbError("actor 'model:' needs an adapter path, e.g. model:runs/x/checkpoints/3")
         return ActorSpec(name, "model", adapter=str(Path(path).expanduser().resolve()))

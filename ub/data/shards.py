@@ -2,8 +2,15 @@
 
 Layout under a data root::
 
-    steps/round=000003/shard-0001.parquet     one row per decision
-    games/round=000003/shard-0001.parquet     one row per game
+    steps/round-000003/shard-0001.parquet     one row per decision
+    games/round-000003/shard-0001.parquet     one row per game
+
+The round folder is deliberately not a hive partition (``round=000003``, the layout of run
+format 1): plain DuckDB would turn the ``round`` column into VARCHAR '000003', and plain
+pyarrow and pandas refuse to merge the folder's dictionary type with the file's int32. With
+``round-NNNNNN`` every reader takes ``round`` from the file (int32), with no options, and the
+zero padding keeps a plain sort of the folder names in round order. Data roots written in the
+old layout are still read, and keep being written in it (one layout per data root).
 
 A shard's ``steps`` file is written first and its ``games`` file last: the games file is the
 shard's commit marker. Every file goes to a temporary name in the same folder, is flushed and
@@ -31,7 +38,11 @@ from ub.errors import UbError
 from ub.faults import fault_point
 
 _SHARD_FILE = re.compile(r"^shard-(\d{4,})\.parquet$")
-_ROUND_DIR = re.compile(r"^round=(\d{6,})$")
+_ROUND_DIR = re.compile(r"^round[-=](\d{6,})$")
+ROUND_FOLDER = "round-{:06d}"
+"""A round's shard folder (run format 2)."""
+LEGACY_ROUND_FOLDER = "round={:06d}"
+"""A round's shard folder in run format 1: a hive partition, which plain readers mistype."""
 
 
 @dataclass(frozen=True, order=True)
@@ -44,9 +55,39 @@ class ShardId:
 
 def shard_path(root: Path, table: str, sid: ShardId) -> Path:
     """The path of ``table``'s file for shard ``sid``: a pure function of (root, round, shard)."""
+    return round_dir(root, table, sid.round) / f"shard-{sid.shard:04d}.parquet"
+
+
+def round_dir(root: Path, table: str, round_: int) -> Path:
+    """``table``'s folder of round ``round_``: ``round-NNNNNN``, or ``round=NNNNNN`` in a data
+    root written in the old layout (:func:`uses_legacy_layout`)."""
     if table not in TABLES:
         raise ValueError(f"unknown table {table!r}")
-    return Path(root) / table / f"round={sid.round:06d}" / f"shard-{sid.shard:04d}.parquet"
+    new = Path(root) / table / ROUND_FOLDER.format(round_)
+    if new.exists():
+        return new
+    legacy = Path(root) / table / LEGACY_ROUND_FOLDER.format(round_)
+    return legacy if legacy.exists() or uses_legacy_layout(root) else new
+
+
+def round_dir_names(round_: int) -> tuple[str, str]:
+    """Both names round ``round_``'s folder may have (for fetching from a run's store, where
+    the local copy cannot tell yet)."""
+    return ROUND_FOLDER.format(round_), LEGACY_ROUND_FOLDER.format(round_)
+
+
+def uses_legacy_layout(root: Path) -> bool:
+    """Whether the data under ``root`` is in run format 1's ``round=NNNNNN`` folders; new
+    rounds of such a root are written the same way, so a root never mixes the two layouts
+    (plain DuckDB's hive detection breaks on a mix). A run's evaluation root (``RUN/eval``)
+    follows the run's training data, so a format 1 run's first eval shard is format 1 too."""
+    roots = [Path(root)] + ([Path(root).parent] if Path(root).name == "eval" else [])
+    for base in roots:
+        for table in TABLES:
+            folder = base / table
+            if folder.is_dir() and any(p.name.startswith("round=") for p in folder.iterdir()):
+                return True
+    return False
 
 
 def write_parquet_atomic(
@@ -111,11 +152,11 @@ def committed_shards(root: Path) -> list[ShardId]:
     games_root = Path(root) / "games"
     if not games_root.is_dir():
         return []
-    for round_dir in games_root.iterdir():
-        round_match = _ROUND_DIR.match(round_dir.name)
-        if not round_match or not round_dir.is_dir():
+    for folder in games_root.iterdir():
+        round_match = _ROUND_DIR.match(folder.name)
+        if not round_match or not folder.is_dir():
             continue
-        for file in round_dir.iterdir():
+        for file in folder.iterdir():
             shard_match = _SHARD_FILE.match(file.name)
             if shard_match:
                 sid = ShardId(int(round_match.group(1)), int(shard_match.group(1)))
@@ -152,7 +193,11 @@ def check_shard_schema(path: Path, table: str) -> None:
     meta = read_metadata(path)
     version = meta.get("schema_version")
     if version is None:
-        raise UbError(f"{path} has no ub schema version: it was not written by ub")
+        raise UbError(f"{path} has no ub schema version: it was not written by ub (move it "
+                      "out of the data folder; in a run, `ub doctor RUN --repair` does)")
+    if meta.get("table", table) != table:
+        raise UbError(f"{path} is a {meta['table']!r} shard in the place of a {table!r} one: "
+                      "move it out of the data folder")
     if version > SCHEMA_VERSION:
         raise UbError(
             f"{path} has schema version {version}, newer than this ub's {SCHEMA_VERSION}: "

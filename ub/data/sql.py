@@ -14,14 +14,20 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from ub.data.schema import TABLES
-from ub.data.shards import committed_shards, shard_path
+from ub.data.shards import check_shard_schema, committed_shards, shard_path
 from ub.errors import UbError
 
 
 def table_dataset(root: Path, table: str) -> ds.Dataset:
-    """An Arrow dataset over ``table``'s committed shard files (empty when there are none)."""
+    """An Arrow dataset over ``table``'s committed shard files (empty when there are none).
+
+    Every file must carry ub's schema marker for ``table``: a Parquet file of another schema
+    in a shard's place would otherwise read as NULL columns.
+    """
     schema = TABLES[table]
     files = [str(shard_path(root, table, sid)) for sid in committed_shards(root)]
+    for file in files:
+        check_shard_schema(Path(file), table)
     if not files:
         return ds.dataset(pa.Table.from_batches([], schema=schema))
     try:
@@ -70,6 +76,9 @@ def run_sql(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
     as one-line :class:`UbError`."""
     try:
         statements = con.extract_statements(sql)
+        if not statements:
+            raise UbError("the query holds no SQL statement (it is empty or only comments): "
+                          "give one, e.g. \"SELECT count(*) FROM games\"")
         for statement in statements:
             kind = statement.type.name
             if kind not in READ_ONLY_STATEMENTS:

@@ -99,6 +99,7 @@ class Game:
         try:
             self.env = make_env(spec.env_id)
             self._isolated(lambda: self.env.reset(num_players=spec.num_players, seed=seed))
+            self._set_invalid_move_retries(spec.invalid_move_retries)
             self._observe()
         except Exception as exc:
             self._fail(exc)
@@ -110,6 +111,13 @@ class Game:
     @property
     def turn(self) -> int:
         return len(self.decisions)
+
+    def _set_invalid_move_retries(self, retries: int) -> None:
+        # TextArena's states read `error_allowance` when a move is invalid; reset() builds a new
+        # state with its own default (1 for most games), so it is set after every reset.
+        state = getattr(self.env, "state", None)
+        if state is not None and hasattr(state, "error_allowance"):
+            state.error_allowance = retries
 
     def _isolated(self, call: Callable[[], T]) -> T:
         outer = random.getstate()

@@ -36,6 +36,12 @@ class GameSpec:
     :param extractor: the action extractor name; ``None`` uses the template's own.
     :param max_turns: ub's safety limit on decisions per game; a game past it is recorded as
         errored (some TextArena games have no turn limit of their own).
+    :param invalid_move_retries: how many invalid moves a seat may replace before the next one
+        loses the game. TextArena allows 1, but its ``-train`` observation hides the error, so
+        the retry prompt is identical to the first: a greedy player repeats the move and
+        forfeits while a sampling one usually recovers, and training would charge less for an
+        invalid move than evaluation does. 0 (the default) charges the same everywhere: an
+        invalid move loses the game (see docs/rewards.md).
     """
 
     env_id: str
@@ -43,12 +49,16 @@ class GameSpec:
     template: str = "plain"
     extractor: str | None = None
     max_turns: int = 200
+    invalid_move_retries: int = 0
 
     def __post_init__(self) -> None:
         if self.num_players < 1:
             raise UbError(f"game {self.env_id}: num_players must be >= 1, got {self.num_players}")
         if self.max_turns < 1:
             raise UbError(f"game {self.env_id}: max_turns must be >= 1, got {self.max_turns}")
+        if self.invalid_move_retries < 0:
+            raise UbError(f"game {self.env_id}: invalid_move_retries must be >= 0, got "
+                          f"{self.invalid_move_retries}")
         get_template(self.template)
         get_extractor(self.extractor_name)
 

@@ -187,6 +187,45 @@ class _DropKnownNoise(logging.Filter):
 
 
 _NOISE_FILTER = _DropKnownNoise()
+
+_NATIVE_NOISE = (
+    # vLLM's CPU worker binds memory to the NUMA node of its cores and says so through torch's
+    # C++ warning (straight to fd 2, past Python's logging and warnings) on every engine start.
+    b"NUMA binding: Using MEMBIND policy",
+)
+
+
+@contextlib.contextmanager
+def _filtered_stderr(drop: tuple[bytes, ...]) -> Iterator[None]:
+    """Hold what is written to file descriptor 2 during the block (native code included) and
+    pass it on afterwards, in order, without the lines that contain any of ``drop``. Only for
+    the in-process engine start: a child process started inside would keep the held file."""
+    import sys
+    import tempfile
+
+    try:
+        fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):  # no real stderr (e.g. captured): as it is
+        fd = -1
+    if fd < 0:
+        yield
+        return
+    sys.stderr.flush()
+    saved = os.dup(fd)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), fd)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, fd)
+            os.close(saved)
+            held.seek(0)
+            kept = [line for line in held.read().splitlines(keepends=True)
+                    if not any(pattern in line for pattern in drop)]
+            data = b"".join(kept)
+            while data:  # (os.write may take part of it)
+                data = data[os.write(fd, data):]
 _NOISY_VLLM_MODULES = (
     "config.vllm",
     "engine.arg_utils",
@@ -622,7 +661,8 @@ class VLLMEngine:
         # Fill in what configure_vllm_environment() would set, keeping any earlier choice.
         _set_env_defaults(_env_defaults(None, None), replace_ours=False)
         start = time.perf_counter()
-        self._llm = self._start_vllm()
+        with _filtered_stderr(_NATIVE_NOISE):
+            self._llm = self._start_vllm()
         self.startup_seconds = time.perf_counter() - start
         self._engine = self._llm.llm_engine
         self._renderer = self._engine.renderer

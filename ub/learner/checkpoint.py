@@ -160,6 +160,7 @@ def write_checkpoint(out_dir: str | os.PathLike[str], state: CheckpointState,
         for name in (ADAPTER_WEIGHTS, ADAPTER_CONFIG):
             if not (tmp / name).is_file():
                 raise UbError(f"the adapter writer did not write {name}")
+        canonicalize_adapter_config(tmp / ADAPTER_CONFIG)
         # safetensors stores contiguous tensors only; clone so views and sliced RNG states work.
         save_file({k: v.detach().cpu().contiguous() for k, v in state.optimizer.items()},
                   str(tmp / OPTIMIZER_STATE), metadata={"format": "pt"})
@@ -202,6 +203,16 @@ def write_checkpoint(out_dir: str | os.PathLike[str], state: CheckpointState,
             raise UbError(f"cannot write checkpoint {out}: {reason}") from e
         raise
     return out
+
+
+def canonicalize_adapter_config(path: Path) -> None:
+    """Rewrite a PEFT ``adapter_config.json`` in one canonical form: PEFT keeps
+    ``target_modules`` as a set and writes it in hash order, which differs from process to
+    process, so identical adapters (a run and its resumed twin) had different config bytes."""
+    config = json.loads(path.read_text())
+    if isinstance(config.get("target_modules"), list):
+        config["target_modules"] = sorted(config["target_modules"])
+    path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
 
 
 def _dumps(data: Any) -> str:

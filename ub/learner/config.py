@@ -50,7 +50,7 @@ class LearnerConfig:
         with ``log_softmax(logits / temperature)``, the distribution they were sampled from, so
         that importance ratios are 1 on on-policy data. (Top-p is not modelled: use top_p 1.)
 
-    Optimizer (AdamW, one step per update, constant learning rate):
+    Optimizer (AdamW, constant learning rate):
 
     :param learning_rate: AdamW step size.
     :param weight_decay: AdamW decoupled weight decay on the LoRA weights.
@@ -58,6 +58,16 @@ class LearnerConfig:
     :param adam_eps: AdamW denominator epsilon.
     :param max_grad_norm: clip the global gradient norm to this (``None``: no clipping). The
         norm before clipping is reported as ``grad_norm``.
+    :param minibatches: optimizer steps per pass over an update's batch: the batch is shuffled
+        (by the learner's saved RNG) and cut into this many near-equal minibatches. With more
+        than one, later steps are off-policy: use ``ppo``, whose ratio corrects for it.
+    :param epochs: passes over the batch per update; an update makes ``minibatches * epochs``
+        optimizer steps and writes one checkpoint.
+    :param warmup_steps: optimizer steps over which the learning rate rises linearly to
+        ``learning_rate`` (counted from the cold start, so a resumed run continues the ramp).
+        Adam's first steps move every weight by about the learning rate whatever the gradient's
+        size (``m / sqrt(v)`` is +-1 on step one), so a fresh adapter's first steps at full rate
+        are mostly noise; 0: no warm-up.
 
     Compute:
 
@@ -91,6 +101,9 @@ class LearnerConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     adam_eps: float = 1e-8
     max_grad_norm: float | None = 0.2
+    minibatches: int = 1
+    epochs: int = 1
+    warmup_steps: int = 0
 
     micro_batch_tokens: int | None = 4096
     micro_batch_size: int | None = None
@@ -145,6 +158,11 @@ class LearnerConfig:
         _positive_number("adam_eps", self.adam_eps)
         if self.max_grad_norm is not None:
             _positive_number("max_grad_norm", self.max_grad_norm)
+        _positive_int("minibatches", self.minibatches)
+        _positive_int("epochs", self.epochs)
+        if not isinstance(self.warmup_steps, int) or isinstance(self.warmup_steps, bool) \
+                or self.warmup_steps < 0:
+            raise UbError(f"warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
         for key in ("micro_batch_tokens", "micro_batch_size", "num_threads"):
             if getattr(self, key) is not None:
                 _positive_int(key, getattr(self, key))

@@ -27,6 +27,7 @@ The base model stays loaded across updates (:func:`get_learner` keeps one per pr
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import gc
 import logging
@@ -548,49 +549,93 @@ class Learner:
         return metrics
 
     def update(self, batch: Any) -> dict[str, Any]:
-        """One optimizer step on ``batch`` (a :class:`ub.batch.Batch` or :class:`TrainBatch`).
+        """One update on ``batch`` (a :class:`ub.batch.Batch` or :class:`TrainBatch`):
+        ``minibatches * epochs`` optimizer steps (one by default), then one checkpoint's worth.
 
         :returns: the update's metrics (JSON-able): ``loss``, ``grad_norm`` (before clipping),
             token means (``logprob_mean``, ``behaviour_logprob_mean``, ``entropy_mean`` and the
             algorithm's, e.g. PPO's ``ratio_mean``, ``clip_fraction``, ``approx_kl``), counts
-            and timings.
+            and timings. With several steps, float figures are means over the steps (plus
+            ``grad_norm_max``) and counts are sums.
         :raises UbError: empty batch; :class:`NonFiniteError` for a NaN/inf loss or gradient,
-            in which case nothing changed (weights, optimizer, RNG streams, update index).
+            in which case nothing changed (weights, optimizer, RNG streams, update index), even
+            if earlier steps of the update had been taken.
         """
         assert self.optimizer is not None
         started = time.perf_counter()
         py_state = self.py_rng.getstate()
+        steps = self.config.minibatches * self.config.epochs
+        # Several steps: keep what the first one changes, so a failed later step undoes all.
+        saved = (self.lora_state(), copy.deepcopy(self.optimizer.state_dict())) \
+            if steps > 1 else None
         try:
             with self._own_rng():
-                metrics = self._accumulate(batch)
-                params = list(self.params.values())
-                max_norm = self.config.max_grad_norm
-                grad_norm = float(torch.nn.utils.clip_grad_norm_(
-                    params, max_norm if max_norm is not None else math.inf))
-                if not math.isfinite(grad_norm):
-                    raise NonFiniteError(self._non_finite_message(
-                        f"the gradient norm is {grad_norm}", TrainBatch.from_batch(batch)))
-                self.optimizer.step()
+                full = TrainBatch.from_batch(batch)
+                first = self.update_index * steps  # optimizer steps taken since the cold start
+                per_step = [self._step(full if rows is None else full.select(rows), first + k)
+                            for k, rows in enumerate(self._minibatch_rows(len(full)))]
                 new_rng = self._capture_rng()
         except BaseException:
             self.py_rng.setstate(py_state)  # a failed update consumes no randomness
+            if saved is not None:
+                with torch.no_grad():
+                    for name, value in saved[0].items():
+                        self.params[name].copy_(value)
+                self.optimizer.load_state_dict(saved[1])
             raise
         finally:
             self.optimizer.zero_grad(set_to_none=True)
         self._torch_rng = new_rng
         self.update_index += 1
         seconds = time.perf_counter() - started
+        metrics = _combine_steps(per_step)
         metrics.update(
             update=self.update_index,
             algorithm=self.config.algorithm,
-            grad_norm=grad_norm,
-            grad_clipped=max_norm is not None and grad_norm > max_norm,
-            learning_rate=self.config.learning_rate,
+            optimizer_steps=len(per_step),
             seconds=seconds,
             tokens_per_second=metrics["tokens"] / seconds if seconds > 0 else 0.0,
             peak_rss_mb=_peak_rss_mb(),
         )
         self.last_metrics = metrics
+        return metrics
+
+    def _minibatch_rows(self, n: int) -> Iterator[list[int] | None]:
+        """Each step's rows: ``None`` (the whole batch) or a sorted minibatch, epoch by epoch."""
+        m = self.config.minibatches
+        for _ in range(self.config.epochs):
+            if m == 1:
+                yield None
+                continue
+            order = list(range(n))
+            self.py_rng.shuffle(order)  # the saved RNG: a resumed run cuts the same minibatches
+            for k in range(m):
+                rows = sorted(order[k * n // m:(k + 1) * n // m])
+                if rows:
+                    yield rows
+
+    def _learning_rate(self, step: int) -> float:
+        """The learning rate of optimizer step ``step`` (0-based, since the cold start)."""
+        warmup = self.config.warmup_steps
+        scale = min(1.0, (step + 1) / warmup) if warmup else 1.0
+        return self.config.learning_rate * scale
+
+    def _step(self, batch: TrainBatch, step: int) -> dict[str, Any]:
+        """Gradients of ``batch``, clipped, and optimizer step number ``step``."""
+        metrics = self._accumulate(batch)
+        max_norm = self.config.max_grad_norm
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(
+            list(self.params.values()), max_norm if max_norm is not None else math.inf))
+        if not math.isfinite(grad_norm):
+            raise NonFiniteError(self._non_finite_message(
+                f"the gradient norm is {grad_norm}", batch))
+        learning_rate = self._learning_rate(step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics.update(grad_norm=grad_norm, learning_rate=learning_rate,
+                       grad_clipped=max_norm is not None and grad_norm > max_norm)
         return metrics
 
     def _non_finite_message(self, what: str, batch: TrainBatch) -> str:
@@ -614,6 +659,26 @@ class Learner:
 # --------------------------------------------------------------------------------------------
 # Helpers
 # --------------------------------------------------------------------------------------------
+
+
+def _combine_steps(per_step: list[dict[str, Any]]) -> dict[str, Any]:
+    """One update's metrics from its steps': the step's own with one step; else float means,
+    int sums, ``grad_norm_max`` and ``grad_clipped`` if any step was clipped."""
+    if len(per_step) == 1:
+        return dict(per_step[0])
+    out: dict[str, Any] = {}
+    for key, value in per_step[0].items():
+        values = [m[key] for m in per_step]
+        if isinstance(value, bool):
+            out[key] = any(values)
+        elif isinstance(value, int):
+            out[key] = sum(values)
+        elif isinstance(value, float):
+            out[key] = sum(values) / len(values)
+        else:
+            out[key] = value
+    out["grad_norm_max"] = max(m["grad_norm"] for m in per_step)
+    return out
 
 
 def _merge_ranks(losses: list[torch.Tensor], totals: dict[str, torch.Tensor],

@@ -18,7 +18,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from ub.errors import UbError
 
@@ -39,13 +46,50 @@ _YamlLoader.add_implicit_resolver(
     list("-+0123456789."))
 
 
+def _mapping_without_duplicates(loader: _YamlLoader, node: yaml.MappingNode,
+                                deep: bool = False) -> dict[Any, Any]:
+    """A YAML mapping; a key given twice is an error (YAML keeps the last one silently, so a
+    setting written twice would be half ignored)."""
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if isinstance(key, str | int | float | bool) and key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"setting {key!r} is given twice (line "
+                f"{key_node.start_mark.line + 1}): keep one", key_node.start_mark)
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_YamlLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+                            _mapping_without_duplicates)
+
+MAX_GAMES = 100_000
+"""Most games one call plans at once (a round, an evaluation, ``ub play``): games are planned
+up front, so a mistyped count must be refused, not run until memory runs out."""
+
+
 def load_yaml(text: str) -> Any:
-    """Safe YAML with numbers as people write them (``1e-5`` is a float)."""
+    """Safe YAML with numbers as people write them (``1e-5`` is a float); a key given twice
+    in one mapping is refused (:class:`yaml.YAMLError`)."""
     return yaml.load(text, Loader=_YamlLoader)  # a SafeLoader subclass: no arbitrary objects
 
 
+def read_text(path: Path, what: str) -> str:
+    """A config file's text, or one line saying why it cannot be read (not UTF-8, unreadable)."""
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise UbError(f"{what} {path} is not UTF-8 text (byte {exc.object[exc.start]:#04x} at "
+                      f"offset {exc.start}): save it as UTF-8") from None
+    except OSError as exc:
+        raise UbError(f"cannot read {what} {path}: {exc.strerror or exc}") from None
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: no YAML `true` for a count, no 2.0 for an int; finite: `.inf`/`.nan` in a weight
+    # or a size would only fail later, deep inside the run.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
 
 
 class ModelSection(_Section):
@@ -93,7 +137,7 @@ class EnvSection(_Section):
 class RolloutSection(_Section):
     """How many games a round plays, and how they are split into shards."""
 
-    games_per_round: int = Field(128, ge=1)
+    games_per_round: int = Field(128, ge=1, le=MAX_GAMES)
     shards: int = Field(1, ge=1)
     """Rollout tasks per round, one shard each (run in parallel on a Ray cluster)."""
     concurrency: int = Field(128, ge=1)
@@ -105,7 +149,7 @@ class EvalSection(_Section):
 
     every: int = Field(0, ge=0)
     """Evaluate every ``every`` rounds (and the starting and final checkpoints); 0: never."""
-    games: int = Field(64, ge=2)
+    games: int = Field(64, ge=2, le=MAX_GAMES)
     """Games per (env, opponent), split evenly over the seats."""
     opponents: list[str] = ["random"]
     envs: list[str] | None = None
@@ -180,6 +224,16 @@ class TrainConfig(_Section):
     tracking: TrackingSection = TrackingSection()
     cluster: ClusterSection = ClusterSection()
 
+    @model_validator(mode="after")
+    def _room_for_the_prompt(self) -> TrainConfig:
+        # The learner divides by max_tokens (Dr. GRPO's constant normaliser): a value the engine
+        # can never generate only shrinks every update towards zero, silently.
+        if self.sampling.max_tokens >= self.engine.max_model_len:
+            raise ValueError(f"sampling.max_tokens {self.sampling.max_tokens} must be below "
+                             f"engine.max_model_len {self.engine.max_model_len} (the engine's "
+                             "context holds the prompt and the completion): lower it")
+        return self
+
     def batch_config(self, **overrides: Any):
         """The ``batch`` section as a validated :class:`ub.batch.BatchConfig`."""
         from ub.batch import BatchConfig
@@ -214,6 +268,9 @@ def _format_error(exc: ValidationError, source: str) -> str:
             message = "unknown setting"
         elif err["type"] == "literal_error":
             message = f"got {err['input']!r}; {err['msg'].lower()}"
+        elif err["type"] == "value_error" and not err["loc"]:  # a check across sections
+            parts.append(str(err["ctx"]["error"]))
+            continue
         elif "input" in err and err["type"] != "missing":
             message = f"{message} (got {err['input']!r})"
         parts.append(f"{where}: {message}")
@@ -239,7 +296,7 @@ def read_config_data(name_or_path: str) -> tuple[dict[str, Any], str]:
                           f"{', '.join(preset_names())} (or give a YAML file path)")
         label = f"preset {name_or_path}"
     try:
-        data = load_yaml(path.read_text()) or {}
+        data = load_yaml(read_text(path, "config")) or {}
     except yaml.YAMLError as exc:
         raise UbError(f"{label} is not valid YAML: {exc}".replace("\n", " ")) from None
     if not isinstance(data, dict):

@@ -14,7 +14,6 @@ produces them again as they were. Derived files (metrics) are rewritten in place
 from __future__ import annotations
 
 import json
-import re
 import shutil
 import time
 from collections.abc import Iterator
@@ -23,11 +22,20 @@ from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import yaml
 
-from ub.data.shards import check_shard_schema
+from ub.data.schema import TABLES
+from ub.data.shards import ShardId, check_shard_schema, committed_shards, shard_path
 from ub.errors import UbError
-from ub.run.layout import ORPHAN, RunPaths, check_run_format, find_orphans
-from ub.run.views import is_run
+from ub.run.layout import (
+    ORPHAN,
+    RUN_FORMAT,
+    RUN_FORMATS,
+    RunPaths,
+    check_run_format,
+    find_orphans,
+)
+from ub.run.views import METRICS_SCHEMA, _numbered, is_run
 
 
 @dataclass(frozen=True)
@@ -40,10 +48,13 @@ class Finding:
     breaks_round: int | None = None
     derived: bool = False
     """Rewritten from the run's data by a repair rather than quarantined."""
+    alone: bool = False
+    """Quarantined by itself (no round depends on it: a leftover, an ad-hoc eval shard)."""
 
     def line(self, root: Path) -> str:
         where = self.path.relative_to(root) if self.path.is_relative_to(root) else self.path
         scope = (" (rewritten by --repair)" if self.derived else
+                 " (quarantined by --repair)" if self.alone else
                  f" (round {self.breaks_round} onwards)" if self.breaks_round is not None else "")
         return f"{where}: {self.problem}{scope}"
 
@@ -53,6 +64,14 @@ class Examination:
     root: Path
     rounds: list[int]
     findings: list[Finding]
+    run_format: int = RUN_FORMAT
+    """The run directory's format (:data:`ub.run.layout.RUN_FORMATS`)."""
+
+    @property
+    def format_line(self) -> str:
+        """Which format the run is in, for a user: old formats are read as they are."""
+        note = "" if self.run_format == RUN_FORMAT else " (an older format, read as it is)"
+        return f"run format {self.run_format}: {RUN_FORMATS[self.run_format]}{note}"
 
     @property
     def first_broken_round(self) -> int | None:
@@ -62,11 +81,6 @@ class Examination:
 
 def _files(folder: Path, pattern: str) -> list[Path]:
     return sorted(folder.glob(pattern)) if folder.is_dir() else []
-
-
-def _round_of(path: Path) -> int | None:
-    m = re.search(r"(?:round=|round-|final-rewards-)(\d{6,})", str(path))
-    return int(m.group(1)) if m else None
 
 
 def _check_json(path: Path, round_: int, what: str) -> Iterator[Finding]:
@@ -79,7 +93,8 @@ def _check_json(path: Path, round_: int, what: str) -> Iterator[Finding]:
         yield Finding(path, f"unreadable {what}: {exc}", round_)
 
 
-def _check_shard(path: Path, table: str, round_: int) -> tuple[int | None, list[Finding]]:
+def _check_shard(path: Path, table: str, round_: int | None, *, alone: bool = False
+                 ) -> tuple[int | None, list[Finding]]:
     """Rows of a shard file, or the findings that make it untrustworthy."""
     if not path.exists():
         return None, [Finding(path, f"missing {table} shard of a committed round", round_)]
@@ -88,17 +103,48 @@ def _check_shard(path: Path, table: str, round_: int) -> tuple[int | None, list[
         rows = pq.read_table(path).num_rows  # every page decoded: damage anywhere shows
     except UbError as exc:
         problem = str(exc).replace(f"{path} ", "").replace(str(path), "it")
-        return None, [Finding(path, problem.split("; run `ub doctor`")[0], round_)]
+        problem = problem.split("; run `ub doctor`")[0].split(" (move it out")[0]
+        return None, [Finding(path, problem, round_, alone=alone)]
     except (OSError, pa.ArrowException) as exc:
-        return None, [Finding(path, f"unreadable Parquet ({exc})", round_)]
+        return None, [Finding(path, f"unreadable Parquet ({exc})", round_, alone=alone)]
     return rows, []
+
+
+def _check_eval_shards(paths: RunPaths, committed: int) -> list[Finding]:
+    """Every eval shard ``ub sql`` reads. Shard 0 of checkpoint u is the run's own evaluation,
+    made by round u - 1 (round 0 also evaluates checkpoint 0) and rated with it: damage breaks
+    that round. Other shards are ad-hoc ``ub eval`` games and an eval shard of a round not yet
+    committed is work a resume reuses: those are quarantined by themselves."""
+    findings: list[Finding] = []
+    for sid in committed_shards(paths.eval_data):
+        owner = max(sid.round - 1, 0)
+        ours = sid.shard == 0 and owner < committed
+        for table in TABLES:
+            findings += _check_shard(shard_path(paths.eval_data, table, sid), table,
+                                     owner if ours else None, alone=not ours)[1]
+    return findings
+
+
+def _check_metrics(paths: RunPaths, committed: int) -> list[Finding]:
+    """Every metrics file the run's views read (``metrics`` in ``ub sql``, the dashboard):
+    rewritten from the run's data for a committed round, quarantined otherwise."""
+    findings = []
+    for round_, path in _numbered(paths.root / "metrics", ".parquet"):  # (what views read)
+        try:
+            pq.read_table(path).select(METRICS_SCHEMA.names).cast(METRICS_SCHEMA)
+        except (OSError, KeyError, ValueError, pa.ArrowException) as exc:
+            ours = round_ < committed
+            findings.append(Finding(path, f"unreadable metrics ({exc})", round_ if ours
+                                    else None, derived=ours, alone=not ours))
+    return findings
 
 
 def _check_round(paths: RunPaths, round_: int) -> list[Finding]:
     manifest_path = paths.manifest(round_)
     try:
         manifest = json.loads(manifest_path.read_text())
-        # (games/round=R/shard-S.parquet; older manifests have absolute paths)
+        # (games/round-R/shard-S.parquet, round=R in run format 1; older manifests have
+        # absolute paths)
         listed = [paths.root / "games" / Path(s).parent.name / Path(s).name
                   for s in manifest["shards"]]
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -116,18 +162,12 @@ def _check_round(paths: RunPaths, round_: int) -> list[Finding]:
             if key in manifest and counted[table] != manifest[key]:
                 findings.append(Finding(manifest_path, f"counts {manifest[key]} {key} but its "
                                         f"shards hold {counted[table]}", round_))
-    folder = paths.root / "games" / f"round={round_:06d}"
+    folder = shard_path(paths.data, "games", ShardId(round_, 0)).parent
     for extra in sorted(set(_files(folder, "shard-*.parquet")) - set(listed)):
         findings.append(Finding(extra, "shard of a committed round that its manifest does not "
                                 "list (training would read it)", round_))
     findings += _check_json(paths.ratings(round_), round_, "rating snapshot")
     findings += _check_json(paths.final_rewards_state(round_), round_, "final-reward state")
-    metrics = paths.root / "metrics" / f"round-{round_:06d}.parquet"
-    if metrics.exists():
-        try:
-            pq.read_table(metrics)
-        except (OSError, pa.ArrowException) as exc:
-            findings.append(Finding(metrics, f"unreadable metrics ({exc})", round_, derived=True))
     return findings
 
 
@@ -150,14 +190,14 @@ def examine(root: Path, *, live: bool = False) -> Examination:
     root = Path(root)
     if not is_run(root):
         raise UbError(f"{root} is not a ub run (no config.yaml or rounds/)")
-    check_run_format(root)
+    run_format = check_run_format(root)
     paths = RunPaths(root.absolute())
     findings: list[Finding] = []
     try:
-        from ub.run.config import load_yaml, validate_config
+        from ub.run.config import load_yaml, read_text, validate_config
 
-        validate_config(load_yaml(paths.config.read_text()), str(paths.config))
-    except (OSError, ValueError, UbError) as exc:
+        validate_config(load_yaml(read_text(paths.config, "run config")), str(paths.config))
+    except (yaml.YAMLError, UbError) as exc:
         findings.append(Finding(paths.config, f"bad run config: {exc}"))
     rounds = paths.committed_rounds()
     for expected, round_ in enumerate(rounds):
@@ -167,13 +207,15 @@ def examine(root: Path, *, live: bool = False) -> Examination:
             break
     for round_ in rounds:
         findings += _check_round(paths, round_)
+    findings += _check_eval_shards(paths, len(rounds))
+    findings += _check_metrics(paths, len(rounds))
     # Round r plays checkpoint r and makes r + 1: a broken checkpoint u breaks round u - 1.
     for update in range(len(rounds) + 1):
         findings += _check_checkpoint(paths, update, max(update - 1, 0))
     if not live:
         findings += [Finding(orphan, "temporary file left by an interrupted write")
                      for orphan in find_orphans(root)]
-    return Examination(root, rounds, findings)
+    return Examination(root, rounds, findings, run_format)
 
 
 def repair(exam: Examination) -> list[tuple[Path, Path]]:
@@ -195,33 +237,48 @@ def repair(exam: Examination) -> list[tuple[Path, Path]]:
         moved.append((path, target))
 
     for finding in exam.findings:
-        if finding.breaks_round is None and ORPHAN.match(finding.path.name):
+        if finding.alone or (finding.breaks_round is None and ORPHAN.match(finding.path.name)):
             move(finding.path)
     first = exam.first_broken_round
     if first is not None:
         # Manifests first: the moment the newest is gone the run no longer claims the round.
         for round_ in sorted((r for r in exam.rounds if r >= first), reverse=True):
             move(paths.manifest(round_))
-        for pattern in ("steps/round=*", "games/round=*", "eval/steps/round=*",
-                        "eval/games/round=*", "ratings/round-*", "state/final-rewards-*",
-                        "metrics/round-*"):
-            for path in sorted(root.glob(pattern)):
-                number = _round_of(path.relative_to(root))
-                if number is None:
-                    continue
-                # Eval shards are numbered by checkpoint update, and round r evaluates the
-                # checkpoint r + 1 it made (round 0 also checkpoint 0).
-                owner = max(number - 1, 0) if pattern.startswith("eval/") else number
-                if owner >= first:
-                    move(path)
-        for folder in _files(root / "checkpoints", "ckpt-*"):
-            update = int(folder.name.rsplit("-", 1)[1])
-            if update > first or any(f.path == folder for f in exam.findings):
+        for path, owner in _round_files(paths):
+            if owner >= first:
+                move(path)
+        broken = {f.path for f in exam.findings}
+        for update in range(len(exam.rounds) + 3):  # (a round in progress may have made one)
+            folder = paths.checkpoint(update)
+            if update > first or folder in broken:
                 move(folder)
     for finding in exam.findings:
         if finding.derived and (first is None or finding.breaks_round < first):
             _rewrite_metrics(paths, finding.breaks_round)
     return moved
+
+
+def _round_files(paths: RunPaths) -> list[tuple[Path, int]]:
+    """Every per-round file and shard folder of the run with the round that made it, named by
+    the layout's own path functions (so a change of folder naming carries over)."""
+    from types import SimpleNamespace
+
+    from ub.run.tracking import metrics_path
+
+    shard_rounds = [sid.round for root in (paths.data, paths.eval_data)
+                    for sid in committed_shards(root)]
+    last = max([*shard_rounds, *paths.committed_rounds(), 0]) + 2
+    found: list[tuple[Path, int]] = []
+    for number in range(last + 1):
+        for table in TABLES:
+            found.append((shard_path(paths.data, table, ShardId(number, 0)).parent, number))
+            # Eval shards are numbered by checkpoint update, and round r evaluates the
+            # checkpoint r + 1 it made (round 0 also checkpoint 0).
+            found.append((shard_path(paths.eval_data, table, ShardId(number, 0)).parent,
+                          max(number - 1, 0)))
+        found += [(paths.ratings(number), number), (paths.final_rewards_state(number), number),
+                  (metrics_path(SimpleNamespace(paths=paths), number), number)]
+    return found
 
 
 def _rewrite_metrics(paths: RunPaths, round_: int) -> None:

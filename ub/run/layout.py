@@ -6,7 +6,8 @@
       ub-run.json                     the run directory's format version (and the ub that made it)
       config.yaml                     the resolved config (training settings are frozen)
       run.lock                        held (flock) by the process driving the run
-      steps/round=NNNNNN/shard-NNNN.parquet, games/...   training games
+      steps/round-NNNNNN/shard-NNNN.parquet, games/...   training games (round=NNNNNN
+                                      in run format 1, see :mod:`ub.data.shards`)
       eval/steps/..., eval/games/...  evaluation games (round = the checkpoint's update)
       checkpoints/ckpt-NNNNNN/        LoRA adapter + optimizer/RNG state; ckpt-000000 = start
       state/final-rewards-NNNNNN.json the final-reward transforms' state after round N
@@ -29,26 +30,34 @@ from typing import Any
 from ub.data.atomic import write_atomic
 from ub.errors import UbError
 
-RUN_FORMAT = 1
-"""The layout version of a run directory; bump it when a change would confuse an older ub."""
+RUN_FORMAT = 2
+"""The layout version of a run directory; bump it when a change would confuse an older ub.
+
+1: shard folders ``round=NNNNNN`` (hive partitions, which plain DuckDB reads as VARCHAR).
+2: shard folders ``round-NNNNNN``. Format 1 runs are still read, resumed and repaired; their
+new rounds keep format 1's folders (a run never mixes layouts)."""
+
+RUN_FORMATS = {1: "shard folders round=NNNNNN (hive: plain DuckDB reads round as text)",
+               2: "shard folders round-NNNNNN"}
 
 RUN_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 def check_run_name(name: str) -> str:
     """Run names are one path component: no separators, no ``..``, nothing hidden."""
-    if not RUN_NAME.match(name or "") or ".." in name:
+    if not RUN_NAME.fullmatch(name or "") or ".." in name:  # (match allows a final "\n")
         raise UbError(f"invalid run name {name!r}: use letters, digits, '.', '_' and '-' "
                       "(starting with a letter or digit), at most 128 characters")
     return name
 
 
-def check_run_format(root: Path) -> None:
+def check_run_format(root: Path) -> int:
     """Refuse a run directory written in a newer format than this ub reads, before anything in
-    it is read or written. A run without the marker predates it (format 1)."""
+    it is read or written. Returns the run's format; a run without the marker predates it
+    (format 1)."""
     marker = Path(root) / "ub-run.json"
     if not marker.exists():
-        return
+        return 1
     try:
         data = json.loads(marker.read_text())
         found = int(data["format"])
@@ -61,19 +70,34 @@ def check_run_format(root: Path) -> None:
         raise UbError(f"run {Path(root).name} at {root} is in run format {found} (written by "
                       f"ub {data.get('ub_version', '?')}); this ub ({ub.__version__}) reads "
                       f"formats up to {RUN_FORMAT}: upgrade ub to use it")
+    return found
+
+
+def data_format(root: Path) -> int:
+    """The run format the run's shards are laid out in: 1 if any data root of it has format
+    1's folders (then new rounds are written that way too), else the current one."""
+    from ub.data.shards import uses_legacy_layout
+
+    paths = RunPaths(Path(root))
+    return 1 if any(uses_legacy_layout(r) for r in (paths.data, paths.eval_data)) else RUN_FORMAT
 
 
 def mark_run_format(root: Path) -> None:
-    """Record the run format of a new run directory (kept as it is on later writes)."""
+    """Record the run format of a run directory that has no marker: the current one for a new
+    run, 1 for a run from before markers (its shards are in format 1's folders, and its new
+    rounds follow them). An existing marker is kept as it is."""
     marker = Path(root) / "ub-run.json"
     if not marker.exists():
         import ub
 
-        write_json_atomic(marker, {"format": RUN_FORMAT, "ub_version": ub.__version__})
+        write_json_atomic(marker, {"format": data_format(root), "ub_version": ub.__version__})
 
 
 def checkpoint_name(update: int) -> str:
-    return f"ckpt-{update:06d}"
+    """The folder name of checkpoint ``update``: its actor name (:mod:`ub.actors.names`)."""
+    from ub.actors.names import checkpoint_actor
+
+    return checkpoint_actor(update)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,10 @@ network), and gives the server time to start on a busy 2-core machine.
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
+
+from ub.errors import UbError
 
 
 def configure_prefect(home: Path, *, console_level: str = "CRITICAL") -> None:
@@ -30,3 +33,71 @@ def configure_prefect(home: Path, *, console_level: str = "CRITICAL") -> None:
     }
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
+
+
+def start_tied_server() -> str | None:
+    """Start Prefect's temporary API server now, from this (main) thread, so that it dies with
+    this process; returns its URL (``None`` when ``PREFECT_API_URL`` names a server already).
+
+    Prefect starts the server as a plain child process and stops it at exit, which a SIGKILL
+    (the OOM killer) skips: the server was re-parented to pid 1 and kept running, and the next
+    run started another. Here the child asks the kernel (``PR_SET_PDEATHSIG``) for SIGTERM the
+    moment its parent dies. Prefect's clients then find this server running (the temporary
+    server is one instance per process) and use it. Linux only; elsewhere Prefect's own start.
+    """
+    if os.environ.get("PREFECT_API_URL"):
+        return None
+    # Its database lives in PREFECT_HOME, which Prefect creates without parents: under a
+    # --root that does not exist yet the server could not start (and only timed out).
+    home = Path(os.environ.get("PREFECT_HOME", "~/.prefect")).expanduser()
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UbError(f"cannot create the Prefect home {home}: {exc.strerror or exc}") from None
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+    import signal
+    import subprocess
+
+    from prefect.server.api import server as prefect_server
+
+    libc = ctypes.CDLL(None, use_errno=True)  # loaded before fork: the child only calls it
+    parent = os.getpid()
+
+    def tie_to_parent() -> None:  # runs in the child between fork and exec
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != parent:  # the parent died before the line above took effect
+            os._exit(1)
+
+    class _Subprocess:
+        """``subprocess`` as Prefect's server module sees it, with the tie added to Popen."""
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(subprocess, name)
+
+        @staticmethod
+        def Popen(*args: object, **kwargs: object) -> subprocess.Popen:
+            return subprocess.Popen(*args, preexec_fn=tie_to_parent, **kwargs)  # type: ignore[call-overload]
+
+    class _TiedServer(prefect_server.SubprocessASGIServer):
+        def _run_uvicorn_command(self) -> subprocess.Popen:
+            module_subprocess = prefect_server.subprocess
+            prefect_server.subprocess = _Subprocess()  # type: ignore[assignment]
+            try:
+                return super()._run_uvicorn_command()
+            finally:
+                prefect_server.subprocess = module_subprocess
+
+    server = _TiedServer()  # registered as the process's temporary server (port None)
+    if not isinstance(server, _TiedServer):  # Prefect's own started first: leave it be
+        return server.api_url
+    try:
+        server.start()
+    except RuntimeError as exc:
+        raise UbError(f"the temporary Prefect server did not start ({exc}); set PREFECT_API_URL "
+                      "to a running `prefect server start` to use that instead") from None
+    return server.api_url
+
+
+_PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>

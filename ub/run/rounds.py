@@ -31,12 +31,20 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import yaml
 
+from ub.actors.names import checkpoint_update
 from ub.actors.spec import ActorSpec, parse_actor
-from ub.data.shards import ShardId, is_committed, read_metadata, shard_path, write_shard
+from ub.data.shards import (
+    ShardId,
+    is_committed,
+    read_metadata,
+    round_dir,
+    shard_path,
+    write_shard,
+)
 from ub.errors import UbError
 from ub.faults import fault_point
 from ub.games.specs import GameSpec
-from ub.run.config import TrainConfig, load_yaml, validate_config
+from ub.run.config import TrainConfig, load_yaml, read_text, validate_config
 from ub.run.layout import (
     RunPaths,
     check_run_format,
@@ -45,10 +53,15 @@ from ub.run.layout import (
     read_json,
     write_json_atomic,
 )
-from ub.run.store import fetch_checkpoint, fetch_missing, publish, publish_checkpoint
+from ub.run.store import (
+    fetch_checkpoint,
+    fetch_missing,
+    fetch_round,
+    publish,
+    publish_checkpoint,
+)
 from ub.seeding import derive_seed
 
-CHECKPOINT_PREFIX = "ckpt-"
 log_rollout = logging.getLogger("ub.rollout")
 log_learner = logging.getLogger("ub.learner")
 log_eval = logging.getLogger("ub.eval")
@@ -150,7 +163,7 @@ def resolve_run_config(paths: RunPaths, config: TrainConfig | None, *,
     stored = None
     if paths.config.exists():
         try:
-            data = load_yaml(paths.config.read_text())
+            data = load_yaml(read_text(paths.config, "run config"))
         except yaml.YAMLError as exc:
             raise UbError(f"{paths.config} is corrupt ({exc})".replace("\n", " ")) from None
         stored = validate_config(data, str(paths.config))
@@ -193,15 +206,11 @@ def _write_config(paths: RunPaths, config: TrainConfig) -> None:
 # --------------------------------------------------------------------------------------------
 
 
-def is_checkpoint_actor(name: str) -> bool:
-    return name.startswith(CHECKPOINT_PREFIX)
-
-
 def actor_spec(run: Run, name: str) -> ActorSpec:
     """A pool member's actor: ``ckpt-NNNNNN`` is the learner's checkpoint as a LoRA adapter;
     anything else is a fixed opponent named as in ``ub play --players``."""
-    if is_checkpoint_actor(name):
-        update = int(name[len(CHECKPOINT_PREFIX):])
+    update = checkpoint_update(name)
+    if update is not None:
         return ActorSpec(name, "model", adapter=str(run.paths.checkpoint(update)))
     return parse_actor(name)
 
@@ -339,9 +348,16 @@ class ShardResult:
     outcomes: dict[str, int] = field(default_factory=dict)
 
 
+def eval_game_id_prefix(run_name: str, sid: ShardId) -> str:
+    """Eval game ids ``RUN-eval-cNNNNNN-sNNNN-gNNNNNN``: never equal to a training game's id
+    (``RUN-rNNNNNN-gNNNNNN``), so a join on ``game_id`` cannot mix the two."""
+    return f"{run_name}-eval-c{sid.round:06d}-s{sid.shard:04d}"
+
+
 def _play_shard(run: Run, root: Path, sid: ShardId, assignments: list, *, sampling: Any = None,
                 kind: str) -> ShardResult:
     from ub.rollout import play_games
+    from ub.run.progress import progress_bar
 
     games_path = shard_path(root, "games", sid)
     logger = log_eval if kind == "eval" else log_rollout
@@ -364,9 +380,15 @@ def _play_shard(run: Run, root: Path, sid: ShardId, assignments: list, *, sampli
     engine = get_run_engine(run) if needs_engine else None
     logger.info("%s shard %s/%s: playing %d games", kind, sid.round, sid.shard, len(assignments))
     try:
-        rollout = play_games(assignments, engine=engine, run=run.name, round_=sid.round,
-                             shard=sid.shard, base_seed=run.config.seed,
-                             concurrency=run.config.rollout.concurrency, sampling=sampling)
+        # Eval games are paired: every checkpoint meets the same seeds (env, opponent, sampling).
+        paired = {"seed_round": "eval", "game_id_prefix": eval_game_id_prefix(run.name, sid)}
+        what = (f"eval ckpt {sid.round}" if kind == "eval" else f"round {sid.round}") + (
+            f" shard {sid.shard}" if sid.shard else "")
+        with progress_bar(what, len(assignments), logger=logger) as progress:
+            rollout = play_games(assignments, engine=engine, run=run.name, round_=sid.round,
+                                 shard=sid.shard, base_seed=run.config.seed,
+                                 concurrency=run.config.rollout.concurrency, sampling=sampling,
+                                 progress=progress, **(paired if kind == "eval" else {}))
     except Exception:
         # Nothing of the shard was written; the task's retry (or a resume) replays it.
         logger.exception("%s shard %s/%s failed", kind, sid.round, sid.shard)
@@ -425,8 +447,8 @@ def learn_round(run: Run, round_: int) -> dict[str, Any]:
     writer = rank_and_world()[0] == 0  # data-parallel ranks: rank 0 writes for all
     paths = run.paths
     # A learner on a machine without the run's files takes them from the run's store.
-    fetch_missing(paths, paths.data / "steps" / f"round={round_:06d}")
-    fetch_missing(paths, paths.data / "games" / f"round={round_:06d}")
+    fetch_round(paths, paths.data, "steps", round_)
+    fetch_round(paths, paths.data, "games", round_)
     fetch_missing(paths, paths.root / "state")
     fetch_checkpoint(paths, paths.checkpoint(round_))
     fetch_checkpoint(paths, paths.checkpoint(round_ + 1))  # made before a crash: reused
@@ -473,7 +495,7 @@ def evaluate_checkpoint(run: Run, update: int, *, opponents: list[str] | None = 
     and reused if it exists); ad-hoc evaluations (``ub eval`` with other opponents, envs or
     game counts) go to later shards of the same round and are not rated.
     """
-    from ub.evaluation import eval_assignments, summarize
+    from ub.evaluation import eval_assignments, random_baseline, summarize, with_baseline
     from ub.inference.vllm_engine import SamplingConfig
 
     config = run.config
@@ -492,18 +514,23 @@ def evaluate_checkpoint(run: Run, update: int, *, opponents: list[str] | None = 
     games_table = pq.read_table(shard_path(run.paths.eval_data, "games", sid))
     steps = pq.read_table(shard_path(run.paths.eval_data, "steps", sid),
                           columns=["game_id", "env_id", "actor", "invalid_move", "format_ok"])
-    rows = [row.to_dict() for row in summarize(games_table, steps, actor.name)]
+    summary = summarize(games_table, steps, actor.name)
+    if all(r.kind == "scripted" for r in rivals):  # the bar to clear: random on the same seeds
+        baseline = random_baseline(assignments, actor.name, config.seed)
+        summary = with_baseline(summary, baseline)
+    rows = [row.to_dict() for row in summary]
     for row in rows:
-        log_eval.info("%s vs %s on %s: %d games, win %.3f [%.3f, %.3f], invalid %.3f",
-                      actor.name, row["opponent"], row["env_id"], row["games"],
-                      row["win_rate"], row["win_low"], row["win_high"],
-                      row["invalid_move_rate"])
+        log_eval.info("%s vs %s on %s: %d games, win %.3f [%.3f, %.3f], invalid %.3f "
+                      "(random in its seats: %s)", actor.name, row["opponent"], row["env_id"],
+                      row["games"], row["win_rate"], row["win_low"], row["win_high"],
+                      row["invalid_move_rate"], "n/a" if row["baseline_win_rate"] is None
+                      else f"{row['baseline_win_rate']:.3f}")
     return {"rows": rows, "seconds": 0.0 if played.reused else played.seconds,
             "reused": played.reused, "shard": played.games_path}
 
 
 def _games_of(root: Path, round_: int, only_shard: int | None = None) -> pa.Table | None:
-    folder = root / "games" / f"round={round_:06d}"
+    folder = round_dir(root, "games", round_)
     files = sorted(folder.glob("shard-*.parquet")) if folder.is_dir() else []
     if only_shard is not None:
         files = [f for f in files if f.name == f"shard-{only_shard:04d}.parquet"]
@@ -519,9 +546,9 @@ def rate_round(run: Run, round_: int, evaluated: list[int]) -> list[dict[str, An
     """Ratings after round ``round_``: the previous snapshot, the new checkpoint (inheriting its
     parent's rating), then the round's training games and the eval games of the checkpoints
     ``evaluated`` in the round, in game order. Returns the leaderboard."""
-    fetch_missing(run.paths, run.paths.data / "games" / f"round={round_:06d}")
+    fetch_round(run.paths, run.paths.data, "games", round_)
     for update in evaluated:
-        fetch_missing(run.paths, run.paths.eval_data / "games" / f"round={update:06d}")
+        fetch_round(run.paths, run.paths.eval_data, "games", update)
     table = _apply_round(run, load_ratings(run, round_ - 1), round_, evaluated)
     fault_point("rate.before-snapshot")
     publish(run.paths, write_json_atomic(run.paths.ratings(round_), table.snapshot()))

@@ -45,7 +45,7 @@ DURABLE = ("config.yaml", "ub-run.json", "steps", "games", "eval", "checkpoints"
            "ratings", "metrics", "rounds")
 CHECKPOINT_MANIFEST = "ub_checkpoint.json"
 _ROUND_MANIFEST = re.compile(r"^rounds/round-(\d{6,})\.json$")
-_SHARD_KEY = re.compile(r"^round=\d{6,}/shard-\d{4,}\.parquet$")
+_SHARD_KEY = re.compile(r"^round[-=]\d{6,}/shard-\d{4,}\.parquet$")  # (run formats 2 and 1)
 
 
 def is_url(root: str | os.PathLike[str]) -> bool:
@@ -305,6 +305,15 @@ def fetch_missing(paths: RunPaths, folder: Path) -> list[str]:
     if not paths.store:
         return []
     return RunStore(paths.store).pull(paths.root, paths.key(folder))
+
+
+def fetch_round(paths: RunPaths, data_root: Path, table: str, round_: int) -> list[str]:
+    """Fetch ``table``'s shards of round ``round_`` under ``data_root`` that this machine
+    lacks, whichever run format's folder name the store has them under."""
+    from ub.data.shards import round_dir_names
+
+    return [key for name in round_dir_names(round_)
+            for key in fetch_missing(paths, Path(data_root) / table / name)]
 
 
 def sync(paths: RunPaths) -> tuple[list[str], list[str]]:

@@ -3,7 +3,8 @@
 ``metrics/round-NNNNNN.parquet`` (long format: ``round, metric, value``) is the source of truth;
 ``ub sql RUN`` shows it as the ``metrics`` view. Metric names are paths:
 
-- ``collection/ENV/...``: reward, win/draw/loss rates of the learner's seats, game length (turns),
+- ``collection/ENV/...``: the learner's decisions (the weight when envs are averaged), reward,
+  win/draw/loss rates of the learner's seats, game length (turns),
   response length (completion tokens), format success, invalid-move rate, action diversity
   (distinct actions per distinct observation, over observations seen more than once), seconds
   per game, per turn and per generated character;
@@ -30,8 +31,9 @@ from typing import Any
 import pyarrow as pa
 
 from ub.data.atomic import write_atomic
+from ub.data.shards import round_dir
 from ub.run.rounds import Run
-from ub.run.store import fetch_missing, publish
+from ub.run.store import fetch_round, publish
 from ub.run.views import METRICS_SCHEMA
 
 
@@ -44,10 +46,9 @@ def _collection(run: Run, round_: int) -> dict[str, float]:
 
     from ub.data.sql import query
 
-    folder = f"round={round_:06d}"
-    steps = run.paths.data / "steps" / folder
-    fetch_missing(run.paths, steps)  # a driver without the workers' files
-    games = run.paths.data / "games" / folder
+    fetch_round(run.paths, run.paths.data, "steps", round_)  # a driver without the workers' files
+    # (named after the fetch: round_dir picks the run format's folder that exists)
+    steps, games = (round_dir(run.paths.data, t, round_) for t in ("steps", "games"))
     if not steps.is_dir() or not games.is_dir():
         return {}
     # The round's shards as Arrow datasets (hidden temporary files are ignored).
@@ -63,7 +64,7 @@ def _collection(run: Run, round_: int) -> dict[str, float]:
           SELECT env_id, avg(n) AS actions_per_state FROM (
             SELECT env_id, observation, count(DISTINCT action) AS n, count(*) AS visits
             FROM model GROUP BY ALL) WHERE visits > 1 GROUP BY env_id)
-        SELECT m.env_id,
+        SELECT m.env_id, count(*) AS decisions,
                (SELECT avg(final_reward) FROM seats x WHERE x.env_id = m.env_id) AS reward,
                (SELECT avg((outcome = 'decisive' AND winner = seat)::INT) FROM seats x
                  WHERE x.env_id = m.env_id) AS win_rate,

@@ -1,0 +1,173 @@
+"""Does it learn? The demo's config for several seeds, judged against the right baseline.
+
+Not a test. ``.venv/bin/python bench/learning.py [--seeds 0,1,2] [--config tiny-cpu]
+[--set key=value ...] [--label NAME] [--root DIR] [--games 400]``
+
+For each seed: ``ub train CONFIG --set seed=S`` (a subprocess, as a user runs it), then
+``ub eval`` of its first and last checkpoints against ``random`` and ``expert`` on TicTacToe,
+against ``random`` on Nim and on KuhnPoker (a game the run did not train on). ``--existing
+RUN,...`` skips training and evaluates runs already in ``--root`` (e.g. ``runs/demo`` after
+``make demo``). Every evaluation
+plays the same seeds for every checkpoint (paired), seats balanced, greedy. Printed per seed,
+env, opponent and seat: win/draw rates with 95% Wilson intervals, the random player's win rate
+in the same seats on the same seeds (the bar to clear), the share of games lost by an invalid
+move, and the wall time of each part (rollout, learner, evaluation, other). Ends with one JSON
+object (also written to ``ROOT/learning-LABEL.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+UB = str(Path(sys.executable).with_name("ub"))
+TICTACTOE, NIM, KUHN = "TicTacToe-v0-train", "Nim-v0-train", "KuhnPoker-v0-train"
+# (env, opponent) pairs evaluated at the first and the last checkpoint.
+EVALS = [(TICTACTOE, "random"), (TICTACTOE, "expert"), (NIM, "random"), (KUHN, "random")]
+
+
+def run(cmd: list[str]) -> float:
+    started = time.perf_counter()
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - started
+
+
+def seat_rows(root: Path, run_name: str, update: int, env: str, opponent: str) -> list[dict]:
+    """Win/draw/loss/invalid-loss counts per seat of checkpoint ``update`` from its eval games."""
+    import duckdb
+
+    from ub.actors.names import checkpoint_actor
+    from ub.data.shards import ShardId, shard_path
+    from ub.run.layout import RunPaths
+
+    actor = checkpoint_actor(update)
+    folder = shard_path(RunPaths.of(root, run_name).eval_data, "games", ShardId(update, 0)).parent
+    files = [str(p) for p in sorted(folder.glob("*.parquet"))]
+    sql = f"""
+        WITH g AS (
+            SELECT list_position(actors, '{actor}') - 1 AS seat, results, invalid_moves,
+                   actors
+            FROM read_parquet({files}, hive_partitioning = false)
+            WHERE env_id = '{env}' AND list_contains(actors, '{opponent}')
+              AND list_contains(actors, '{actor}') AND outcome != 'error')
+        SELECT seat, count(*) AS games,
+               count(*) FILTER (WHERE results[seat + 1] = 'win') AS wins,
+               count(*) FILTER (WHERE results[seat + 1] = 'draw') AS draws,
+               count(*) FILTER (WHERE coalesce(invalid_moves[seat + 1], false)) AS invalid_losses
+        FROM g GROUP BY seat ORDER BY seat"""
+    return duckdb.sql(sql).to_arrow_table().to_pylist()
+
+
+def baseline(config: dict, env: str, opponent: str, games: int) -> tuple[int, int]:
+    """The random player's (wins, decided games) in the evaluated seats, same seeds."""
+    from ub.actors.spec import parse_actor
+    from ub.evaluation import eval_assignments, random_baseline
+    from ub.games.specs import GameSpec
+    from ub.seeding import derive_seed
+
+    stand_in = parse_actor("random")
+    actor = type(stand_in)("ckpt-000000", "model")  # only its name and seats matter
+    assignments = eval_assignments(actor, [parse_actor(opponent)], [GameSpec(env)], games,
+                                   derive_seed(config["seed"], "eval"))
+    return random_baseline(assignments, actor.name, config["seed"])[(env, opponent)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--config", default="tiny-cpu")
+    parser.add_argument("--set", action="append", default=[], dest="overrides")
+    parser.add_argument("--label", default="demo")
+    parser.add_argument("--games", type=int, default=400, help="games per evaluation")
+    parser.add_argument("--root", help="runs folder (default: a temporary one)")
+    parser.add_argument("--existing", help="comma-separated runs in --root to evaluate as they "
+                        "are (no training)")
+    args = parser.parse_args()
+
+    from ub.evaluation import wilson_interval
+    from ub.run.layout import RunPaths, read_json
+
+    root = Path(args.root or tempfile.mkdtemp(prefix="ub-bench-learning-"))
+    env = {**os.environ, "UB_LOG_CONSOLE": "0"}
+    os.environ.update(env)
+    results = []
+    if args.existing:
+        jobs = [(name, None) for name in args.existing.split(",")]
+    else:
+        jobs = [(f"{args.label}-s{seed}", int(seed)) for seed in args.seeds.split(",")]
+    for name, seed in jobs:
+        train_s = 0.0
+        if seed is not None:
+            sets = [x for o in [*args.overrides, f"seed={seed}"] for x in ("--set", o)]
+            train_s = run([UB, "train", args.config, "--run", name, "--root", str(root), *sets])
+        paths = RunPaths.of(root, name)
+        import yaml
+
+        config = yaml.safe_load(paths.config.read_text())
+        seed = config["seed"]
+        manifests = [read_json(paths.manifest(r)) for r in paths.committed_rounds()]
+        last = len(manifests)
+        timings = {k: round(sum(m["timings"].get(k, 0.0) for m in manifests), 1)
+                   for k in ("rollout", "learner", "eval", "other", "round")}
+        eval_s = 0.0
+        for env_id, opponent in EVALS:
+            for update in (0, last):
+                if (env_id, opponent) == (TICTACTOE, "random"):
+                    continue  # the run's own evaluation
+                eval_s += run([UB, "eval", name, "--root", str(root), "--checkpoint",
+                               str(update), "--opponents", opponent, "--envs", env_id,
+                               "--games", str(args.games)])
+        rows = []
+        for env_id, opponent in EVALS:
+            wins_b, decided_b = baseline(config, env_id, opponent, args.games)
+            for update in (0, last):
+                per_seat = seat_rows(root, name, update, env_id, opponent)
+                total = {k: sum(r[k] for r in per_seat)
+                         for k in ("games", "wins", "draws", "invalid_losses")}
+                for seat_label, r in [("all", total), *((f"seat {r['seat']}", r)
+                                                        for r in per_seat)]:
+                    low, high = wilson_interval(r["wins"], r["games"])
+                    rows.append({
+                        "seed": seed, "env": env_id, "opponent": opponent, "checkpoint": update,
+                        "seat": seat_label, "games": r["games"],
+                        "win": r["wins"] / max(1, r["games"]), "win_low": low, "win_high": high,
+                        "draw": r["draws"] / max(1, r["games"]),
+                        "invalid_loss": r["invalid_losses"] / max(1, r["games"]),
+                        "random_baseline": wins_b / max(1, decided_b),
+                        "random_baseline_ci": wilson_interval(wins_b, decided_b),
+                    })
+        results.append({"seed": seed, "run": name, "rounds": last,
+                         "train_wall_seconds": round(train_s, 1),
+                         "extra_eval_wall_seconds": round(eval_s, 1),
+                         "timings": timings, "rows": rows})
+        print(f"\nseed {seed}: ub train {train_s:.0f} s (rollout {timings['rollout']:.0f}, "
+              f"learner {timings['learner']:.0f}, eval {timings['eval']:.0f}, "
+              f"other {timings['other']:.0f}); extra evaluations {eval_s:.0f} s")
+        print(f"{'env':<20} {'opponent':<8} {'ckpt':>4} {'seat':<7} {'games':>5}  "
+              f"{'win [95% CI]':<22} {'draw':>6} {'inv.loss':>8}  random in its seats")
+        for r in rows:
+            b_low, b_high = r["random_baseline_ci"]
+            print(f"{r['env']:<20} {r['opponent']:<8} {r['checkpoint']:>4} {r['seat']:<7} "
+                  f"{r['games']:>5}  {r['win']:6.1%} [{r['win_low']:5.1%}, {r['win_high']:5.1%}]"
+                  f" {r['draw']:6.1%} {r['invalid_loss']:8.1%}  {r['random_baseline']:5.1%} "
+                  f"[{b_low:5.1%}, {b_high:5.1%}]")
+    out = root / f"learning-{args.label}.json"
+    out.write_text(json.dumps(results, indent=1))
+    print(json.dumps({"label": args.label, "config": args.config, "overrides": args.overrides,
+                      "summary": [{
+                          "seed": r["seed"], "train_wall_seconds": r["train_wall_seconds"],
+                          **{f"{row['env']}/{row['opponent']}/ckpt{row['checkpoint']}":
+                             round(row["win"], 3) for row in r["rows"] if row["seat"] == "all"}}
+                          for r in results], "details": str(out)}))
+
+
+if __name__ == "__main__":
+    main()

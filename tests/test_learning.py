@@ -1,0 +1,98 @@
+"""It learns: a few rounds of real self-play RL make the tiny model beat random play more often
+and play fewer invalid moves, on paired seeds, beyond the noise of the measurement.
+
+The run is real end to end (the Prefect flow, vLLM with LoRA hot-swap, the DuckDB batch, the
+PPO learner); only its size is cut to fit the suite. Checkpoint 0 and the last play the same
+evaluation games (same env seeds, same random-player streams and sampling seeds, seats
+balanced), so they can be compared game by game: the mean per-game gain in score (win 1, draw
+1/2, loss 0) must exceed 2.58 standard errors of the paired differences (one-sided, about
+99.5%). The evaluation samples (temperature 1), as training does: four short rounds move the
+policy's distribution clearly but its greedy moves only a little. (The demo's 16 rounds are
+judged greedily, against the random player's own win rate: docs/learning.md.)
+
+Calibration (seed 5, this config, AVX-512 CPU): checkpoint 0 wins 21.5% with 13.4% invalid
+moves, checkpoint 4 36.5% with 7.2%; paired z = 6.3 over 400 games (these 300 pass too)."""
+
+from __future__ import annotations
+
+import math
+
+import pyarrow.parquet as pq
+import pytest
+
+from ub.actors.names import checkpoint_actor
+from ub.data.shards import ShardId, shard_path
+from ub.run.layout import RunPaths, read_json
+
+ROUNDS = 4
+EVAL_GAMES = 300
+CONFIG = {
+    "seed": 5,
+    "rounds": ROUNDS,
+    "model": {"base": "tiny"},
+    "sampling": {"temperature": 1.0, "max_tokens": 8},
+    "envs": [{"env_id": "TicTacToe-v0-train"}],
+    "rollout": {"games_per_round": 128, "concurrency": 128},
+    "opponents": [{"mode": "mirror", "weight": 0.5},
+                  {"mode": "fixed", "names": ["random"], "weight": 0.5}],
+    "batch": {"batch_size": 512,
+              "final": [{"name": "win_draw_loss"}, {"name": "role_advantage", "ema": 0.9}],
+              "step": [{"name": "invalid_move_penalty", "penalty": -1.0}],
+              "sampling": [{"name": "normalize_per_env"}]},
+    "learner": {"algorithm": "ppo", "minibatches": 4, "epochs": 2, "learning_rate": 5e-3,
+                "warmup_steps": 0, "max_grad_norm": 1.0, "lora": {"rank": 8, "alpha": 16}},
+    "eval": {"every": ROUNDS, "games": EVAL_GAMES, "opponents": ["random"],
+             "envs": ["TicTacToe-v0-train"], "temperature": 1.0},
+}
+
+
+@pytest.fixture(scope="module")
+def run(tiny_model, tmp_path_factory) -> RunPaths:
+    """A short real run of CONFIG, evaluated at checkpoints 0 and ROUNDS."""
+    import yaml
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows.selfplay import selfplay
+
+    root = tmp_path_factory.mktemp("learning")
+    config = root / "learning.yaml"
+    config.write_text(yaml.safe_dump(CONFIG))
+    with prefect_test_harness(server_startup_timeout=120):
+        selfplay(run_name="learn", config=str(config), root=str(root), quiet=True)
+    return RunPaths.of(root, "learn")
+
+
+def eval_rows(paths: RunPaths) -> dict[int, dict]:
+    rows = {}
+    for round_ in paths.committed_rounds():
+        for update, evals in read_json(paths.manifest(round_)).get("evals", {}).items():
+            rows[int(update)] = evals[0]
+    return rows
+
+
+def scores(paths: RunPaths, update: int) -> dict[int, float]:
+    """The checkpoint's score in each eval game, by game index (the pairing key)."""
+    games = pq.read_table(shard_path(paths.eval_data, "games", ShardId(update, 0)),
+                          columns=["game_index", "actors", "results"]).to_pylist()
+    me = checkpoint_actor(update)
+    value = {"win": 1.0, "draw": 0.5, "loss": 0.0}
+    return {g["game_index"]: value[g["results"][g["actors"].index(me)]] for g in games}
+
+
+def test_the_score_against_random_rises_beyond_paired_noise(run):
+    start, end = scores(run, 0), scores(run, ROUNDS)
+    assert sorted(start) == sorted(end) and len(start) == EVAL_GAMES  # the same games
+    diffs = [end[i] - start[i] for i in start]
+    mean = sum(diffs) / len(diffs)
+    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (len(diffs) - 1))
+    assert mean > 2.58 * sd / math.sqrt(len(diffs)), (mean, sd, eval_rows(run))
+
+
+def test_invalid_moves_fall(run):
+    rows = eval_rows(run)
+    assert rows[ROUNDS]["invalid_move_rate"] < rows[0]["invalid_move_rate"], rows
+
+
+def test_both_checkpoints_faced_the_same_bar(run):
+    rows = eval_rows(run)
+    assert rows[0]["baseline_win_rate"] == rows[ROUNDS]["baseline_win_rate"] is not None
