@@ -9,13 +9,15 @@ are as queryable as training games; :func:`summarize` turns them into win/draw/l
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, replace
+from typing import Any
 
 import pyarrow as pa
 
-from ub.actors.spec import ActorSpec
+from ub.actors.spec import ActorSpec, parse_actor
 from ub.games.specs import GameSpec
-from ub.rollout import GameAssignment
+from ub.rollout import GameAssignment, play_games
 from ub.seeding import derive_seed
 
 
@@ -80,17 +82,24 @@ class EvalRow:
         return asdict(self)
 
 
+def seat_result(game: Mapping[str, Any], seats: list[int]) -> str:
+    """``"wins"``, ``"draws"``, ``"losses"`` or ``"errors"`` for the player in ``seats`` of a
+    games-table row: a decisive game is a win when one of its seats has the highest reward."""
+    if game["outcome"] == "error" or game["rewards"] is None:
+        return "errors"
+    if game["outcome"] == "draw":
+        return "draws"
+    mine = max(game["rewards"][s] for s in seats)
+    theirs = max(r for i, r in enumerate(game["rewards"]) if i not in seats)
+    return "wins" if mine > theirs else "losses"
+
+
 def random_baseline(assignments: list[GameAssignment], actor: str, base_seed: int
                     ) -> dict[tuple[str, str], tuple[int, int]]:
     """``(wins, decided games)`` per (env, opponent) of the random player in ``actor``'s seats of
     ``assignments``, on the same seeds as an evaluation: random against the same opponents,
     whose moves draw from the same per-seat streams. Only for scripted opponents (no engine,
     no endpoint): a fraction of a second for hundreds of games."""
-    from dataclasses import replace
-
-    from ub.actors.spec import parse_actor
-    from ub.rollout import play_games
-
     stand_in = parse_actor("random")
     seats, swapped = {}, []
     for a in assignments:
@@ -103,21 +112,16 @@ def random_baseline(assignments: list[GameAssignment], actor: str, base_seed: in
         mine = seats[a.game_index]
         opponent = ",".join(sorted({x.name for i, x in enumerate(a.actors) if i not in mine}))
         counts = out.setdefault((g["env_id"], opponent), [0, 0])
-        if g["outcome"] == "error" or g["rewards"] is None:
-            continue
-        counts[1] += 1
-        if g["outcome"] != "draw":
-            best_mine = max(g["rewards"][s] for s in mine)
-            best_theirs = max(r for i, r in enumerate(g["rewards"]) if i not in mine)
-            counts[0] += best_mine > best_theirs
+        result = seat_result(g, mine)
+        if result != "errors":
+            counts[1] += 1
+            counts[0] += result == "wins"
     return {key: (wins, decided) for key, (wins, decided) in out.items()}
 
 
 def with_baseline(rows: list[EvalRow], baseline: dict[tuple[str, str], tuple[int, int]]
                   ) -> list[EvalRow]:
     """``rows`` with the random baseline of their (env, opponent) filled in, where measured."""
-    from dataclasses import replace
-
     out = []
     for row in rows:
         wins, decided = baseline.get((row.env_id, row.opponent), (0, 0))
@@ -144,14 +148,7 @@ def summarize(games: pa.Table, steps: pa.Table, actor: str) -> list[EvalRow]:
         key = (g["env_id"], ",".join(others))
         c = per.setdefault(key, {"games": 0, "wins": 0, "draws": 0, "losses": 0, "errors": 0})
         c["games"] += 1
-        if g["outcome"] == "error" or g["rewards"] is None:
-            c["errors"] += 1
-        elif g["outcome"] == "draw":
-            c["draws"] += 1
-        else:
-            mine = max(g["rewards"][s] for s in seats)
-            theirs = max(r for i, r in enumerate(g["rewards"]) if i not in seats)
-            c["wins" if mine > theirs else "losses"] += 1
+        c[seat_result(g, seats)] += 1
     moves: dict[tuple[str, str], list[int]] = {}
     opponent_of = {g["game_id"]: ",".join(sorted({a for a in g["actors"] if a != actor}))
                    for g in games.to_pylist()}
