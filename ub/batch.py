@@ -46,6 +46,7 @@ from ub.errors import UbError, settings_from_mapping
 from ub.rewards import (
     FinalRewardChain,
     GameView,
+    InvalidMovePenalty,
     build_transforms,
     games_after,
     step_reward_sql,
@@ -144,9 +145,9 @@ class BatchConfig:
             raise UbError(f"pad_token_id must be an integer >= 0, got {self.pad_token_id!r}")
         FinalRewardChain(self.final)
         steps = [t.name for t in build_transforms("step", self.step)]
-        if "invalid_move_penalty" in steps[:-1]:
-            raise UbError(f"step transforms {steps}: list invalid_move_penalty last, so that no "
-                          "later transform lifts an invalid move above a valid one")
+        if InvalidMovePenalty.name in steps[:-1]:
+            raise UbError(f"step transforms {steps}: list {InvalidMovePenalty.name} last, so "
+                          "that no later transform lifts an invalid move above a valid one")
         build_transforms("sampling", self.sampling)
 
 
