@@ -7,25 +7,64 @@ returns the stored result.
 
 from __future__ import annotations
 
-from typing import Any
+import logging
 
 from prefect import flow
+from prefect.artifacts import create_table_artifact
+from pydantic import BaseModel
 
+from flows.prefect_logs import ub_logs_to_prefect
 from tasks import evaluate
+from tasks.track import artifact_key
 from ub.errors import UbError
+from ub.evaluation import EvalRow
 from ub.learner.checkpoint import latest_checkpoint
-from ub.run.layout import RunPaths
+from ub.run.layout import RunPaths, checkpoint_name
 from ub.run.lock import RunLock
+from ub.run.logs import run_logs
 from ub.run.rounds import Run, resolve_base_model, resolve_run_config
 from ub.run.store import fetch_checkpoint, sync
 
+log = logging.getLogger("ub.flow")
 
-@flow(name="evaluate-run")
+
+class CheckpointEvaluation(BaseModel):
+    """The result of ``evaluate-run``: one row per (env, opponent), as in the round manifest."""
+
+    run_name: str
+    checkpoint: int
+    actor: str
+    rows: list[EvalRow]
+    reused: bool
+    """True when the checkpoint had been evaluated already and its stored games were read."""
+
+    def lines(self) -> list[str]:
+        """One readable line per row (what the flow logs)."""
+        out = []
+        for row in self.rows:
+            baseline = ("" if row.baseline_win_rate is None
+                        else f"; random in its seats {row.baseline_win_rate:.1%}")
+            out.append(f"{self.actor} vs {row.opponent} on {row.env_id}: win {row.win_rate:.1%} "
+                       f"[{row.win_low:.1%}, {row.win_high:.1%}] over {row.games} games, "
+                       f"invalid moves {row.invalid_move_rate:.1%}{baseline}")
+        return out
+
+
+@flow(name="evaluate-run", validate_parameters=True)
 def evaluate_run(run_name: str, root: str = "runs", checkpoint: int | None = None
-                 ) -> list[dict[str, Any]]:
-    """Evaluate checkpoint ``checkpoint`` (default: the latest) of run ``run_name``."""
+                 ) -> CheckpointEvaluation:
+    """Evaluate a checkpoint of a run against the run's fixed eval opponents.
+
+    Args:
+        run_name: The run's name: its folder under ``root``.
+        root: The runs folder, or an fsspec URL of a run store (``s3://bucket/runs``).
+        checkpoint: The checkpoint's update number. Empty: the run's latest checkpoint.
+
+    Returns:
+        The evaluation: win/draw/loss with 95% Wilson bounds per (env, opponent).
+    """
     paths = RunPaths.of(root, run_name)
-    with RunLock(paths.lock):
+    with RunLock(paths.lock), run_logs(paths.logs), ub_logs_to_prefect():
         sync(paths)  # a run in a store: this machine's copy catches up
         # In this process even for a run trained on Ray: its workers live only while it trains.
         config = resolve_run_config(paths, None, ray_address="local")[0]
@@ -39,9 +78,13 @@ def evaluate_run(run_name: str, root: str = "runs", checkpoint: int | None = Non
             fetch_checkpoint(paths, paths.checkpoint(checkpoint))
         if not paths.checkpoint(checkpoint).exists():
             raise UbError(f"run {run_name} has no checkpoint {checkpoint}")
-        rows = evaluate(run, checkpoint)["rows"]
-    for row in rows:
-        print(f"ckpt {checkpoint} vs {row['opponent']} on {row['env_id']}: win "
-              f"{row['win_rate']:.1%} [{row['win_low']:.1%}, {row['win_high']:.1%}] over "
-              f"{row['games']} games")
-    return rows
+        result = evaluate(run, checkpoint)
+        evaluation = CheckpointEvaluation(
+            run_name=run_name, checkpoint=checkpoint, actor=checkpoint_name(checkpoint),
+            rows=[EvalRow(**row) for row in result["rows"]], reused=result["reused"])
+        for line in evaluation.lines():
+            log.info("%s", line)
+    create_table_artifact(
+        key=artifact_key(run, "evaluation"), table=[row.to_dict() for row in evaluation.rows],
+        description=f"{run_name}: evaluation of {evaluation.actor}")
+    return evaluation

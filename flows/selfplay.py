@@ -19,7 +19,18 @@ from typing import Any
 
 from prefect import flow
 
-from tasks import commit, evaluate, learn, plan, rate, rollout, start_checkpoint, track
+from flows.prefect_logs import ub_logs_to_prefect
+from tasks import (
+    commit,
+    evaluate,
+    learn,
+    plan,
+    rate,
+    report,
+    rollout,
+    start_checkpoint,
+    track,
+)
 from ub.errors import UbError
 from ub.run.cluster import rollout_worker
 from ub.run.config import load_config
@@ -29,7 +40,7 @@ from ub.run.logs import run_logs
 from ub.run.progress import Progress
 from ub.run.rounds import Run, ShardResult, eval_due, open_run, resolve_base_model
 from ub.run.store import publish, sync
-from ub.run.tracking import finish_wandb
+from ub.run.tracking import finish_wandb, wandb_run_id
 
 log = logging.getLogger("ub.flow")
 
@@ -38,42 +49,58 @@ log = logging.getLogger("ub.flow")
 def selfplay(run_name: str, config: str | None = None, root: str = "runs",
              rounds: int | None = None, add_rounds: int | None = None,
              overrides: list[str] | None = None, quiet: bool = False,
-             ray_address: str | None = None) -> dict[str, Any]:
+             ray_address: str | None = None, keep_run_config: bool = False) -> dict[str, Any]:
     """Train run ``run_name`` under ``root`` until ``rounds`` rounds are committed.
 
-    ``root`` is a folder or an fsspec URL (``s3://bucket/runs``, ``file:///data/runs``): a run
-    in a store works in a local copy and publishes each round to the store as it commits.
+    Starting the flow again on the same run continues after its last committed round.
 
-    :param config: a preset name or YAML path; ``None`` resumes the run with its own config.
-    :param rounds: the total number of rounds (extends a finished run); default: the config's.
-    :param add_rounds: rounds to add to what is committed (a nightly deployment's "continue").
-    :param overrides: ``key.sub=value`` settings applied over ``config``.
-    :param quiet: no progress lines on stdout (Prefect's logs still record the run).
-    :param ray_address: run on this Ray cluster (sets ``cluster.address``; ``"local"``: in this
-        process), e.g. to resume a run elsewhere than it started.
-    :returns: where the run lives and its last evaluation.
+    Args:
+        run_name: The run's name: its folder under ``root``.
+        config: A preset name (``tiny-cpu``) or a YAML path that starts the run. Empty: resume
+            the run with its own config (``RUN/config.yaml``).
+        root: The runs folder, or an fsspec URL (``s3://bucket/runs``): a run in a store works
+            in a local copy and publishes each round to the store as it commits.
+        rounds: The total number of rounds (more extends a finished run). Empty: the config's.
+        add_rounds: Rounds to add to those committed (a nightly deployment's "continue").
+        overrides: ``key.sub=value`` settings applied over ``config`` (a new run's settings).
+        quiet: No progress lines on stdout (Prefect's run logs still record the run).
+        ray_address: Run on this Ray cluster (sets ``cluster.address``; ``local``: in this
+            process), e.g. to resume a run elsewhere than it started.
+        keep_run_config: If the run exists, continue it with its own config and ignore
+            ``config`` and ``overrides``, which then only start the run the first time (the
+            nightly deployment's setting: a run started with overrides stays resumable).
+
+    Returns:
+        Where the run lives and its last evaluation.
     """
     paths = RunPaths.of(root, run_name)
     new_config = load_config(config, overrides) if config is not None else None
-    with RunLock(paths.lock) as lock, GcClock() as gc_clock, run_logs(paths.logs):
+    with (RunLock(paths.lock) as lock, GcClock() as gc_clock, run_logs(paths.logs),
+          ub_logs_to_prefect()):
         try:
             return _train(paths, new_config, rounds, add_rounds, quiet, lock, gc_clock,
-                          ray_address)
+                          ray_address, keep_run_config)
         except Exception:
             log.exception("run %s failed", run_name)  # the traceback, for after the fact
             raise
 
 
 def _train(paths: RunPaths, new_config: Any, rounds: int | None, add_rounds: int | None,
-           quiet: bool, lock: RunLock, gc_clock: GcClock, ray_address: str | None
-           ) -> dict[str, Any]:
+           quiet: bool, lock: RunLock, gc_clock: GcClock, ray_address: str | None,
+           keep_run_config: bool = False) -> dict[str, Any]:
     """The rounds of one process: resume after the last committed round, run to the end."""
     fetched, published = sync(paths)  # a run in a store: this machine's copy catches up
     if fetched or published:
         log.info("run store %s: fetched %d file(s), published %d", paths.store, len(fetched),
                  len(published))
+    if keep_run_config and new_config is not None and paths.config.exists():
+        # (checked after the sync: a run in a store may exist only there)
+        log.info("run %s exists: continuing it with its own config (%s); the given config "
+                 "and overrides start a new run only", paths.name, paths.config)
+        new_config = None
     train_config = open_run(paths, new_config, rounds=rounds, add_rounds=add_rounds,
                             ray_address=ray_address)
+    wandb_run_id(paths)  # made once, at the run's start, and published with ub-run.json
     publish(paths, paths.config, paths.root / "ub-run.json")
     run = Run(paths, train_config, resolve_base_model(train_config))
     with cluster_tasks(run):
@@ -117,12 +144,12 @@ def _rounds(run: Run, quiet: bool, lock: RunLock, gc_clock: GcClock) -> dict[str
         phases["gc"] = gc_clock.seconds - gc_before
         manifest = round_manifest(run, shards, metrics, evaluated, leaderboard,
                                   time.perf_counter() - started, phases)
-        with timed(phases, "track_task"):
+        with timed(phases, "track_task"):  # (the round's time, which track logs, ends here)
             track(run, round_, manifest)
-        close_timings(manifest["timings"], time.perf_counter() - started)
         commit(run, round_, manifest)
         progress.round_done(round_, manifest)
     finish_wandb(run)
+    report(run, max(0, train_config.rounds - first))
     return progress.finish()
 
 

@@ -10,7 +10,7 @@ from tasks.evaluate import evaluate
 from tasks.learn import learn, start_checkpoint
 from tasks.rate import commit, plan, rate
 from tasks.rollout import rollout
-from tasks.track import track
+from tasks.track import report, track
 
-__all__ = ["commit", "evaluate", "learn", "plan", "rate", "rollout", "start_checkpoint",
-           "track"]
+__all__ = ["commit", "evaluate", "learn", "plan", "rate", "report", "rollout",
+           "start_checkpoint", "track"]

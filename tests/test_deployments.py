@@ -39,3 +39,20 @@ def test_the_nightly_training_deployment_continues_a_named_run():
     from ub.run.config import load_config
 
     load_config(params["config"])  # the preset exists and validates
+
+
+def test_the_nightly_training_deployment_keeps_the_runs_own_config():
+    """The schedule passes `config` every night: without keep_run_config a run that was started
+    with any override (or another config) is refused on the second night."""
+    train = next(d for d in DEPLOYMENTS if d["entrypoint"].endswith(":selfplay"))
+    assert train["parameters"]["keep_run_config"] is True
+
+
+@pytest.mark.parametrize("deployment", DEPLOYMENTS, ids=[d["name"] for d in DEPLOYMENTS])
+def test_every_flow_parameter_has_a_description(deployment):
+    """What `prefect deploy` sends as the parameter schema: the UI shows each description."""
+    from prefect.utilities.callables import parameter_schema_from_entrypoint
+
+    schema = parameter_schema_from_entrypoint(deployment["entrypoint"])
+    missing = [name for name, prop in schema.properties.items() if not prop.get("description")]
+    assert schema.properties and not missing

@@ -1,6 +1,7 @@
 """prefect.yaml on a real Prefect server, as its users run it: `prefect server start` on
 loopback, `prefect deploy --all`, the scheduler creating SCHEDULED runs for both deployments, and
-a deployment run triggered by hand completing on a process worker.
+deployment runs completing on a process worker: ub's component logs in the flow run's logs, and
+the nightly continuation of a run that was started with overrides.
 
 (With SQLAlchemy 2.1 the scheduler failed on every loop and no scheduled run ever appeared;
 requirements/cpu.lock pins the 2.0 series for that reason.)
@@ -8,6 +9,7 @@ requirements/cpu.lock pins the 2.0 series for that reason.)
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -112,8 +114,34 @@ def test_the_scheduler_creates_runs_for_every_deployment(server, deployed):
     _wait_for(scheduled_for_all, 90, "scheduled flow runs for every deployment")
 
 
-def test_a_run_triggered_by_hand_completes_on_a_process_worker(server, deployed, tiny_model,
-                                                               tmp_path):
+def test_every_deployed_parameter_has_a_description(server, deployed):
+    """Prefect's UI shows a parameter's description from the flow's docstring (``Args:``)."""
+    api = server[0]
+    for name, id_ in deployed.items():
+        deployment = httpx.get(f"{api}/deployments/{id_}", timeout=10).json()
+        properties = deployment["parameter_openapi_schema"]["properties"]
+        assert properties and all(p.get("description") for p in properties.values()), (
+            name, {k: p.get("description") for k, p in properties.items()})
+
+
+def _trigger(env: dict, params: dict) -> str:
+    out = _cli(env, "deployment", "run", "selfplay/nightly-train", "--params",
+               json.dumps(params))
+    return next(line.split()[-1] for line in out.splitlines() if "UUID" in line)
+
+
+def _logs(api: str, flow_run_id: str) -> list[dict]:
+    response = httpx.post(f"{api}/logs/filter", timeout=10, json={
+        "logs": {"flow_run_id": {"any_": [flow_run_id]}}, "limit": 200})
+    response.raise_for_status()
+    return response.json()
+
+
+def test_deployment_runs_log_ub_lines_and_continue_a_run_started_with_overrides(
+        server, deployed, tiny_model, tmp_path):
+    """Two runs of `nightly-train` on a process worker: the first starts a run with an
+    override, the second continues it the way the schedule does (the deployment's config
+    without the override). Both complete, and ub's own log lines are in the flow runs' logs."""
     api, env, _ = server
     config = tmp_path / "tiny.yaml"
     config.write_text(yaml.safe_dump({
@@ -123,23 +151,45 @@ def test_a_run_triggered_by_hand_completes_on_a_process_worker(server, deployed,
         "rollout": {"games_per_round": 4, "concurrency": 4},
         "batch": {"batch_size": 8},
         "eval": {"every": 0}}))
-    out = _cli(env, "deployment", "run", "selfplay/nightly-train",
-               "--param", "run_name=by-hand", "--param", f"root={tmp_path / 'runs'}",
-               "--param", f"config={config}", "--param", "add_rounds=1")
-    run_id = next(line.split()[-1] for line in out.splitlines() if "UUID" in line)
-    worker = subprocess.Popen([*PREFECT, "worker", "start", "--pool", "ub-process",
-                               "--run-once"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    try:
+    runs = tmp_path / "runs"
+    common = {"run_name": "by-hand", "root": str(runs), "config": str(config), "add_rounds": 1}
+    worker = subprocess.Popen([*PREFECT, "worker", "start", "--pool", "ub-process"], cwd=ROOT,
+                              env={**env, "PREFECT_WORKER_QUERY_SECONDS": "2"},
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              start_new_session=True)
+
+    def run_to_the_end(run_id: str) -> None:
         def finished() -> dict | None:
             state = _flow_runs(api, id={"any_": [run_id]})[0]["state"]
             return state if state["type"] in ("COMPLETED", "FAILED", "CRASHED") else None
 
         state = _wait_for(finished, 600, "the triggered run finishes", poll=3)
-        assert state["type"] == "COMPLETED", (state, worker.communicate(timeout=60)[0][-4000:])
+        if state["type"] != "COMPLETED":
+            worker.terminate()
+            pytest.fail(f"{state}\n{worker.communicate(timeout=60)[0][-6000:]}")
+
+    try:
+        started = _trigger(env, {**common, "overrides": ["seed=4"]})
+        run_to_the_end(started)
+        # The second night: the deployment's parameters, no override (before the fix: refused
+        # with "was started with another config: seed (4 in the run, 3 now)").
+        continued = _trigger(env, common)
+        run_to_the_end(continued)
     finally:
         if worker.poll() is None:
             worker.terminate()
             worker.wait(30)
-    manifests = sorted((tmp_path / "runs" / "by-hand" / "rounds").glob("*.json"))
-    assert len(manifests) == 1  # round 0 committed by the worker's flow run
+    run = runs / "by-hand"
+    assert len(sorted((run / "rounds").glob("*.json"))) == 2  # one round per night
+    assert yaml.safe_load((run / "config.yaml").read_text())["seed"] == 4  # its own config
+
+    def ub_lines() -> list[dict] | None:
+        found = [r for r in _logs(api, started) if r["name"].startswith("ub.")]
+        return found or None
+
+    lines = _wait_for(ub_lines, 30, "ub's log lines in the flow run's logs")
+    assert any(r["name"] == "ub.rollout" and "train shard 0/0 committed" in r["message"]
+               for r in lines), [(r["name"], r["message"]) for r in lines]
+    _wait_for(lambda: any(r["name"] == "ub.flow" and "continuing it with its own config"
+                          in r["message"] for r in _logs(api, continued)), 30,
+              "the continuation's note in its flow run's logs")

@@ -98,3 +98,16 @@ def test_bad_override_syntax():
         apply_overrides({}, ["rounds"])
     with pytest.raises(UbError, match="rounds is not a section"):
         apply_overrides({"rounds": 3}, ["rounds.x=1"])
+
+
+def test_stop_strings_reach_training_and_evaluation_sampling():
+    from ub.run.rounds import rollout_sampling
+
+    config = load_config("tiny-cpu", ["sampling.stop=[']', ';']", "eval.temperature=0"])
+    train, evaluation = rollout_sampling(config), rollout_sampling(config, evaluation=True)
+    assert train.stop == evaluation.stop == ("]", ";")
+    assert (train.temperature, evaluation.temperature) == (1.0, 0.0)
+    assert train.max_tokens == evaluation.max_tokens == config.sampling.max_tokens
+    assert load_config("tiny-cpu").sampling.stop == ["]"]  # the demo plays one move per turn
+    with pytest.raises(UbError, match=r"sampling.stop.0: String should have at least 1"):
+        load_config("tiny-cpu", ["sampling.stop=['']"])

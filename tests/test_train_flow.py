@@ -25,7 +25,7 @@ TEST_CONFIG = {
     "seed": 7,
     "rounds": 2,
     "model": {"base": "tiny"},
-    "sampling": {"temperature": 1.0, "max_tokens": 12},
+    "sampling": {"temperature": 1.0, "max_tokens": 12, "stop": ["]"]},  # as tiny-cpu
     "envs": [{"env_id": "TicTacToe-v0-train", "weight": 3}, {"env_id": "Nim-v0-train"}],
     "rollout": {"games_per_round": 12, "concurrency": 16},
     "opponents": [{"mode": "mirror", "weight": 1.0}],
@@ -108,6 +108,12 @@ def test_two_rounds_commit_shards_checkpoints_ratings_and_evals(reference_run):
     assert len(eval_games) == 16
     seats = [g["actors"].index("ckpt-000002") for g in eval_games if "ckpt-000002" in g["actors"]]
     assert sorted(seats) == [0] * 4 + [1] * 4
+    # sampling.stop ends every completion at its first "]", in training and evaluation alike.
+    completions = [c for kind in ("", "eval") for f in sorted(
+        (paths.root / kind / "steps").rglob("shard-*.parquet"))
+        for c in pq.read_table(f, columns=["completion"])["completion"].to_pylist() if c]
+    assert completions and all("]" not in c.rstrip()[:-1] for c in completions)
+    assert any(c.rstrip().endswith("]") for c in completions)
     # The learner trained on round r's decisions of checkpoint r.
     learner = manifests[1]["learner"]
     assert learner["update"] == 2 and learner["tokens"] > 0
@@ -127,6 +133,66 @@ def test_two_rounds_commit_shards_checkpoints_ratings_and_evals(reference_run):
     assert {m["name"] for m in board} == {"ckpt-000000", "ckpt-000001", "ckpt-000002", "random"}
     assert [m["conservative"] for m in board] == sorted((m["conservative"] for m in board),
                                                         reverse=True)
+
+
+def _artifacts(*keys: str) -> list:
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        return client.read_artifacts(
+            artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=list(keys))))
+
+
+def test_artifacts_count_rounds_as_the_summary_does_and_link_a_page_that_exists(
+        reference_run, prefect_api):
+    import re
+
+    rounds = _artifacts("ub-ref-round")
+    shown = set()
+    for artifact in rounds:
+        title = artifact.data.splitlines()[0]  # "# ref: round 2 of 2"
+        assert title == f"# {artifact.description}", (title, artifact.description)
+        shown.add(title)
+    assert {"# ref: round 1 of 2", "# ref: round 2 of 2"} <= shown
+    ladders = {a.description for a in _artifacts("ub-ref-leaderboard")}
+    assert {"TrueSkill ladder of ref after round 1 of 2",
+            "TrueSkill ladder of ref after round 2 of 2"} <= ladders
+    links = _artifacts("ub-ref-report")
+    assert links
+    for artifact in links:  # every link the UI shows opens a page
+        [url] = re.findall(r"\((file://[^)]+)\)", artifact.data)
+        page = Path(url.removeprefix("file://"))
+        assert page.is_file() and page.read_text().startswith("<!doctype html>"), url
+
+
+def test_evaluate_run_returns_and_logs_its_result(reference_run, prefect_api):
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    from flows.evaluate import CheckpointEvaluation, evaluate_run
+
+    state = evaluate_run(run_name="ref", root=str(reference_run.root.parent), checkpoint=2,
+                         return_state=True)
+    result = state.result()
+    assert isinstance(result, CheckpointEvaluation)
+    assert (result.checkpoint, result.actor, result.reused) == (2, "ckpt-000002", True)
+    stored = json.loads(reference_run.manifest(1).read_text())["evals"]["2"]
+    assert [row.to_dict() for row in result.rows] == stored
+    # Its summary and ub's component lines are in the flow run's logs, not only on stdout.
+    run_filter = LogFilter(flow_run_id=LogFilterFlowRunId(any_=[state.state_details.flow_run_id]))
+    deadline = time.monotonic() + 30
+    while True:
+        with get_client(sync_client=True) as client:
+            logs = [(log.name, log.message) for log in client.read_logs(log_filter=run_filter)]
+        summary = [m for n, m in logs if n == "ub.flow" and m.startswith(
+            "ckpt-000002 vs random on TicTacToe-v0-train: win ")]
+        component = [m for n, m in logs if n == "ub.eval" and "ckpt-000002 vs random" in m]
+        if summary and component:
+            break
+        assert time.monotonic() < deadline, logs
+        time.sleep(1)
+    assert f"over {stored[0]['games']} games" in summary[0]
 
 
 def test_rerun_changes_nothing_and_more_rounds_extend(reference_run, config_file, tmp_path):
@@ -217,29 +283,53 @@ def test_a_corrupt_metrics_file_is_skipped_with_a_warning(reference_run, tmp_pat
     assert "1" in out
 
 
-def test_wandb_offline_files_hold_the_logged_metrics(reference_run, tmp_path, monkeypatch):
+def test_wandb_offline_files_plot_evals_by_checkpoint_under_the_runs_own_id(
+        reference_run, tmp_path, monkeypatch):
+    """W&B's offline files, as `wandb sync` would upload them: the run id made when the run
+    started (not its name), kept by a resumed process; round figures against `round`, each
+    evaluation against the `checkpoint` it measured (checkpoint 2 was evaluated in round 1)."""
     from ub.run.rounds import Run, resolve_run_config
-    from ub.run.tracking import finish_wandb, log_wandb
+    from ub.run.tracking import finish_wandb, log_wandb, round_metrics
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     copy = RunPaths.of(tmp_path, "ref")
     shutil.copytree(reference_run.root, copy.root)
     run = Run(copy, resolve_run_config(copy, None)[0], "unused")
-    log_wandb(run, 0, {"collection/TicTacToe-v0-train/invalid_move_rate": 0.25})
-    log_wandb(run, 1, {"collection/TicTacToe-v0-train/invalid_move_rate": 0.125})
-    finish_wandb(run)
-    [log] = list((copy.root / "wandb").glob("offline-run-*/run-ref.wandb"))
-    # W&B's writer is its own process and may still be flushing when finish() returns:
-    # wait for the run's exit record, which is written last.
+    run_id = json.loads((copy.root / "ub-run.json").read_text())["wandb_id"]
+    assert run_id.startswith("ref-") and run_id != "ref"
+    manifests = [json.loads(copy.manifest(r).read_text()) for r in (0, 1)]
+    for round_ in (0, 1):  # one process per round: the second resumes the W&B run
+        manifest = manifests[round_]
+        log_wandb(run, round_, round_metrics(run, round_, manifest, manifest["leaderboard"]),
+                  manifest["evals"])
+        finish_wandb(run)
+    logs = sorted((copy.root / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
+    assert len(logs) == 2, list((copy.root / "wandb").iterdir())
+    records = [r for log in logs for r in _finished_records(log)]
+    assert {r.run.run_id for r in records if r.WhichOneof("record_type") == "run"} == {run_id}
+    axes = {(r.metric.glob_name or r.metric.name): r.metric.step_metric
+            for r in records if r.WhichOneof("record_type") == "metric"}
+    assert axes["eval/*"] == "checkpoint" and axes["collection/*"] == "round"
+    history = [{item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                for item in r.history.item}
+               for r in records if r.WhichOneof("record_type") == "history"]
+    win = "eval/TicTacToe-v0-train/random/win_rate"
+    assert [(h["checkpoint"], h[win]) for h in history if "checkpoint" in h] == [
+        (int(u), rows[0]["win_rate"]) for m in manifests for u, rows in m["evals"].items()]
+    rate = "collection/TicTacToe-v0-train/invalid_move_rate"
+    assert [h["round"] for h in history if "round" in h] == [0, 1]
+    assert all(rate in h for h in history if "round" in h)
+    assert not any(k.startswith("eval/") for h in history if "round" in h for k in h)
+
+
+def _finished_records(log: Path) -> list:
+    """The records of a W&B offline run file once its writer (its own process, which may still
+    be flushing when finish() returns) has written the exit record, which comes last."""
     deadline = time.monotonic() + 60
     while "exit" not in (kinds := [r.WhichOneof("record_type") for r in _wandb_records(log)]):
         assert time.monotonic() < deadline, f"no exit record in {log}: {kinds}"
         time.sleep(0.5)
-    history = [{item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                for item in r.history.item}
-               for r in _wandb_records(log) if r.WhichOneof("record_type") == "history"]
-    assert [(h["_step"], h["collection/TicTacToe-v0-train/invalid_move_rate"])
-            for h in history] == [(0, 0.25), (1, 0.125)]
+    return _wandb_records(log)
 
 
 def _wandb_records(path: Path) -> list:
@@ -282,6 +372,22 @@ def test_another_config_on_an_existing_run_is_refused(reference_run, tmp_path):
     assert resolve_run_config(reference_run, longer)[0].rounds == 5
 
 
+def test_keep_run_config_continues_a_run_whatever_config_is_passed(reference_run, config_file):
+    """The nightly deployment passes its config every night: with keep_run_config an existing
+    run goes on with its own, as `ub train --resume` does."""
+    from flows.selfplay import selfplay
+    from ub.errors import UbError
+
+    root = str(reference_run.root.parent)
+    with pytest.raises(UbError, match="another config: seed"):
+        selfplay(run_name="ref", config=str(config_file), overrides=["seed=8"], root=root,
+                 quiet=True)
+    summary = selfplay(run_name="ref", config=str(config_file), overrides=["seed=8"],
+                       root=root, quiet=True, keep_run_config=True)
+    assert summary["rounds"] == 2
+    assert yaml.safe_load(reference_run.config.read_text())["seed"] == 7
+
+
 def test_killed_anywhere_and_resumed_equals_uninterrupted(reference_run, config_file,
                                                           prefect_api, tmp_path):
     """SIGKILL mid-rollout, mid-checkpoint-write and just before a round's commit, resuming
@@ -295,6 +401,9 @@ def test_killed_anywhere_and_resumed_equals_uninterrupted(reference_run, config_
 
     killed, ref = RunPaths.of(root, "ref"), reference_run
     assert killed.committed_rounds() == [0, 1]
+    # Two runs named "ref" (two machines, say) are two W&B runs.
+    ids = [json.loads((p.root / "ub-run.json").read_text())["wandb_id"] for p in (killed, ref)]
+    assert ids[0] != ids[1] and all(i.startswith("ref-") for i in ids)
     assert not find_orphans(killed.root)
     assert _games(killed.root) == _games(ref.root)
     assert _steps(killed.root) == _steps(ref.root)

@@ -93,12 +93,29 @@ def _check_writable(folder: Path) -> None:
 def cmd_model_tiny(args: argparse.Namespace) -> int:
     from ub.model.tiny import build_tiny_model
 
+    if args.for_checkpoint:
+        print(_tiny_build_of(args.for_checkpoint, args))
+        return 0
     out = Path(args.out) if args.out else None
     if out is not None:
         _check_writable(out.parent if out.parent != Path("") else Path("."))
     path = build_tiny_model(out, seed=args.seed)
     print(path)
     return 0
+
+
+def _tiny_build_of(checkpoint: str, args: argparse.Namespace) -> str:
+    """The folder of the tiny build a checkpoint records (plain PEFT loads its base from it)."""
+    from ub.learner.checkpoint import checkpoint_base
+    from ub.model.identity import portable_name, resolve_tiny_build
+
+    if args.out or args.seed:
+        raise UbError("--for takes the build from the checkpoint: give no --out or --seed")
+    identity = checkpoint_base(checkpoint)
+    if identity.get("kind") != "tiny":
+        raise UbError(f"{checkpoint} was trained on {portable_name(identity)}, not a tiny "
+                      "build: load that base model")
+    return str(resolve_tiny_build(identity))
 
 
 # --------------------------------------------------------------------------------------------
@@ -135,7 +152,7 @@ def cmd_play(args: argparse.Namespace) -> int:
         for actor in actors:  # safetensors that load, before vLLM meets them
             if actor.adapter is not None:
                 read_adapter(actor.adapter)
-        engine = _engine_from_args(args)
+        engine = _engine_from_args(args, [a.adapter for a in actors if a.adapter is not None])
         for actor in actors:  # validate adapters (paths, rank) before playing anything
             engine.lora_request(actor.adapter)
 
@@ -153,7 +170,7 @@ def cmd_play(args: argparse.Namespace) -> int:
     return 0
 
 
-def _engine_from_args(args: argparse.Namespace):
+def _engine_from_args(args: argparse.Namespace, adapters: list[str] | None = None):
     from ub.inference.vllm_engine import (
         EngineConfig,
         SamplingConfig,
@@ -163,6 +180,11 @@ def _engine_from_args(args: argparse.Namespace):
 
     configure_vllm_environment()
     model = args.model
+    if model is None and adapters:
+        model = _adapters_base(adapters)
+        if not Path(model).is_dir():  # a hub id: `ub play` runs local model folders only
+            raise UbError(f"the adapters were trained on {model}: download it and pass its "
+                          "folder as --model")
     if model is None:
         from ub.model.tiny import build_tiny_model
 
@@ -176,6 +198,19 @@ def _engine_from_args(args: argparse.Namespace):
                           max_lora_rank=args.max_lora_rank)
     sampling = SamplingConfig(temperature=args.temperature, max_tokens=args.max_tokens)
     return get_engine(config, sampling)
+
+
+def _adapters_base(adapters: list[str]) -> str:
+    """The base model the adapters were trained on, found on this machine (a tiny build by its
+    recorded key, built here if need be; a hub id; a folder), when no --model is given."""
+    from ub.learner.checkpoint import checkpoint_base, resolve_checkpoint_base
+    from ub.model.identity import portable_name
+
+    names = {portable_name(checkpoint_base(a)): a for a in adapters}
+    if len(names) > 1:
+        raise UbError(f"the adapters were trained on different base models ({', '.join(names)})"
+                      ": play them in separate commands, or pass --model")
+    return resolve_checkpoint_base(next(iter(names.values())))
 
 
 def _check_context(model: str, max_model_len: int, max_tokens: int) -> None:
@@ -453,6 +488,13 @@ def _learner_config(args: argparse.Namespace):
     for key in ("algorithm", "learning_rate", "init_adapter", "base_model"):
         if getattr(args, key, None) is not None:
             data[key] = getattr(args, key)
+    start = getattr(args, "from_checkpoint", None) or data.get("init_adapter")
+    if not data.get("base_model") and start:
+        # The base model the checkpoint records (its own tiny build, not whatever `tiny`
+        # builds now), found or built on this machine.
+        from ub.learner.checkpoint import resolve_checkpoint_base
+
+        data["base_model"] = resolve_checkpoint_base(start)
     if not data.get("base_model"):
         from ub.model.tiny import build_tiny_model
 
@@ -681,6 +723,12 @@ def _names(text: str | None) -> list[str] | None:
     return names
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from ub.serve import plan_server, serve
+
+    return serve(plan_server(_run_dir(args), args.checkpoint, host=args.host, port=args.port))
+
+
 def cmd_dashboard(args: argparse.Namespace) -> int:
     from ub.dashboard import run_dashboard
 
@@ -766,6 +814,8 @@ def build_parser() -> argparse.ArgumentParser:
     tiny = model_sub.add_parser("tiny", help="build (or find cached) the tiny CPU default model")
     tiny.add_argument("--seed", type=int, default=0, help="build seed (default 0)")
     tiny.add_argument("--out", help="build into this folder instead of the cache")
+    tiny.add_argument("--for", dest="for_checkpoint", metavar="CKPT",
+                      help="the tiny build checkpoint CKPT was trained on (found or built)")
     tiny.set_defaults(func=cmd_model_tiny)
 
     play = sub.add_parser("play", help="play games and write a Parquet shard")
@@ -774,7 +824,8 @@ def build_parser() -> argparse.ArgumentParser:
     play.add_argument("--players", default="model,random",
                       help="actors by seat, comma-separated: model, model:ADAPTER, random")
     play.add_argument("--out", required=True, help="data folder (steps/ and games/ go inside)")
-    play.add_argument("--model", help="model directory (default: the tiny CPU model)")
+    play.add_argument("--model", help="model directory (default: the base model the "
+                      "adapters record, else the tiny CPU model)")
     play.add_argument("--template", default="plain", help="prompt template (plain, qwen3-zs, chat)")
     play.add_argument("--seed", type=int, default=0, help="seed of games and sampling")
     play.add_argument("--round", type=_non_negative_int, default=0,
@@ -812,7 +863,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "(default: a cold start from --init-adapter or a fresh adapter)")
     learn.add_argument("--out", required=True, help="checkpoint folder to write")
     learn.add_argument("--config", help="YAML with `batch:` and `learner:` sections")
-    learn.add_argument("--base-model", help="base model directory (default: the tiny model)")
+    learn.add_argument("--base-model", help="base model directory (default: the one --from or "
+                       "--init-adapter records, else the tiny model)")
     learn.add_argument("--init-adapter", help="PEFT adapter to start a cold start from")
     learn.add_argument("--algorithm", help="reinforce (default) or ppo")
     learn.add_argument("--learning-rate", type=_non_negative_float)
@@ -850,7 +902,8 @@ def build_parser() -> argparse.ArgumentParser:
     sft.add_argument("--max-train-len", type=_positive_int)
     sft.add_argument("--seed", type=int)
     sft.add_argument("--learning-rate", type=_non_negative_float)
-    sft.add_argument("--base-model", help="base model directory (default: the tiny model)")
+    sft.add_argument("--base-model", help="base model directory (default: the one "
+                     "--init-adapter records, else the tiny model)")
     sft.add_argument("--init-adapter", help="PEFT adapter to start from")
     sft.add_argument("--overwrite", action="store_true", help="replace an existing --out")
     sft.set_defaults(func=cmd_sft)
@@ -864,6 +917,17 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--envs", help="comma-separated env ids (default: the run's)")
     evaluate.add_argument("--games", type=_game_count, help="games per (env, opponent)")
     evaluate.set_defaults(func=cmd_eval)
+
+    serve = sub.add_parser("serve", help="serve a run's checkpoints with vLLM's OpenAI-compatible "
+                           "server (docs/serving.md)")
+    serve.add_argument("run", help="run name (under --root) or run directory")
+    serve.add_argument("--root", default="runs", help="folder of runs (default: runs)")
+    serve.add_argument("--checkpoint", default="latest",
+                       help="checkpoint number, latest (default) or all")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default 127.0.0.1; 0.0.0.0: every interface)")
+    serve.add_argument("--port", type=_positive_int, default=8000, help="port (default 8000)")
+    serve.set_defaults(func=cmd_serve)
 
     dashboard = sub.add_parser("dashboard", help="live terminal view of a run (q quits)")
     dashboard.add_argument("run", help="run name (under --root) or run directory")

@@ -12,24 +12,7 @@ import sys
 import time
 from pathlib import Path
 
-
-def _children(pid: int) -> list[int]:
-    """Every live descendant of ``pid`` (from /proc)."""
-    parents: dict[int, int] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            parents[int(entry.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-    found, frontier = [], [pid]
-    while frontier:
-        parent = frontier.pop()
-        kids = [p for p, pp in parents.items() if pp == parent]
-        found += kids
-        frontier += kids
-    return found
+from processes import descendants
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -69,11 +52,11 @@ def test_sigkill_of_train_leaves_no_process(tmp_path):
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
-        while not any(_serving(p) for p in _children(train.pid)):
+        while not any(_serving(p) for p in descendants(train.pid)):
             assert train.poll() is None, train.stderr.read().decode()[-2000:]
             assert time.monotonic() < deadline, "the temporary Prefect server never started"
             time.sleep(0.2)
-        family = _children(train.pid)
+        family = descendants(train.pid)
         os.kill(train.pid, signal.SIGKILL)  # the driving pid only, as the OOM killer does
         train.wait()
         deadline = time.monotonic() + 5
@@ -83,7 +66,7 @@ def test_sigkill_of_train_leaves_no_process(tmp_path):
         assert survivors == {}, f"processes of the killed run survived: {survivors}"
     finally:
         # (whatever survived a failed check: stop it, so the suite goes on cleanly)
-        for pid in [train.pid, *_children(train.pid)]:
+        for pid in [train.pid, *descendants(train.pid)]:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -161,8 +161,8 @@ def test_the_nightly_eval_of_a_ray_run_needs_no_cluster(reference, tmp_path):
     stored["cluster"] = {**stored["cluster"], "address": "127.0.0.1:9"}  # the cluster is gone
     (run / "config.yaml").write_text(yaml.safe_dump(stored))
 
-    rows = evaluate_run(run_name="run", root=str(tmp_path), checkpoint=2)
-    assert [row["games"] for row in rows] == [CONFIG["eval"]["games"]]
+    result = evaluate_run(run_name="run", root=str(tmp_path), checkpoint=2)
+    assert [row.games for row in result.rows] == [CONFIG["eval"]["games"]]
     # evaluating does not rewrite where the run trains
     assert yaml.safe_load((run / "config.yaml").read_text())["cluster"]["address"] == \
         "127.0.0.1:9"

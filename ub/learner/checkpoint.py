@@ -8,7 +8,9 @@ Layout of a checkpoint folder::
     rng.safetensors            torch RNG states: torch_cpu (and torch_cuda on a GPU)
     metrics.json               the metrics of the update that produced the checkpoint
     ub_checkpoint.json         the manifest, written last: update index, base model identity
-                               (path + config fingerprint), LoRA settings, optimizer settings,
+                               (portable name + config fingerprint + source: a tiny build's
+                               key and recipe inputs, see :func:`model_identity`), LoRA
+                               settings, optimizer settings,
                                the Python RNG state, the learner config, and the size and
                                sha256 of every other file
 
@@ -45,6 +47,7 @@ VERSION = 1
 MANIFEST = "ub_checkpoint.json"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
+MODEL_CARD = "README.md"  # written by PEFT's save_pretrained
 OPTIMIZER_STATE = "optimizer.safetensors"
 RNG_STATE = "rng.safetensors"
 METRICS = "metrics.json"
@@ -70,12 +73,20 @@ def config_fingerprint(config: Mapping[str, Any]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def model_identity(base_model: str | os.PathLike[str]) -> dict[str, str]:
-    """``{"path": ..., "fingerprint": ...}`` of a local model directory or a hub id."""
+def model_identity(base_model: str | os.PathLike[str]) -> dict[str, Any]:
+    """``{"path", "fingerprint", "source"}`` of a local model directory or a hub id.
+
+    ``path`` is the portable name (:func:`ub.model.identity.portable_name`: the hub id,
+    ``tiny-KEY12`` for a tiny build, else the folder's absolute path), never where a tiny build
+    or a hub model happens to sit on this machine, so checkpoints of one run are the same bytes
+    on every machine. ``source`` says how to find that base model again (a tiny build's key and
+    recipe inputs: :func:`ub.model.identity.resolve_base`).
+    """
+    from ub.model.identity import base_identity, portable_name
+
     path = Path(base_model).expanduser()
     if path.is_dir():
         config_file = path / "config.json"
-        name = str(path.resolve())
     else:  # a hub id: its config.json from the local Hugging Face cache
         from transformers.utils import cached_file
 
@@ -85,12 +96,54 @@ def model_identity(base_model: str | os.PathLike[str]) -> dict[str, str]:
             raise UbError(f"cannot find base model {base_model} (not a directory, and no "
                           "config.json for it in the Hugging Face cache): "
                           f"{str(e).splitlines()[0]}") from e
-        name = str(base_model)
     try:
         config = json.loads(config_file.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise UbError(f"cannot read the base model config {config_file}: {e}") from e
-    return {"path": name, "fingerprint": config_fingerprint(config)}
+    source = base_identity(base_model)
+    return {"path": portable_name(source), "fingerprint": config_fingerprint(config),
+            "source": source}
+
+
+def identity_source(base_model: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``source`` of a recorded :func:`model_identity`; for a checkpoint written before
+    sources were recorded, what its ``path`` says (a tiny build's folder name gives its key)."""
+    from ub.model.identity import identity_from_name
+
+    source = base_model.get("source")
+    if isinstance(source, dict) and source.get("kind"):
+        return dict(source)
+    return identity_from_name(str(base_model.get("path") or ""))
+
+
+def checkpoint_base(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The base model identity (a ``source``, see :func:`model_identity`) an adapter folder was
+    trained on: from a ub checkpoint's manifest, else from PEFT's ``base_model_name_or_path``
+    (an adapter of any origin)."""
+    from ub.model.identity import identity_from_name
+
+    folder = Path(path).expanduser()
+    if (folder / MANIFEST).is_file() or not (folder / ADAPTER_CONFIG).is_file():
+        # (read_manifest names what a folder without either file is, or is missing)
+        return identity_source(read_manifest(folder).get("base_model") or {})
+    config, _ = read_adapter(folder)
+    name = config.get("base_model_name_or_path")
+    if not name:
+        raise UbError(f"LoRA adapter {folder} does not record its base model "
+                      f"(base_model_name_or_path in {ADAPTER_CONFIG}): give the base model "
+                      "explicitly")
+    return identity_from_name(str(name))
+
+
+def resolve_checkpoint_base(path: str | os.PathLike[str], *, verbose: bool = True) -> str:
+    """Where to load the base model of adapter folder ``path`` from on this machine (a tiny
+    build found or rebuilt from its recorded key, a hub id, or a local folder).
+
+    :raises UbError: that base model cannot be found or built here (the message says why).
+    """
+    from ub.model.identity import resolve_base
+
+    return resolve_base(checkpoint_base(path), verbose=verbose)
 
 
 # --------------------------------------------------------------------------------------------
@@ -115,7 +168,7 @@ class CheckpointState:
     """
 
     update: int
-    base_model: dict[str, str]
+    base_model: dict[str, Any]
     lora: LoraSettings
     optimizer: dict[str, torch.Tensor] = field(default_factory=dict)
     optimizer_settings: dict[str, Any] = field(default_factory=dict)
@@ -160,7 +213,9 @@ def write_checkpoint(out_dir: str | os.PathLike[str], state: CheckpointState,
         for name in (ADAPTER_WEIGHTS, ADAPTER_CONFIG):
             if not (tmp / name).is_file():
                 raise UbError(f"the adapter writer did not write {name}")
-        canonicalize_adapter_config(tmp / ADAPTER_CONFIG)
+        loaded_from = canonicalize_adapter_config(tmp / ADAPTER_CONFIG,
+                                                  state.base_model.get("path"))
+        _portable_model_card(tmp / MODEL_CARD, loaded_from, state.base_model.get("path"))
         # safetensors stores contiguous tensors only; clone so views and sliced RNG states work.
         save_file({k: v.detach().cpu().contiguous() for k, v in state.optimizer.items()},
                   str(tmp / OPTIMIZER_STATE), metadata={"format": "pt"})
@@ -205,14 +260,31 @@ def write_checkpoint(out_dir: str | os.PathLike[str], state: CheckpointState,
     return out
 
 
-def canonicalize_adapter_config(path: Path) -> None:
+def canonicalize_adapter_config(path: Path, base_model_name: str | None = None) -> str | None:
     """Rewrite a PEFT ``adapter_config.json`` in one canonical form: PEFT keeps
     ``target_modules`` as a set and writes it in hash order, which differs from process to
-    process, so identical adapters (a run and its resumed twin) had different config bytes."""
+    process, so identical adapters (a run and its resumed twin) had different config bytes.
+    ``base_model_name`` replaces ``base_model_name_or_path`` (PEFT writes where the base was
+    loaded from, a machine-specific path): the portable name of :func:`model_identity`, so the
+    bytes are the same on every machine too."""
     config = json.loads(path.read_text())
+    written = config.get("base_model_name_or_path")
     if isinstance(config.get("target_modules"), list):
         config["target_modules"] = sorted(config["target_modules"])
+    if base_model_name:
+        config["base_model_name_or_path"] = base_model_name
     path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    return written if isinstance(written, str) else None
+
+
+def _portable_model_card(card: Path, loaded_from: str | None, name: str | None) -> None:
+    """PEFT's model card (``README.md``) names the base model as PEFT saw it (this machine's
+    path, in ``base_model:`` and a tag): the same portable name as the config instead."""
+    if not (card.is_file() and loaded_from and name) or loaded_from == name:
+        return
+    text = card.read_text()
+    if loaded_from in text:
+        card.write_text(text.replace(loaded_from, name))
 
 
 def _dumps(data: Any) -> str:
@@ -405,9 +477,22 @@ def latest_checkpoint(parent: str | os.PathLike[str]) -> Path | None:
 # --------------------------------------------------------------------------------------------
 
 
-def check_compatible(where: str, base_model: Mapping[str, str], lora: LoraSettings,
-                     expected_base: Mapping[str, str], expected_lora: LoraSettings) -> None:
-    """Refuse a checkpoint of another base model or another LoRA shape, naming both."""
+def check_compatible(where: str, base_model: Mapping[str, Any], lora: LoraSettings,
+                     expected_base: Mapping[str, Any], expected_lora: LoraSettings) -> None:
+    """Refuse a checkpoint of another base model or another LoRA shape, naming both.
+
+    Two tiny builds are told apart by their key, not only by their config: a recipe change
+    (more pre-training steps, another textarena) keeps the config and changes the weights."""
+    from ub.model.identity import describe_difference, describe_tiny, same_tiny_build
+
+    theirs_source, mine_source = identity_source(base_model), identity_source(expected_base)
+    if (theirs_source.get("kind") == mine_source.get("kind") == "tiny"
+            and not same_tiny_build(theirs_source, mine_source)):
+        raise UbError(
+            f"{where} was trained on {describe_tiny(theirs_source)}, but the learner's base "
+            f"model is {describe_tiny(mine_source)} "
+            f"({describe_difference(theirs_source, mine_source)}): resume it with its own base "
+            "model (the ub and textarena versions that built it), or start a new run")
     if base_model.get("fingerprint") != expected_base.get("fingerprint"):
         raise UbError(
             f"{where} was trained on base model {base_model.get('path')} (config fingerprint "

@@ -290,7 +290,9 @@ class Learner:
             optimizer_settings={"name": "adamw", **self._optimizer_settings()},
             rng=self._torch_rng,
             python_rng=_python_rng_json(self.py_rng),
-            learner_config=self.config.to_dict(),
+            # The base model by its portable name, not this machine's path to it: a run's
+            # checkpoints are the same bytes wherever it runs or resumes.
+            learner_config={**self.config.to_dict(), "base_model": self.base_identity["path"]},
             metrics=dict(self.last_metrics if metrics is None else metrics),
         )
 
@@ -798,6 +800,11 @@ def learn_on_batch(batch: Any, learner_config: LearnerConfig,
         return done
     learner = get_learner(learner_config)
     learner.start(from_checkpoint)
+    return _update_and_save(learner, batch, from_checkpoint, out, overwrite)
+
+
+def _update_and_save(learner: Learner, batch: Any, from_checkpoint: str | Path | None,
+                     out: Path, overwrite: bool) -> dict[str, Any]:
     metrics = learner.update(batch)
     metrics["from_checkpoint"] = _path_str(from_checkpoint)
     if hasattr(batch, "stats"):
@@ -832,11 +839,7 @@ def learn_step(root: str | Path, batch_config: Any, learner_config: LearnerConfi
     learner = get_learner(learner_config)
     learner.start(from_checkpoint)  # a bad checkpoint fails before the batch is assembled
     batch = assemble_batch(Path(root), batch_config, final_rewards_state)
-    metrics = learner.update(batch)
-    metrics["from_checkpoint"] = _path_str(from_checkpoint)
-    metrics["batch"] = batch.stats.to_dict()
-    learner.save(out, metrics, overwrite=overwrite)
-    return metrics
+    return _update_and_save(learner, batch, from_checkpoint, out, overwrite)
 
 
 def write_initial_checkpoint(learner_config: LearnerConfig, out_checkpoint: str | Path, *,

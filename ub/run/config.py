@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
@@ -56,7 +56,7 @@ def _mapping_without_duplicates(loader: _YamlLoader, node: yaml.MappingNode,
         if isinstance(key, str | int | float | bool) and key in seen:
             raise yaml.constructor.ConstructorError(
                 None, None, f"setting {key!r} is given twice (line "
-                f"{key_node.start_mark.line + 1}): keep one", key_node.start_mark)
+                f"{key_node.start_mark.line + 1}): keep one")  # (no mark: the snippet is noise)
         seen.add(key)
     return loader.construct_mapping(node, deep=deep)
 
@@ -120,6 +120,10 @@ class SamplingSection(_Section):
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     max_tokens: int = Field(32, ge=1)
+    stop: list[Annotated[str, Field(min_length=1)]] = []
+    """Strings that end a completion, kept in it (training and evaluation alike). ``["]"]``
+    ends a bracketed move as soon as it is complete, so a policy that stops emitting its
+    end-of-sequence token still plays one move instead of running on to ``max_tokens``."""
 
 
 class EnvSection(_Section):

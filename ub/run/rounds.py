@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -96,7 +95,68 @@ def resolve_base_model(config: TrainConfig) -> str:
     return str(path.absolute()) if path.exists() else config.model.base
 
 
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+def recorded_base_model(paths: RunPaths) -> dict[str, Any] | None:
+    """The tiny build a run trains on (:func:`ub.model.identity.tiny_identity`), as recorded in
+    its ``ub-run.json`` when it started; for a run from before that record, what its latest
+    checkpoint names. ``None``: nothing recorded (a new run, or not a tiny base model)."""
+    from ub.learner.checkpoint import identity_source, latest_checkpoint
+    from ub.learner.checkpoint import read_manifest as read_checkpoint_manifest
+
+    marker = paths.root / "ub-run.json"
+    if marker.exists():
+        recorded = read_json(marker).get("base_model")
+        if isinstance(recorded, dict):
+            return recorded
+    latest = latest_checkpoint(paths.root / "checkpoints")
+    if latest is None:
+        return None
+    source = identity_source(read_checkpoint_manifest(latest).get("base_model") or {})
+    return source if source.get("kind") == "tiny" else None
+
+
+def check_recorded_base(paths: RunPaths, config: TrainConfig) -> None:
+    """Refuse to go on with a run on another tiny build than the one it started on.
+
+    ``model.base: tiny`` means the tiny build of *this* ub's recipe: after a recipe change (a
+    new recipe version, other textarena) it names other weights, and the run's checkpoints
+    would continue on a base model they were not trained on. The run is refused rather than
+    its old build rebuilt: an older recipe's code is not in this ub (`ub play`/`ub learn` with
+    one of its checkpoints use the build it names when this machine has or can build it)."""
+    if config.model.base != "tiny":
+        return
+    recorded = recorded_base_model(paths)
+    if recorded is None or recorded.get("kind") != "tiny":
+        return
+    from ub.model.identity import (
+        current_tiny_identity,
+        describe_difference,
+        describe_tiny,
+        same_tiny_build,
+    )
+
+    now = current_tiny_identity(config.model.tiny_seed)
+    if not same_tiny_build(recorded, now):
+        raise UbError(
+            f"run {paths.name} was trained on {describe_tiny(recorded)}, but model.base 'tiny' "
+            f"is now {describe_tiny(now)} ({describe_difference(recorded, now)}): its "
+            "checkpoints would go on with another base model. Resume or evaluate it with the "
+            "ub and textarena versions that built it, or start a new run (--run NAME)")
+
+
+def record_base_model(paths: RunPaths, config: TrainConfig) -> None:
+    """Write the tiny build a run trains on into its ``ub-run.json`` (once, at its start; a
+    run from before the record gets it on its first resume, after
+    :func:`check_recorded_base`), so a later recipe change cannot silently swap it."""
+    if config.model.base != "tiny":
+        return
+    from ub.model.identity import current_tiny_identity
+
+    marker = paths.root / "ub-run.json"
+    mark_run_format(paths.root)
+    data = read_json(marker)
+    if "base_model" not in data:
+        write_json_atomic(marker, {**data,
+                                   "base_model": current_tiny_identity(config.model.tiny_seed)})
 
 
 def check_base_model(base: str) -> None:
@@ -114,6 +174,8 @@ def check_base_model(base: str) -> None:
     if path.exists() or base.startswith(("/", ".", "~")):
         raise UbError(f"model.base {base} is not a model folder (it does not exist or is a "
                       "file)")
+    from ub.model.identity import HUB_ID
+
     if not HUB_ID.match(base):
         raise UbError(f"model.base {base!r} is not 'tiny', a model folder, or a Hugging Face "
                       "id like Qwen/Qwen3-1.7B-Base")
@@ -144,6 +206,7 @@ def open_run(paths: RunPaths, config: TrainConfig | None, *, rounds: int | None 
                                          ray_address=ray_address)
     if changed:
         _write_config(paths, chosen)
+    record_base_model(paths, chosen)
     return chosen
 
 
@@ -179,6 +242,8 @@ def resolve_run_config(paths: RunPaths, config: TrainConfig | None, *,
                       f"`ub train CONFIG --run {paths.name}`")
     chosen = config if config is not None else stored
     assert chosen is not None
+    if stored is not None:
+        check_recorded_base(paths, chosen)  # before anything is built, loaded or written
     if add_rounds is not None:
         rounds = len(paths.committed_rounds()) + add_rounds
     if rounds is not None:
@@ -308,23 +373,35 @@ def plan_round(run: Run, round_: int) -> list[list[PlannedGame]]:
 # --------------------------------------------------------------------------------------------
 
 
-def get_run_engine(run: Run):
-    """The process's vLLM engine for this run (started once, kept across rounds)."""
-    from ub.inference.vllm_engine import (
-        EngineConfig,
-        SamplingConfig,
-        configure_vllm_environment,
-        get_engine,
-    )
+def run_engine_config(run: Run):
+    """The run's vLLM engine settings (its ``engine:`` section on its base model)."""
+    from ub.inference.vllm_engine import EngineConfig
 
-    configure_vllm_environment()
-    e, s = run.config.engine, run.config.sampling
-    engine_config = EngineConfig(
+    e = run.config.engine
+    return EngineConfig(
         model=run.base_model, dtype=e.dtype, max_model_len=e.max_model_len,
         max_num_seqs=e.max_num_seqs, max_lora_rank=e.max_lora_rank, max_loras=e.max_loras,
         kv_cache_gib=e.kv_cache_gib, gpu_memory_utilization=e.gpu_memory_utilization,
         seed=run.config.seed)
-    return get_engine(engine_config, SamplingConfig(s.temperature, s.top_p, s.max_tokens))
+
+
+def get_run_engine(run: Run):
+    """The process's vLLM engine for this run (started once, kept across rounds)."""
+    from ub.inference.vllm_engine import configure_vllm_environment, get_engine
+
+    configure_vllm_environment()
+    return get_engine(run_engine_config(run), rollout_sampling(run.config))
+
+
+def rollout_sampling(config: TrainConfig, *, evaluation: bool = False):
+    """How the run's model seats sample: ``sampling`` for training games; for evaluation the
+    same budget and stop strings at ``eval.temperature`` (no top-p)."""
+    from ub.inference.vllm_engine import SamplingConfig
+
+    s = config.sampling
+    if evaluation:
+        return SamplingConfig(config.eval.temperature, 1.0, s.max_tokens, s.stop)
+    return SamplingConfig(s.temperature, s.top_p, s.max_tokens, s.stop)
 
 
 # --------------------------------------------------------------------------------------------
@@ -496,7 +573,6 @@ def evaluate_checkpoint(run: Run, update: int, *, opponents: list[str] | None = 
     game counts) go to later shards of the same round and are not rated.
     """
     from ub.evaluation import eval_assignments, random_baseline, summarize, with_baseline
-    from ub.inference.vllm_engine import SamplingConfig
 
     config = run.config
     actor = actor_spec(run, checkpoint_name(update))
@@ -507,7 +583,7 @@ def evaluate_checkpoint(run: Run, update: int, *, opponents: list[str] | None = 
                       by_id[i].max_turns) if i in by_id else GameSpec(i) for i in env_ids]
     assignments = eval_assignments(actor, rivals, specs, games or config.eval.games,
                                    derive_seed(config.seed, "eval"))
-    sampling = SamplingConfig(config.eval.temperature, 1.0, config.sampling.max_tokens)
+    sampling = rollout_sampling(config, evaluation=True)
     sid = ShardId(update, shard)
     played = _play_shard(run, run.paths.eval_data, sid, assignments, sampling=sampling,
                          kind="eval")

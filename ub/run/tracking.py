@@ -17,14 +17,17 @@
 
 W&B (``tracking.wandb``): ``offline`` (default: files under ``RUN/wandb``, sync later with
 ``wandb sync``), ``online`` (opt in), ``disabled``. The environment variable ``WANDB_MODE``
-overrides it (the tests set ``disabled``). The W&B run id is the run name, so a resumed online
-run continues its curves.
+overrides it (the tests set ``disabled``). The W&B run id is made once per run (the run name
+plus a random suffix) and kept in ``RUN/ub-run.json``: a resumed run continues its curves, and
+two machines' runs of the same name stay two W&B runs. Round metrics are plotted against
+``round``, evaluation metrics (``eval/...``) against ``checkpoint``, the update they measure.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +35,7 @@ import pyarrow as pa
 
 from ub.data.atomic import write_atomic
 from ub.data.shards import round_dir
+from ub.run.layout import RunPaths, mark_run_format, read_json, write_json_atomic
 from ub.run.rounds import Run
 from ub.run.store import fetch_round, publish
 from ub.run.views import METRICS_SCHEMA
@@ -136,18 +140,66 @@ def write_metrics(run: Run, round_: int, metrics: dict[str, float]) -> Path:
 
 
 # --------------------------------------------------------------------------------------------
-# W&B: one run per process, keyed by the run name
+# W&B: one W&B run per ub run and process, under the id the run keeps in ub-run.json
 # --------------------------------------------------------------------------------------------
 
 _WANDB: dict[str, Any] = {}
+_ROUND_AXES: dict[str, set[str]] = {}  # per W&B run: the metric groups plotted against round
 
 
 def wandb_mode(run: Run) -> str:
     return os.environ.get("WANDB_MODE") or run.config.tracking.wandb
 
 
-def log_wandb(run: Run, round_: int, metrics: dict[str, float]) -> None:
-    """Log the round's metrics at step ``round_`` (W&B started on first use)."""
+def wandb_run_id(paths: RunPaths) -> str:
+    """The run's W&B id, made on first use and kept in ``ub-run.json`` (published with it).
+
+    Not the run name: two machines each starting a run ``demo`` would write into one W&B run.
+    Not the config either: the id must survive ``--rounds`` and other allowed changes.
+    """
+    marker = paths.root / "ub-run.json"
+    mark_run_format(paths.root)  # (a run from before the marker gets it now)
+    data = read_json(marker)
+    if not isinstance(data.get("wandb_id"), str):
+        # W&B ids may not hold :;,#?/' (run names cannot); keep them short and readable.
+        data["wandb_id"] = f"{paths.name[:48]}-{secrets.token_hex(4)}"
+        write_json_atomic(marker, data)
+        publish(paths, marker)
+    return data["wandb_id"]
+
+
+def wandb_rows(round_: int, metrics: dict[str, float],
+               evals: dict[str, list[dict[str, Any]]]) -> list[tuple[int, dict[str, float]]]:
+    """Round ``round_``'s W&B history rows as ``(step, row)``, in step order.
+
+    The round's figures form one row with ``round``; each evaluated checkpoint its own row with
+    ``checkpoint`` (round 0 evaluates checkpoints 0 and 1, which one row could not hold). The
+    steps are a function of the round, so a round logged again after a crash lands on the same
+    steps: checkpoint ``u`` at step ``2u``, round ``r`` at ``2r + 1``; the charts use ``round``
+    and ``checkpoint`` as their x-axes, never W&B's step.
+    """
+    figures = {k: v for k, v in metrics.items() if not k.startswith("eval/")}
+    rows = [(2 * round_ + 1, {"round": round_, **figures})]
+    for update, results in evals.items():
+        row: dict[str, float] = {"checkpoint": int(update)}
+        for r in results:
+            base = f"eval/{r['env_id']}/{r['opponent']}"
+            games = max(r["games"], 1)
+            figures = {"win_rate": r["win_rate"], "win_low": r["win_low"],
+                       "win_high": r["win_high"], "draw_rate": r["draws"] / games,
+                       "loss_rate": r["losses"] / games,
+                       "invalid_move_rate": r["invalid_move_rate"],
+                       "baseline_win_rate": r.get("baseline_win_rate")}
+            row.update({f"{base}/{k}": float(v) for k, v in figures.items()
+                        if isinstance(v, int | float) and math.isfinite(v)})
+        rows.append((2 * int(update), row))
+    return sorted(rows, key=lambda step_row: step_row[0])
+
+
+def log_wandb(run: Run, round_: int, metrics: dict[str, float],
+              evals: dict[str, list[dict[str, Any]]] | None = None) -> None:
+    """Log round ``round_``'s metrics and its evaluations (``{update: rows}``, as in the round
+    manifest) to W&B (started on first use; see :func:`wandb_rows`)."""
     mode = wandb_mode(run)
     if mode == "disabled":
         return
@@ -157,14 +209,26 @@ def log_wandb(run: Run, round_: int, metrics: dict[str, float]) -> None:
         os.environ.setdefault("WANDB_SILENT", "true")
         import wandb
 
-        wb = wandb.init(project=run.config.tracking.project, name=run.name, id=run.name,
-                        dir=str(run.paths.root), mode=mode, resume="allow",
-                        config=run.config.model_dump(mode="json"))
+        wb = wandb.init(project=run.config.tracking.project, name=run.name,
+                        id=wandb_run_id(run.paths), dir=str(run.paths.root), mode=mode,
+                        resume="allow", config=run.config.model_dump(mode="json"))
+        # Every metric's x-axis: a round's figures against the round, an evaluation's against
+        # the checkpoint it measured (checkpoint u is evaluated in round u - 1).
+        wb.define_metric("round")
+        wb.define_metric("checkpoint")
+        wb.define_metric("eval/*", step_metric="checkpoint")
         _WANDB[run.name] = wb
-    wb.log(metrics, step=round_)
+    axes = _ROUND_AXES.setdefault(run.name, set())
+    for step, row in wandb_rows(round_, metrics, evals or {}):
+        # (W&B globs are prefixes: one per top-level group, as groups first appear)
+        for group in {k.split("/", 1)[0] for k in row if "/" in k} - axes - {"eval"}:
+            wb.define_metric(f"{group}/*", step_metric="round")
+            axes.add(group)
+        wb.log(row, step=step)
 
 
 def finish_wandb(run: Run) -> None:
     wb = _WANDB.pop(run.name, None)
+    _ROUND_AXES.pop(run.name, None)
     if wb is not None:
         wb.finish()

