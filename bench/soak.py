@@ -57,6 +57,18 @@ def _slope(xs: list[float], ys: list[float]) -> float:
     return statistics.linear_regression(xs, ys).slope if len(xs) > 1 else 0.0
 
 
+def soak_config(rounds: int, games: int) -> dict:
+    """``tiny-cpu`` with small rounds, a lagged opponent and an evaluation every 50 rounds."""
+    config = read_config_data("tiny-cpu")[0]
+    config.update(rounds=rounds,
+                  rollout={**config["rollout"], "games_per_round": games},
+                  batch={**config["batch"], "batch_size": 8 * games},
+                  opponents=[{"mode": "mirror", "weight": 0.8},
+                             {"mode": "lagged", "k": 8, "weight": 0.2}],
+                  eval={**config["eval"], "every": 50, "games": 40})
+    return config
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=200)
@@ -66,16 +78,9 @@ def main() -> None:
     args = parser.parse_args()
 
     root = Path(args.root or tempfile.mkdtemp(prefix="ub-soak-"))
-    config = read_config_data("tiny-cpu")[0]
-    config.update(rounds=args.rounds,
-                  rollout={**config["rollout"], "games_per_round": args.games},
-                  batch={**config["batch"], "batch_size": 8 * args.games},
-                  opponents=[{"mode": "mirror", "weight": 0.8},
-                             {"mode": "lagged", "k": 8, "weight": 0.2}],
-                  eval={**config["eval"], "every": 50, "games": 40})
     config_file = root / "soak.yaml"
     root.mkdir(parents=True, exist_ok=True)
-    config_file.write_text(yaml.safe_dump(config))
+    config_file.write_text(yaml.safe_dump(soak_config(args.rounds, args.games)))
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     started = time.perf_counter()
     child = subprocess.Popen(
