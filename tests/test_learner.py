@@ -311,6 +311,22 @@ def test_minibatches_and_epochs_take_several_steps_and_a_failure_undoes_them_all
     assert str(learner.optimizer.state_dict()) == optimizer
 
 
+def test_a_minibatch_of_zero_advantages_is_a_zero_step_not_a_crash(learner: Learner,
+                                                                    model_dir: Path) -> None:
+    """Small rounds of drawn mirror games give minibatches whose advantages are all zero (seen
+    in a 300-round soak: a KeyError ended the run). Such a step trains no row and reports no
+    token means; the update's means are those of the steps that trained."""
+    learner.configure(learner_config(model_dir, minibatches=4, algorithm="ppo"))
+    learner.start(None)
+    batch = synthetic_batch(8, vocab_size=500, seed=3)
+    batch.advantages[1:] = 0.0  # one row to train: three of the four minibatches have none
+    metrics = learner.update(batch)
+    assert metrics["optimizer_steps"] == 4 and metrics["rows_trained"] == 1
+    learner.start(None)
+    alone = learner.update(synthetic_batch(8, vocab_size=500, seed=3).select([0]))
+    assert metrics["logprob_mean"] == pytest.approx(alone["logprob_mean"])
+
+
 def test_warmup_ramps_the_learning_rate_over_optimizer_steps(learner: Learner,
                                                              model_dir: Path) -> None:
     learner.configure(learner_config(model_dir, minibatches=2, warmup_steps=4,

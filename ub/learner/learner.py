@@ -665,12 +665,18 @@ class Learner:
 
 def _combine_steps(per_step: list[dict[str, Any]]) -> dict[str, Any]:
     """One update's metrics from its steps': the step's own with one step; else float means,
-    int sums, ``grad_norm_max`` and ``grad_clipped`` if any step was clipped."""
+    int sums, ``grad_norm_max`` and ``grad_clipped`` if any step was clipped.
+
+    A step whose rows were all skipped (every advantage zero) has no token means: a figure is
+    combined over the steps that report it.
+    """
     if len(per_step) == 1:
         return dict(per_step[0])
     out: dict[str, Any] = {}
-    for key, value in per_step[0].items():
-        values = [m[key] for m in per_step]
+    keys = dict.fromkeys(key for m in per_step for key in m)  # first-seen order, for the JSON
+    for key in keys:
+        values = [m[key] for m in per_step if key in m]
+        value = values[0]
         if isinstance(value, bool):
             out[key] = any(values)
         elif isinstance(value, int):
