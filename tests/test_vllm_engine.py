@@ -356,6 +356,8 @@ def test_more_adapters_than_max_loras(engine: VLLMEngine, adapters: list[Path]) 
     assert len({tuple(t) for t in alone}) == len(adapters)
     mixed = tokens(engine, [req(prompt, adapter=a, sampling=GREEDY) for a in adapters * 2])
     assert mixed == alone * 2
+    # A run loads a new adapter every round: vLLM keeps only max_loras of them in memory.
+    assert engine.resident_adapters == engine.config.max_loras
 
 
 def test_bad_adapters_are_rejected_clearly(

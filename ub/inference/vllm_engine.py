@@ -136,6 +136,10 @@ def _env_defaults(cache_dir: Path | None, threads: str | None) -> dict[str, str]
         "TOKENIZERS_PARALLELISM": "false",
         # vLLM logs dozens of INFO lines per start; warnings and errors still show.
         "VLLM_LOGGING_LEVEL": "WARNING",
+        # vLLM's CPU GEMMs keep 32 oneDNN primitives per layer, one per batch size; oneDNN's
+        # own global cache (1,024 by default) kept every evicted one alive too, ~0.5 MB each:
+        # memory grew with each new batch size for hundreds of rounds (~3 MB a round).
+        "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0",
     }
     if cache_dir is not None:
         defaults["VLLM_CACHE_ROOT"] = str(Path(cache_dir).expanduser().resolve() / "vllm")
@@ -753,6 +757,12 @@ class VLLMEngine:
                 ) from e
 
     # -- public API ---------------------------------------------------------------------------
+
+    @property
+    def resident_adapters(self) -> int:
+        """LoRA adapters loaded in vLLM now (bounded by ``max_loras``: the least recently used
+        are evicted, so a run that makes an adapter a round holds no more than that)."""
+        return len(self._engine.list_loras()) if self.config.enable_lora else 0
 
     @property
     def tokenizer(self) -> Any:
