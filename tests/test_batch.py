@@ -7,6 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from batch_reference import reference_rows
 
 from ub.actors.spec import parse_actor
 from ub.batch import (
@@ -15,7 +16,6 @@ from ub.batch import (
     batch_sql,
     collate,
     explain,
-    reference_rows,
 )
 from ub.data.schema import GAMES_SCHEMA, STEPS_SCHEMA
 from ub.data.shards import (
