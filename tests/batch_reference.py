@@ -89,7 +89,7 @@ def reference_rows(root: Path, config: BatchConfig,
             for t in steps:
                 reward = t.apply_row(reward, row)
             row["reward"] = reward
-            if config.drop_zero_advantage and abs(reward) <= ZERO_EPS:
+            if config.drop_zero_reward and abs(reward) <= ZERO_EPS:
                 continue
             item = (-sample_key(config.seed, row["game_id"], row["turn"]), len(best), row)
             if len(best) < config.batch_size:

@@ -582,9 +582,7 @@ def _check_services(config) -> None:
 
         check_reachable(config.cluster.address)
     from ub.actors.spec import parse_actor
-    from ub.pool.sampling import OpponentConfig
-
-    names = [*OpponentConfig.from_dict(config.opponents).fixed_names(), *config.eval.opponents]
+    names = [*config.opponent_config().fixed_names(), *config.eval.opponents]
     for name in dict.fromkeys(names):
         if parse_actor(name).kind == "hosted":
             from ub.actors.hosted import check_hosted

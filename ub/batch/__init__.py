@@ -10,7 +10,7 @@
    transform chain in canonical order; the window's per-(game, seat) rewards become an Arrow
    table that DuckDB joins.
 3. **select** (one DuckDB query, :func:`batch_sql`): the learner's decisions in the window, their
-   final rewards, step shaping, the optional zero-advantage drop, a seeded sample of
+   final rewards, step shaping, the optional zero-reward drop, a seeded sample of
    ``batch_size`` rows and the sampling normalization on those rows. It reads scalar columns
    only.
 4. **fetch** (one DuckDB query): the token lists of the sampled rows only, file by file.

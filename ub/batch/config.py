@@ -3,63 +3,57 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ub.errors import UbError, settings_from_mapping
 from ub.rewards import FinalRewardChain, InvalidMovePenalty, build_transforms
+from ub.run.sections import BatchSection, default_of, renamed_keys
 
 
-def _default_final() -> list[str | dict[str, Any]]:
-    return [{"name": "win_draw_loss"}, {"name": "role_advantage", "ema": 0.95}]
-
-
-def _default_sampling() -> list[str | dict[str, Any]]:
-    return [{"name": "normalize_per_env"}]
+def _schema(name: str) -> Callable[[], Any]:
+    """The default of the schema's field ``name``, as a dataclass default factory."""
+    return lambda: default_of(BatchSection, name)
 
 
 @dataclass
 class BatchConfig:
     """What goes into a training batch. Every field is plain data (YAML/JSON-able).
 
-    :param batch_size: decisions to sample (fewer if the pool is smaller: see ``stats.size``).
-    :param first_round: first round of the window, inclusive; ``None``: the first committed round.
-    :param last_round: last round of the window, inclusive; ``None``: the last committed round.
-    :param actors: keep only decisions whose ``steps.actor`` is one of these; ``None``: any model.
-    :param checkpoints: keep only decisions whose ``steps.checkpoint`` is one of these (e.g. the
-        learner's current checkpoint, for on-policy training); ``None``: any.
-    :param final: final-stage transforms, in order (names or ``{"name": ..., **params}``).
-    :param step: step-stage transforms (per-decision shaping), in order.
-    :param sampling: sampling-stage transforms (on the sampled rows), in order.
-    :param drop_zero_advantage: drop decisions whose reward after the final and step stages is
-        zero (``|reward| <= 1e-9``) *before* sampling: they carry no policy gradient. Note: this
-        is the pre-normalization reward; a mean-centering sampling transform is applied later.
-    :param max_train_len: keep the first ``max_train_len`` tokens of prompt + completion (the
-        original UnstableBaselines rule); longer sequences are truncated and counted in the stats.
-        ``None``: no limit.
-    :param seed: the sampling seed. The sample is the ``batch_size`` rows with the smallest
-        ``md5(f"{seed}/{game_id}/{turn}")``: pass a different seed per round (e.g.
-        ``derive_seed(run_seed, round, "batch")``), or overlapping windows re-pick the same rows.
-    :param pad_token_id: the id that pads ``input_ids`` on the right.
+    The fields, their defaults and meanings are :class:`ub.run.sections.BatchSection`'s (listed
+    in docs/config.md). Notes beyond the one line there:
+
+    - ``drop_zero_reward`` drops on the reward *before* the sampling stage: a decision it keeps
+      may still get a zero advantage after a mean-centering sampling transform.
+    - ``max_train_len`` is the original UnstableBaselines rule: longer sequences are truncated
+      (the completion first) and counted in the stats.
+    - ``seed``: the sample is the ``batch_size`` rows with the smallest
+      ``md5(f"{seed}/{game_id}/{turn}")``: pass a different seed per round (e.g.
+      ``derive_seed(run_seed, round, "batch")``), or overlapping windows re-pick the same rows.
     """
 
-    batch_size: int = 384
-    first_round: int | None = None
-    last_round: int | None = None
-    actors: list[str] | None = None
-    checkpoints: list[str] | None = None
-    final: list[str | dict[str, Any]] = field(default_factory=_default_final)
-    step: list[str | dict[str, Any]] = field(default_factory=list)
-    sampling: list[str | dict[str, Any]] = field(default_factory=_default_sampling)
-    drop_zero_advantage: bool = False
-    max_train_len: int | None = None
-    seed: int = 0
-    pad_token_id: int = 0
+    batch_size: int = field(default_factory=_schema("batch_size"))
+    first_round: int | None = field(default_factory=_schema("first_round"))
+    last_round: int | None = field(default_factory=_schema("last_round"))
+    actors: list[str] | None = field(default_factory=_schema("actors"))
+    checkpoints: list[str] | None = field(default_factory=_schema("checkpoints"))
+    final: list[str | dict[str, Any]] = field(default_factory=_schema("final"))
+    step: list[str | dict[str, Any]] = field(default_factory=_schema("step"))
+    sampling: list[str | dict[str, Any]] = field(default_factory=_schema("sampling"))
+    drop_zero_reward: bool = field(default_factory=_schema("drop_zero_reward"))
+    max_train_len: int | None = field(default_factory=_schema("max_train_len"))
+    seed: int = field(default_factory=_schema("seed"))
+    pad_token_id: int = field(default_factory=_schema("pad_token_id"))
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> BatchConfig:
-        """A validated config from a mapping (unknown keys are an error)."""
+        """A validated config from a mapping (unknown keys are an error; a renamed key is read
+        under its new name, with a log line)."""
+        try:
+            data = renamed_keys(dict(data), "batch")
+        except ValueError as exc:
+            raise UbError(str(exc)) from None
         return settings_from_mapping(cls, data, "batch")
 
     def to_dict(self) -> dict[str, Any]:

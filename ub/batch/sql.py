@@ -14,7 +14,7 @@ from ub.data.shards import ShardId, shard_path
 from ub.errors import UbError
 from ub.rewards import FinalRewardChain, build_transforms, step_reward_sql
 
-# A reward whose magnitude is at or below this counts as zero for ``drop_zero_advantage``.
+# A reward whose magnitude is at or below this counts as zero for ``drop_zero_reward``.
 ZERO_EPS = 1e-9
 # The steps columns phase 1 reads (never the token lists, nor the texts).
 DECISION_COLUMNS = ["round", "shard", "game_id", "turn", "seat", "env_id", "role", "actor",
@@ -40,8 +40,8 @@ def select_sql(plan: Plan, config: BatchConfig) -> str:
     if config.checkpoints is not None:
         filters.append(f"checkpoint IN ({', '.join(quote(c) for c in config.checkpoints)})")
     step = step_reward_sql(build_transforms("step", config.step), "final_reward + step_reward")
-    drop = f"\n    WHERE abs(reward) > {ZERO_EPS!r}  -- drop_zero_advantage" if (
-        config.drop_zero_advantage) else ""
+    drop = f"\n    WHERE abs(reward) > {ZERO_EPS!r}  -- drop_zero_reward" if (
+        config.drop_zero_reward) else ""
     layers, prev = [], "sampled"
     for k, t in enumerate(build_transforms("sampling", config.sampling), start=1):
         layers.append(f"sampling_{k} AS (  -- {t.name} {t.params()}\n"
@@ -192,5 +192,5 @@ SELECT (SELECT count(*) FROM {files} WHERE round BETWEEN {plan.first_round}
         return UbError(f"all {counts['selected']} selected model decisions in {where} come from "
                        "errored games (no rewards); see `SELECT error FROM games` for why")
     return UbError(f"all {counts['rewarded']} selected model decisions in {where} have zero "
-                   "reward after the final and step stages and drop_zero_advantage dropped "
-                   "them; set drop_zero_advantage=false or change the reward transforms")
+                   "reward after the final and step stages and drop_zero_reward dropped "
+                   "them; set drop_zero_reward=false or change the reward transforms")
