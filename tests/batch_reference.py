@@ -22,21 +22,13 @@ def sample_key(seed: int, game_id: str, turn: int) -> int:
     return int.from_bytes(hashlib.md5(f"{seed}/{game_id}/{turn}".encode()).digest(), "little")
 
 
-def reference_rows(root: Path, config: BatchConfig,
-                   final_rewards_state: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
-    """The batch rows :func:`select_rows` returns, computed by loading shards into Python and
-    looping: the final stage game by game (``transform_game``), step and sampling transforms
-    through their Python forms. Slow; an oracle, not for training.
-    """
-    config.validate()
-    root = Path(root)
-    shards = committed_shards(root)
-    rounds = [s.round for s in shards]
-    first = min(rounds) if config.first_round is None else config.first_round
-    last = max(rounds) if config.last_round is None else config.last_round
-
-    # final stage: every game through `last`, after the watermark, in canonical order
-    chain = final_chain(config, final_rewards_state)
+def _final_rewards(root: Path, shards: list, config: BatchConfig,
+                   state: Mapping[str, Any] | None, first: int, last: int
+                   ) -> tuple[dict[tuple[str, int], tuple[float, float]], dict[str, float]]:
+    """The final stage game by game: every game through ``last`` after the watermark, in
+    canonical order; the (raw, final) reward of each (game, seat) of the window, and each
+    window game's lowest final reward."""
+    chain = final_chain(config, state)
     games = []
     for sid in shards:
         if sid.round <= last:
@@ -62,6 +54,23 @@ def reference_rows(root: Path, config: BatchConfig,
             for seat, (raw, r) in enumerate(zip(view.raw_rewards, rewards, strict=True)):
                 final[(g["game_id"], seat)] = (raw, r)
             game_min[g["game_id"]] = min(rewards)
+    return final, game_min
+
+
+def reference_rows(root: Path, config: BatchConfig,
+                   final_rewards_state: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The batch rows :func:`select_rows` returns, computed by loading shards into Python and
+    looping: the final stage game by game (``transform_game``), step and sampling transforms
+    through their Python forms. Slow; an oracle, not for training.
+    """
+    config.validate()
+    root = Path(root)
+    shards = committed_shards(root)
+    rounds = [s.round for s in shards]
+    first = min(rounds) if config.first_round is None else config.first_round
+    last = max(rounds) if config.last_round is None else config.last_round
+
+    final, game_min = _final_rewards(root, shards, config, final_rewards_state, first, last)
 
     # steps: filter, shape, keep the batch_size smallest sample keys
     steps = build_transforms("step", config.step)

@@ -363,5 +363,7 @@ def test_bad_config_is_refused_before_reading(tmp_path):
         BatchConfig(first_round=3, last_round=1).validate()
     with pytest.raises(UbError, match="unknown batch setting"):
         BatchConfig.from_dict({"batchsize": 3})
+    with pytest.raises(UbError, match=r"batch.batch_size: Input should be a valid integer"):
+        BatchConfig.from_dict({"batch_size": True})  # the schema's types, strictly
     with pytest.raises(UbError, match="unknown sampling reward transform"):
         BatchConfig(sampling=["zscore"]).validate()

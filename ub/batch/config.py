@@ -9,7 +9,7 @@ from typing import Any
 
 from ub.errors import UbError, settings_from_mapping
 from ub.rewards import FinalRewardChain, InvalidMovePenalty, build_transforms
-from ub.run.sections import BatchSection, default_of, renamed_keys
+from ub.run.sections import BatchSection, check_types, default_of, renamed_keys
 
 
 def _schema(name: str) -> Callable[[], Any]:
@@ -54,6 +54,7 @@ class BatchConfig:
             data = renamed_keys(dict(data), "batch")
         except ValueError as exc:
             raise UbError(str(exc)) from None
+        check_types(BatchSection, data, "batch")
         return settings_from_mapping(cls, data, "batch")
 
     def to_dict(self) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any
 from ub.errors import UbError, settings_from_mapping
 from ub.model.lora import LoraSettings
 from ub.run.schema import SamplingSection, TrainConfig
-from ub.run.sections import ATTENTION, DTYPES, LearnerSection, default_of
+from ub.run.sections import ATTENTION, DTYPES, LearnerSection, check_types, default_of
 
 
 def _schema(name: str) -> Callable[[], Any]:
@@ -81,7 +81,9 @@ class LearnerConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LearnerConfig:
-        """A validated config from a mapping (unknown keys are an error)."""
+        """A validated config from a mapping (unknown keys are an error; types are the
+        schema's, strictly)."""
+        check_types(LearnerSection, data, "learner")
         return settings_from_mapping(cls, data, "learner")
 
     def to_dict(self) -> dict[str, Any]:

@@ -38,6 +38,7 @@ from ub.run.schema import (  # re-exported: the schema's names are imported from
     TrainConfig,
     WorkerResources,
 )
+from ub.run.sections import format_errors
 
 __all__ = ["MAX_GAMES", "ClusterSection", "EngineSection", "EnvSection", "EvalSection",
            "ModelSection", "PipelineSection", "RolloutSection", "SamplingSection",
@@ -97,21 +98,7 @@ def read_text(path: Path, what: str) -> str:
 
 
 def _format_error(exc: ValidationError, source: str) -> str:
-    parts = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        message = err["msg"]
-        if err["type"] == "extra_forbidden":
-            message = "unknown setting"
-        elif err["type"] == "literal_error":
-            message = f"got {err['input']!r}; {err['msg'].lower()}"
-        elif err["type"] == "value_error" and not err["loc"]:  # a check across sections
-            parts.append(str(err["ctx"]["error"]))
-            continue
-        elif "input" in err and err["type"] != "missing":
-            message = f"{message} (got {err['input']!r})"
-        parts.append(f"{where}: {message}")
-    return f"invalid config {source}: " + "; ".join(parts)
+    return f"invalid config {source}: " + format_errors(exc)
 
 
 def preset_names() -> list[str]:

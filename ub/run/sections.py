@@ -11,10 +11,21 @@ names) with one clear line per problem, for ``ub batch`` / ``ub learn`` and ``ub
 from __future__ import annotations
 
 import copy
+import dataclasses
 import logging
+from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
+
+from ub.errors import UbError
 
 log = logging.getLogger("ub.config")
 
@@ -56,6 +67,37 @@ def renamed_keys(data: Any, section: str) -> Any:
                         section, old, section, new)
             out[new] = out.pop(old)
     return out
+
+
+def format_errors(exc: ValidationError, section: str = "") -> str:
+    """A pydantic error as one line: each bad field by its dotted path, with what was given."""
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in (section, *err["loc"]) if p != "") or "(top level)"
+        message = err["msg"]
+        if err["type"] == "extra_forbidden":
+            message = "unknown setting"
+        elif err["type"] == "literal_error":
+            message = f"got {err['input']!r}; {err['msg'].lower()}"
+        elif err["type"] == "value_error" and not err["loc"]:  # a check across sections
+            parts.append(str(err["ctx"]["error"]))
+            continue
+        elif "input" in err and err["type"] != "missing":
+            message = f"{message} (got {err['input']!r})"
+        parts.append(f"{where}: {message}")
+    return "; ".join(parts)
+
+
+def check_types(section: type[BaseModel], data: Mapping[str, Any], name: str) -> None:
+    """Check the types of the settings in ``data`` that ``section`` has (strictly: no bool for
+    a count), for the code that takes a section as a plain mapping (``ub batch``, ``ub learn``);
+    unknown keys are left to the caller, which lists the valid ones."""
+    known = {k: v for k, v in data.items() if k in section.model_fields and v is not None
+             and not dataclasses.is_dataclass(v)}  # (a LoraSettings is typed already)
+    try:
+        section.model_validate(known)
+    except ValidationError as exc:
+        raise UbError(format_errors(exc, name)) from None
 
 
 TransformSpec = str | dict[str, Any]
