@@ -74,6 +74,7 @@ BAD = [
     ({"rating": {"beta": 0}}, r"rating: rating.beta must be > 0"),
     ({"opponents": [{"mode": "lagged", "k": True}]}, r"opponents.modes.0.k: Input should be"),
     ({"opponents": [{"mode": "mirror", "k": 2}]}, r"opponents: opponent mode mirror has no "),
+    ({"opponents": "mirror"}, r"opponents: must be a list of modes, e.g. "),
     ({"batch": {"drop_zero_advantage": True, "drop_zero_reward": False}},
      r"batch: .*give only drop_zero_reward"),
 ]

@@ -82,6 +82,8 @@ def format_errors(exc: ValidationError, section: str = "") -> str:
         elif err["type"] == "value_error" and not err["loc"]:  # a check across sections
             parts.append(str(err["ctx"]["error"]))
             continue
+        elif err["type"] == "value_error":  # a validator's own words, without pydantic's prefix
+            message = str(err["ctx"]["error"])
         elif "input" in err and err["type"] != "missing":
             message = f"{message} (got {err['input']!r})"
         parts.append(f"{where}: {message}")
@@ -237,7 +239,12 @@ class OpponentsSection(Section):
     @model_validator(mode="before")
     @classmethod
     def _list_form(cls, data: Any) -> Any:
-        return {"modes": data} if isinstance(data, list) else data
+        if isinstance(data, list):
+            return {"modes": data}
+        if not isinstance(data, dict | OpponentsSection):
+            raise ValueError(f"must be a list of modes, e.g. [{{mode: mirror, weight: 0.8}}, "
+                             f"{{mode: lagged, k: 4, weight: 0.2}}], got {data!r}")
+        return data
 
     @model_serializer(mode="wrap")
     def _as_written(self, handler: Any) -> Any:
