@@ -6,8 +6,9 @@ builds a synthetic store of model decisions in the real ``steps``/``games`` sche
 
 It then times, warm, the median of several runs of :func:`ub.batch.assemble_batch` for a
 384-decision batch with per-env normalization, against the same batch built by loading the shards
-into Python and looping (:func:`ub.batch.reference_rows`), checks that both selected the same rows
-with the same advantages, and prints one JSON object with both figures and the ratio.
+into Python and looping (``reference_rows`` in ``tests/batch_reference.py``), checks that both
+selected the same rows with the same advantages, and prints one JSON object with both figures
+and the ratio.
 """
 
 from __future__ import annotations
@@ -26,8 +27,11 @@ import pyarrow.compute as pc
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from ub.batch import BatchConfig, assemble_batch, final_stage, reference_rows
+from batch_reference import reference_rows  # the plain-Python oracle the tests use too
+
+from ub.batch import BatchConfig, assemble_batch, final_stage
 from ub.data.schema import GAMES_SCHEMA, STEPS_SCHEMA
 from ub.data.shards import ShardId, write_shard
 

@@ -7,6 +7,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from batch_reference import reference_rows
 
 from ub.actors.spec import parse_actor
 from ub.batch import (
@@ -15,7 +16,6 @@ from ub.batch import (
     batch_sql,
     collate,
     explain,
-    reference_rows,
 )
 from ub.data.schema import GAMES_SCHEMA, STEPS_SCHEMA
 from ub.data.shards import (
@@ -113,9 +113,9 @@ CONFIGS = {
         checkpoints=["ckpt-000002", "ckpt-000001"], final=["win_draw_loss"],
         step=[{"name": "format_reward", "bonus": 0.5},
               {"name": "invalid_move_penalty", "penalty": -1.0}],
-        sampling=[{"name": "normalize", "scale": False}], drop_zero_advantage=True),
+        sampling=[{"name": "normalize", "scale": False}], drop_zero_reward=True),
     "drop-draws-two-normalizations": BatchConfig(
-        batch_size=50, seed=3, final=["win_draw_loss"], drop_zero_advantage=True,
+        batch_size=50, seed=3, final=["win_draw_loss"], drop_zero_reward=True,
         sampling=["normalize_per_env", "normalize"], actors=["model"]),
     "pool-smaller-than-batch": BatchConfig(batch_size=100_000, seed=2, first_round=2,
                                            last_round=2),
@@ -325,11 +325,20 @@ def test_all_games_errored(tmp_path):
         assemble_batch(tmp_path, BatchConfig())
 
 
-def test_everything_dropped_as_zero_advantage(root):
+def test_everything_dropped_as_zero_reward(root):
     zero = [{"name": "win_draw_loss", "win": 0.0, "draw": 0.0, "loss": 0.0}]
     with pytest.raises(UbError, match="zero reward after the final and step stages"):
-        assemble_batch(root, BatchConfig(final=zero, drop_zero_advantage=True))
+        assemble_batch(root, BatchConfig(final=zero, drop_zero_reward=True))
     assert len(assemble_batch(root, BatchConfig(final=zero, batch_size=8))) == 8
+
+
+def test_the_old_name_of_drop_zero_reward_is_still_read(caplog):
+    with caplog.at_level("WARNING", logger="ub.config"):
+        config = BatchConfig.from_dict({"drop_zero_advantage": True})
+    assert config.drop_zero_reward is True
+    assert "batch.drop_zero_advantage is deprecated, read as batch.drop_zero_reward" in caplog.text
+    with pytest.raises(UbError, match="give only drop_zero_reward"):
+        BatchConfig.from_dict({"drop_zero_advantage": True, "drop_zero_reward": True})
 
 
 def test_bad_shards_are_named(tmp_path):
@@ -354,5 +363,7 @@ def test_bad_config_is_refused_before_reading(tmp_path):
         BatchConfig(first_round=3, last_round=1).validate()
     with pytest.raises(UbError, match="unknown batch setting"):
         BatchConfig.from_dict({"batchsize": 3})
+    with pytest.raises(UbError, match=r"batch.batch_size: Input should be a valid integer"):
+        BatchConfig.from_dict({"batch_size": True})  # the schema's types, strictly
     with pytest.raises(UbError, match="unknown sampling reward transform"):
         BatchConfig(sampling=["zscore"]).validate()

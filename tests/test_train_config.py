@@ -35,7 +35,7 @@ def test_overrides_parse_values_as_yaml():
     config = load_config("tiny-cpu", ["rollout.games_per_round=64", "learner.learning_rate=2e-4",
                                       "eval.opponents=[random]", "seed=3"])
     assert config.rollout.games_per_round == 64
-    assert config.learner["learning_rate"] == 2e-4
+    assert config.learner.learning_rate == 2e-4
     assert config.seed == 3
 
 
@@ -65,6 +65,18 @@ BAD = [
     ({"opponents": [{"mode": "telepathy"}]}, r"opponents: .*telepathy"),
     ({"cluster": {"rollout_workers": 0}}, r"cluster.rollout_workers: .*greater than or equal"),
     ({"cluster": {"learner": {"num_gpus": -1}}}, r"cluster.learner.num_gpus: .*greater"),
+    # every section is typed: a bool is not a count, a string is not a number
+    ({"batch": {"batch_size": True}}, r"batch.batch_size: Input should be a valid integer"),
+    ({"learner": {"epochs": "2"}}, r"learner.epochs: Input should be a valid integer"),
+    ({"learner": {"dtype": "float8"}}, r"learner.dtype: got 'float8'; input should be 'auto'"),
+    ({"learner": {"lora": {"rnak": 8}}}, r"learner.lora.rnak: unknown setting"),
+    ({"rating": {"beta": "wide"}}, r"rating.beta: Input should be a valid number"),
+    ({"rating": {"beta": 0}}, r"rating: rating.beta must be > 0"),
+    ({"opponents": [{"mode": "lagged", "k": True}]}, r"opponents.modes.0.k: Input should be"),
+    ({"opponents": [{"mode": "mirror", "k": 2}]}, r"opponents: opponent mode mirror has no "),
+    ({"opponents": "mirror"}, r"opponents: must be a list of modes, e.g. "),
+    ({"batch": {"drop_zero_advantage": True, "drop_zero_reward": False}},
+     r"batch: .*give only drop_zero_reward"),
 ]
 
 
@@ -111,3 +123,49 @@ def test_stop_strings_reach_training_and_evaluation_sampling():
     assert load_config("tiny-cpu").sampling.stop == ["]"]  # the demo plays one move per turn
     with pytest.raises(UbError, match=r"sampling.stop.0: String should have at least 1"):
         load_config("tiny-cpu", ["sampling.stop=['']"])
+
+
+def test_sections_are_typed_and_dump_as_written():
+    config = load_config("tiny-cpu")
+    assert config.batch_config().batch_size == config.batch.batch_size == 512
+    assert config.learner.algorithm == "ppo" and config.learner.seed is None
+    learner = config.learner_config("base")  # the run fills what the section leaves null
+    assert (learner.seed, learner.temperature, learner.length_normalizer) == (0, 1.0, 8)
+    data = config.model_dump(mode="json")
+    assert data["opponents"] == [{"mode": "mirror", "weight": 0.4},
+                                 {"mode": "lagged", "weight": 0.2, "k": 3},
+                                 {"mode": "fixed", "weight": 0.4, "names": ["random"]}]
+    assert validate_config(data) == config  # config.yaml reads back as the same config
+
+
+def test_old_config_forms_still_load(caplog):
+    old = {**MINIMAL, "opponents": ["mirror", {"mode": "lagged", "k": 2, "weight": 0.5}],
+           "batch": {"drop_zero_advantage": True}, "learner": {"learning_rate": 1}}
+    with caplog.at_level("WARNING", logger="ub.config"):
+        config = validate_config(old)
+    assert "drop_zero_advantage is deprecated" in caplog.text
+    assert config.batch.drop_zero_reward is True and config.batch_config().drop_zero_reward
+    assert config.opponent_config().modes[1].k == 2
+    assert config.learner_config("base").learning_rate == 1.0
+    mapping = validate_config({**MINIMAL, "opponents": {"modes": ["mirror"],
+                                                         "max_active_lora": 2}})
+    assert mapping.opponent_config().max_active_lora == 2
+    assert mapping.model_dump()["opponents"] == {"modes": [{"mode": "mirror", "weight": 1.0}],
+                                                 "max_active_lora": 2}
+    assert validate_config(MINIMAL).model_dump()["opponents"] == [{"mode": "mirror",
+                                                                   "weight": 1.0}]
+
+
+def test_the_dataclass_defaults_are_the_schema_defaults():
+    from ub.batch import BatchConfig
+    from ub.learner import LearnerConfig
+    from ub.model.lora import LoraSettings
+    from ub.pool import RatingConfig
+    from ub.run.config import TrainConfig
+
+    config = validate_config(MINIMAL)
+    assert BatchConfig().to_dict() == config.batch.model_dump()
+    assert RatingConfig().__dict__ == config.rating.model_dump()
+    assert LoraSettings() == config.learner_config("base").lora
+    assert LearnerConfig(base_model="base") == config.learner_config("base")
+    assert TrainConfig.model_fields["seed"].default == LearnerConfig().seed

@@ -531,6 +531,14 @@ def cmd_sft(args: argparse.Namespace) -> int:
 # ub envs
 
 
+def cmd_config(args: argparse.Namespace) -> int:
+    from ub.run.config_docs import load_any, show
+
+    config, label = load_any(args.what, args.overrides)
+    print(show(config, label), end="")
+    return 0
+
+
 def cmd_envs(args: argparse.Namespace) -> int:
     from ub.games.legal import SUPPORTED_GAMES
     from ub.games.specs import NETWORK_GAMES, base_game, registered_env_ids
@@ -582,9 +590,7 @@ def _check_services(config) -> None:
 
         check_reachable(config.cluster.address)
     from ub.actors.spec import parse_actor
-    from ub.pool.sampling import OpponentConfig
-
-    names = [*OpponentConfig.from_dict(config.opponents).fixed_names(), *config.eval.opponents]
+    names = [*config.opponent_config().fixed_names(), *config.eval.opponents]
     for name in dict.fromkeys(names):
         if parse_actor(name).kind == "hosted":
             from ub.actors.hosted import check_hosted
@@ -954,6 +960,15 @@ def build_parser() -> argparse.ArgumentParser:
     envs = sub.add_parser("envs", help="list TextArena env ids ub can play")
     envs.add_argument("--all", action="store_true", help="every registered id, not just scripted")
     envs.set_defaults(func=cmd_envs)
+
+    config = sub.add_parser("config", help="show a resolved training config, every key explained")
+    config_sub = config.add_subparsers(dest="config_command", required=True, parser_class=_Parser)
+    show = config_sub.add_parser("show", help="print a config as YAML with each key's meaning "
+                                 "(docs/config.md lists every key)")
+    show.add_argument("what", help="a preset name, a YAML file or a run folder (its config.yaml)")
+    show.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                      help="override one field (the value is YAML), e.g. --set rounds=4")
+    show.set_defaults(func=cmd_config)
     return parser
 
 

@@ -4,111 +4,71 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from ub.errors import UbError, settings_from_mapping
 from ub.model.lora import LoraSettings
+from ub.run.schema import SamplingSection, TrainConfig
+from ub.run.sections import ATTENTION, DTYPES, LearnerSection, check_types, default_of
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-ATTENTION = ("auto", "sdpa", "eager", "flash_attention_2")
+
+def _schema(name: str) -> Callable[[], Any]:
+    """The default of the schema's field ``name``, as a dataclass default factory."""
+    return lambda: default_of(LearnerSection, name)
 
 
 @dataclass
 class LearnerConfig:
     """How the learner trains. Every field is plain data (YAML/JSON-able via :meth:`to_dict`).
 
-    Model (fixed for the life of a :class:`~ub.learner.Learner`; a change loads a new one):
+    The fields, their defaults and meanings are :class:`ub.run.sections.LearnerSection`'s (listed
+    in docs/config.md), plus ``base_model``: a local directory or a hub id, which checkpoints
+    record (path and a fingerprint of its ``config.json``) and refuse to load on another model.
+    ``seed``, ``temperature`` and ``length_normalizer`` default to the run's defaults (``seed``,
+    ``sampling.temperature``, ``sampling.max_tokens``). Notes beyond the one line there:
 
-    :param base_model: the base model: a local directory or a hub id. Checkpoints record it
-        (path and a fingerprint of its ``config.json``) and refuse to load on another model.
-    :param dtype: base model weights: ``auto`` = bfloat16 on a GPU, float32 on the CPU. The
-        LoRA weights, optimizer and logprobs are always float32.
-    :param attn_implementation: ``auto`` = ``flash_attention_2`` on a GPU with a 16-bit dtype
-        when the ``flash_attn`` package is installed, else ``sdpa``.
-    :param device: ``auto`` = ``cuda`` if available, else ``cpu``; or a torch device string.
-    :param lora: LoRA rank, alpha, dropout and target modules (:class:`LoraSettings`). Rank,
-        alpha and targets must match those of the checkpoint being resumed.
-
-    Start:
-
-    :param init_adapter: a PEFT LoRA adapter directory to start from when there is no
-        checkpoint to resume (a "game-tuned" LoRA); ``None``: a fresh adapter (PEFT's
-        initialisation, B = 0, so the first policy is the base model).
-    :param seed: seeds the fresh adapter and the learner's RNG streams (LoRA dropout, the
-        algorithm's ``rng``); a resumed run takes the RNG state from the checkpoint instead.
-
-    Algorithm:
-
-    :param algorithm: a registered algorithm name (``reinforce``, ``ppo``, ...).
-    :param algorithm_params: keyword arguments of the algorithm (e.g. ``{"clip_eps": 0.2}``).
-    :param length_normalizer: ``L`` of the Dr. GRPO normalizer ``B * L``: a constant, usually
-        the rollout's ``max_tokens``; it scales the loss (so the effective learning rate) but
-        never depends on a sequence's length.
-    :param temperature: the sampling temperature of the rollouts: the learner scores tokens
-        with ``log_softmax(logits / temperature)``, the distribution they were sampled from, so
-        that importance ratios are 1 on on-policy data. (Top-p is not modelled: use top_p 1.)
-
-    Optimizer (AdamW, constant learning rate):
-
-    :param learning_rate: AdamW step size.
-    :param weight_decay: AdamW decoupled weight decay on the LoRA weights.
-    :param betas: AdamW moment decay rates.
-    :param adam_eps: AdamW denominator epsilon.
-    :param max_grad_norm: clip the global gradient norm to this (``None``: no clipping). The
-        norm before clipping is reported as ``grad_norm``.
-    :param minibatches: optimizer steps per pass over an update's batch: the batch is shuffled
-        (by the learner's saved RNG) and cut into this many near-equal minibatches. With more
-        than one, later steps are off-policy: use ``ppo``, whose ratio corrects for it.
-    :param epochs: passes over the batch per update; an update makes ``minibatches * epochs``
-        optimizer steps and writes one checkpoint.
-    :param warmup_steps: optimizer steps over which the learning rate rises linearly to
-        ``learning_rate`` (counted from the cold start, so a resumed run continues the ramp).
-        Adam's first steps move every weight by about the learning rate whatever the gradient's
-        size (``m / sqrt(v)`` is +-1 on step one), so a fresh adapter's first steps at full rate
-        are mostly noise; 0: no warm-up.
-
-    Compute:
-
-    :param micro_batch_tokens: most tokens per micro-batch, padding included (rows x longest
-        row); bounds activation memory (and more, smaller micro-batches waste less on
-        padding; on a CPU 2048-4096 is also the fastest, as tensors stay in cache). ``None``:
-        no token limit.
-    :param micro_batch_size: most rows per micro-batch; ``None``: no row limit.
-    :param gradient_checkpointing: recompute activations in the backward pass (less memory,
-        about a third more compute).
-    :param num_threads: torch CPU threads; ``None`` leaves torch's setting. (In a process that
-        also runs an in-process vLLM engine, vLLM pins the threads and ignores this.)
+    - The model fields (``base_model``, ``dtype``, ``attn_implementation``, ``device``, ``lora``)
+      are fixed for the life of a :class:`~ub.learner.Learner`; a change loads a new one.
+    - ``temperature``: the learner scores tokens with ``log_softmax(logits / temperature)``, the
+      distribution they were sampled from, so importance ratios are 1 on on-policy data.
+    - ``length_normalizer`` scales the loss (so the effective learning rate) but never depends
+      on a sequence's length.
+    - ``warmup_steps`` count from the cold start, so a resumed run continues the ramp: Adam's
+      first steps move every weight by about the learning rate whatever the gradient's size.
+    - ``micro_batch_tokens`` bounds activation memory; on a CPU 2048-4096 is also the fastest.
     """
 
     base_model: str = ""
-    dtype: str = "auto"
-    attn_implementation: str = "auto"
-    device: str = "auto"
+    dtype: str = field(default_factory=_schema("dtype"))
+    attn_implementation: str = field(default_factory=_schema("attn_implementation"))
+    device: str = field(default_factory=_schema("device"))
     lora: LoraSettings = field(default_factory=LoraSettings)
 
-    init_adapter: str | None = None
-    seed: int = 0
+    init_adapter: str | None = field(default_factory=_schema("init_adapter"))
+    seed: int = field(default_factory=lambda: default_of(TrainConfig, "seed"))
 
-    algorithm: str = "reinforce"
-    algorithm_params: dict[str, Any] = field(default_factory=dict)
-    length_normalizer: int = 32
-    temperature: float = 1.0
+    algorithm: str = field(default_factory=_schema("algorithm"))
+    algorithm_params: dict[str, Any] = field(default_factory=_schema("algorithm_params"))
+    length_normalizer: int = field(
+        default_factory=lambda: default_of(SamplingSection, "max_tokens"))
+    temperature: float = field(default_factory=lambda: default_of(SamplingSection, "temperature"))
 
-    learning_rate: float = 1e-5
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.999)
-    adam_eps: float = 1e-8
-    max_grad_norm: float | None = 0.2
-    minibatches: int = 1
-    epochs: int = 1
-    warmup_steps: int = 0
+    learning_rate: float = field(default_factory=_schema("learning_rate"))
+    weight_decay: float = field(default_factory=_schema("weight_decay"))
+    betas: tuple[float, float] = field(default_factory=lambda: tuple(default_of(LearnerSection,
+                                                                                "betas")))
+    adam_eps: float = field(default_factory=_schema("adam_eps"))
+    max_grad_norm: float | None = field(default_factory=_schema("max_grad_norm"))
+    minibatches: int = field(default_factory=_schema("minibatches"))
+    epochs: int = field(default_factory=_schema("epochs"))
+    warmup_steps: int = field(default_factory=_schema("warmup_steps"))
 
-    micro_batch_tokens: int | None = 4096
-    micro_batch_size: int | None = None
-    gradient_checkpointing: bool = False
-    num_threads: int | None = None
+    micro_batch_tokens: int | None = field(default_factory=_schema("micro_batch_tokens"))
+    micro_batch_size: int | None = field(default_factory=_schema("micro_batch_size"))
+    gradient_checkpointing: bool = field(default_factory=_schema("gradient_checkpointing"))
+    num_threads: int | None = field(default_factory=_schema("num_threads"))
 
     def __post_init__(self) -> None:
         # Accept the shapes YAML/JSON give: a mapping for lora, lists for tuples.
@@ -121,7 +81,9 @@ class LearnerConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> LearnerConfig:
-        """A validated config from a mapping (unknown keys are an error)."""
+        """A validated config from a mapping (unknown keys are an error; types are the
+        schema's, strictly)."""
+        check_types(LearnerSection, data, "learner")
         return settings_from_mapping(cls, data, "learner")
 
     def to_dict(self) -> dict[str, Any]:

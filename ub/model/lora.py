@@ -10,28 +10,32 @@ from __future__ import annotations
 
 import os
 import shutil
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from ub.errors import UbError
+from ub.run.sections import ALL_PROJECTIONS, LoraSection, default_of
 
-ALL_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+__all__ = ["ALL_PROJECTIONS", "LoraSettings", "new_adapter"]
+
+
+def _schema(name: str) -> Callable[[], Any]:
+    """The default of the schema's field ``name``, as a dataclass default factory."""
+    return lambda: default_of(LoraSection, name)
 
 
 @dataclass(frozen=True)
 class LoraSettings:
-    """LoRA hyper-parameters.
+    """LoRA hyper-parameters: the fields, defaults and meanings of
+    :class:`ub.run.sections.LoraSection` (``target_modules`` as a tuple)."""
 
-    :param rank: adapter rank r (vLLM's ``max_lora_rank`` must be >= r).
-    :param alpha: scaling numerator; the update is scaled by alpha / r.
-    :param dropout: dropout on the adapter input during training.
-    :param target_modules: module names that get adapters.
-    """
-
-    rank: int = 16
-    alpha: int = 32
-    dropout: float = 0.0
-    target_modules: tuple[str, ...] = ALL_PROJECTIONS
+    rank: int = field(default_factory=_schema("rank"))
+    alpha: int = field(default_factory=_schema("alpha"))
+    dropout: float = field(default_factory=_schema("dropout"))
+    target_modules: tuple[str, ...] = field(
+        default_factory=lambda: tuple(default_of(LoraSection, "target_modules")))
 
     def peft_config(self):
         from peft import LoraConfig

@@ -26,30 +26,22 @@ from typing import Any
 import trueskill
 
 from ub.errors import UbError
+from ub.run.sections import RatingSection, default_of
 
 
 @dataclass(frozen=True)
 class RatingConfig:
-    """TrueSkill settings (the ``rating`` section of a training config).
+    """TrueSkill settings (the ``rating`` section of a training config): the fields, defaults
+    and meanings of :class:`ub.run.sections.RatingSection`."""
 
-    :param mu: initial mean of the first checkpoint.
-    :param sigma: initial standard deviation (also the cap of an inflated sigma).
-    :param beta: the skill difference that gives ~76% win chance; the game's luck.
-    :param tau: dynamics: sigma added before each game so ratings can keep moving.
-    :param draw_probability: prior probability of a draw.
-    :param fixed_mu: prior mean of fixed opponents (scripted players, hosted models).
-    :param fixed_sigma: prior standard deviation of fixed opponents.
-    :param checkpoint_sigma_boost: added to the parent's sigma for a new checkpoint.
-    """
-
-    mu: float = 25.0
-    sigma: float = 25.0 / 3
-    beta: float = 25.0 / 6
-    tau: float = 25.0 / 300
-    draw_probability: float = 0.1
-    fixed_mu: float = 25.0
-    fixed_sigma: float = 25.0 / 3
-    checkpoint_sigma_boost: float = 1.0
+    mu: float = default_of(RatingSection, "mu")
+    sigma: float = default_of(RatingSection, "sigma")
+    beta: float = default_of(RatingSection, "beta")
+    tau: float = default_of(RatingSection, "tau")
+    draw_probability: float = default_of(RatingSection, "draw_probability")
+    fixed_mu: float = default_of(RatingSection, "fixed_mu")
+    fixed_sigma: float = default_of(RatingSection, "fixed_sigma")
+    checkpoint_sigma_boost: float = default_of(RatingSection, "checkpoint_sigma_boost")
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> RatingConfig:

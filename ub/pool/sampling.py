@@ -32,8 +32,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ub.errors import UbError
+from ub.run.sections import LAGGED_K, OPPONENT_MODES
 
-MODES = ("mirror", "lagged", "random", "fixed", "match-quality", "ts-dist", "exploration")
+MODES = OPPONENT_MODES
 _PARAMS = {"lagged": {"k"}, "fixed": {"names"}, "ts-dist": {"scale"}}
 
 
@@ -43,7 +44,7 @@ class ModeSpec:
 
     mode: str
     weight: float = 1.0
-    k: int = 4
+    k: int = LAGGED_K
     names: tuple[str, ...] | None = None
     scale: float | None = None
 
@@ -91,7 +92,7 @@ class OpponentConfig:
                     or not math.isfinite(weight):
                 raise UbError(f"opponent mode {name}: weight must be a number >= 0, got "
                               f"{weight!r}")
-            k = item.get("k", 4)
+            k = item.get("k", LAGGED_K)
             if isinstance(k, bool) or not isinstance(k, int) or k < 1:
                 raise UbError(f"opponent mode lagged: k must be a positive integer, got {k!r}")
             names = item.get("names")

@@ -303,9 +303,7 @@ def split_by_weight(total: int, weights: list[float]) -> list[int]:
 
 def fixed_opponents(config: TrainConfig) -> tuple[str, ...]:
     """Fixed pool members: those the opponent modes name, plus the eval opponents."""
-    from ub.pool.sampling import OpponentConfig
-
-    names = list(OpponentConfig.from_dict(config.opponents).fixed_names())
+    names = list(config.opponent_config().fixed_names())
     for name in config.eval.opponents:
         if name not in names:
             names.append(name)
@@ -314,11 +312,11 @@ def fixed_opponents(config: TrainConfig) -> tuple[str, ...]:
 
 def load_ratings(run: Run, round_: int):
     """The rating table after round ``round_`` (``-1``: the initial pool)."""
-    from ub.pool.ratings import RatingConfig, RatingTable
+    from ub.pool.ratings import RatingTable
 
     if round_ >= 0:
         return RatingTable.from_snapshot(read_json(run.paths.ratings(round_)))
-    table = RatingTable(RatingConfig.from_dict(run.config.rating))
+    table = RatingTable(run.config.rating_config())
     table.add_checkpoint(checkpoint_name(0))
     for name in fixed_opponents(run.config):
         table.add_fixed(name)
@@ -340,7 +338,7 @@ def plan_round(run: Run, round_: int) -> list[list[PlannedGame]]:
     A pure function of the config, the round and committed ratings: a resumed run plans
     exactly the games the interrupted one did.
     """
-    from ub.pool.sampling import OpponentConfig, PoolView, sample_opponents, seat_players
+    from ub.pool.sampling import PoolView, sample_opponents, seat_players
 
     config = run.config
     current = behaviour_update(config, round_)
@@ -349,7 +347,7 @@ def plan_round(run: Run, round_: int) -> list[list[PlannedGame]]:
     view = PoolView(current=checkpoint_name(current),
                     checkpoints=tuple(checkpoint_name(u) for u in range(current + 1)),
                     fixed=fixed_opponents(config), ratings=ratings)
-    opponents_config = OpponentConfig.from_dict(config.opponents)
+    opponents_config = config.opponent_config()
     counts = split_by_weight(config.rollout.games_per_round, [e.weight for e in config.envs])
     games: list[PlannedGame] = []
     for env_index, (env, count) in enumerate(zip(config.envs, counts, strict=True)):

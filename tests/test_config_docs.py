@@ -1,0 +1,47 @@
+"""The config schema documents itself: docs/config.md and `ub config show` come from it."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from ub.cli import main
+from ub.errors import UbError
+from ub.run.config import load_config, load_yaml, preset_names, validate_config
+from ub.run.config_docs import DOC, REGENERATE, load_any, markdown, sections, show
+
+
+def test_docs_config_md_is_generated_from_the_schema():
+    assert DOC.read_text(encoding="utf-8") == markdown(), (
+        f"{DOC} differs from the config schema: regenerate it with `{REGENERATE}`")
+
+
+def test_every_key_has_a_description_and_is_in_the_doc():
+    text = DOC.read_text(encoding="utf-8")
+    for path, model in sections():
+        for name, info in model.model_fields.items():
+            key = f"{path}.{name}".lstrip(".")
+            assert info.description, f"{key} has no description"
+            assert f"| `{key}` |" in text, f"{key} is missing from {DOC}"
+
+
+@pytest.mark.parametrize("name", preset_names())
+def test_show_reads_back_as_the_same_config(name):
+    config = load_config(name)
+    text = show(config, f"preset {name}")
+    assert validate_config(load_yaml(text)) == config
+    assert "# Decisions to sample" in text  # each key's meaning above it
+
+
+def test_show_a_run_folder(tmp_path, capsys):
+    config = load_config("tiny-cpu", ["rounds=3"])
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(config.model_dump(mode="json"),
+                                                         sort_keys=False))
+    assert load_any(str(tmp_path))[0] == config
+    assert main(["config", "show", str(tmp_path), "--set", "seed=5"]) == 0
+    shown = load_yaml(capsys.readouterr().out)
+    assert shown["rounds"] == 3 and shown["seed"] == 5
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(UbError, match=r"without config\.yaml"):
+        load_any(str(empty))

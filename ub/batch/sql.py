@@ -1,0 +1,196 @@
+"""The batch's two DuckDB queries: phase 1 selects, shapes, samples and normalizes scalar
+columns; phase 2 fetches the token lists of the sampled rows only."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from ub.batch.config import BatchConfig
+from ub.batch.plan import Plan, make_plan, quote, run_sql
+from ub.data.shards import ShardId, shard_path
+from ub.errors import UbError
+from ub.rewards import FinalRewardChain, build_transforms, step_reward_sql
+
+# A reward whose magnitude is at or below this counts as zero for ``drop_zero_reward``.
+ZERO_EPS = 1e-9
+# The steps columns phase 1 reads (never the token lists, nor the texts).
+DECISION_COLUMNS = ["round", "shard", "game_id", "turn", "seat", "env_id", "role", "actor",
+                    "checkpoint", "format_ok", "invalid_move", "step_reward",
+                    "num_prompt_tokens", "num_completion_tokens"]
+TOKEN_COLUMNS = ["prompt_token_ids", "completion_token_ids", "completion_logprobs"]
+
+
+def source_sql(plan: Plan) -> str:
+    """The window's steps shards, as an explicit file list (no globbing, no other rounds).
+
+    Hive partitioning is off: ``round=NNNNNN`` in the path would shadow the ``round`` column.
+    """
+    files = ",\n        ".join(quote(shard_path(plan.root, "steps", s)) for s in plan.window)
+    return (f"read_parquet([\n        {files}\n    ], file_row_number = true, "
+            "hive_partitioning = false)")
+
+
+def select_sql(plan: Plan, config: BatchConfig) -> str:
+    filters = [f"round BETWEEN {plan.first_round} AND {plan.last_round}"]
+    if config.actors is not None:
+        filters.append(f"actor IN ({', '.join(quote(a) for a in config.actors)})")
+    if config.checkpoints is not None:
+        filters.append(f"checkpoint IN ({', '.join(quote(c) for c in config.checkpoints)})")
+    step = step_reward_sql(build_transforms("step", config.step), "final_reward + step_reward")
+    drop = f"\n    WHERE abs(reward) > {ZERO_EPS!r}  -- drop_zero_reward" if (
+        config.drop_zero_reward) else ""
+    layers, prev = [], "sampled"
+    for k, t in enumerate(build_transforms("sampling", config.sampling), start=1):
+        layers.append(f"sampling_{k} AS (  -- {t.name} {t.params()}\n"
+                      f"    SELECT * REPLACE ({t.sql('advantage')} AS advantage)\n"
+                      f"    FROM {prev}\n)")
+        prev = f"sampling_{k}"
+    sampling = "".join(f",\n{layer}" for layer in layers)
+    return f"""-- ub batch, phase 1: select, shape, sample and normalize (scalar columns only)
+WITH decisions AS (  -- the learner's decisions in the window
+    SELECT {', '.join(c if c != 'step_reward' else 'CAST(step_reward AS DOUBLE) AS step_reward'
+                      for c in DECISION_COLUMNS)},
+           file_row_number
+    FROM {source_sql(plan)}
+    WHERE actor_kind = 'model'
+      AND {(chr(10) + '      AND ').join(filters)}
+),
+game_floor AS (  -- each game's lowest final reward (invalid_move_penalty anchors to it)
+    SELECT game_id, min(reward) AS game_min_final_reward
+    FROM final_rewards
+    GROUP BY game_id
+),
+joined AS (  -- final stage: the Arrow table `final_rewards`, one row per (game, seat);
+             -- errored games have no row, so their decisions drop out here
+    SELECT d.*, f.raw_reward, f.reward AS final_reward, g.game_min_final_reward
+    FROM decisions AS d JOIN final_rewards AS f USING (game_id, seat)
+         JOIN game_floor AS g USING (game_id)
+),
+shaped AS (  -- step stage
+    SELECT *, {step} AS reward
+    FROM joined
+),
+pool AS (  -- what can be sampled; sample_key is a pure function of (seed, game_id, turn)
+    SELECT *, md5_number(concat({int(config.seed)}, '/', game_id, '/', turn)) AS sample_key
+    FROM shaped{drop}
+),
+sampled AS (  -- uniform sample without replacement
+    SELECT *, reward AS advantage
+    FROM pool
+    ORDER BY sample_key, game_id, turn
+    LIMIT {int(config.batch_size)}
+){sampling}
+SELECT * EXCLUDE (sample_key)
+FROM {prev}
+ORDER BY sample_key, game_id, turn"""
+
+
+def fetch_sql(root: Path, rows: pa.Table) -> str:
+    """Phase 2: the token lists of the given (round, shard, file_row_number) rows only.
+
+    One branch per shard file, each filtered by row number, so DuckDB decodes the lists of those
+    rows only. (Joining the sampled rows in SQL instead was measured ~40% slower.)
+    """
+    by_file: dict[tuple[int, int], list[int]] = {}
+    for r, s, n in zip(rows["round"].to_pylist(), rows["shard"].to_pylist(),
+                       rows["file_row_number"].to_pylist(), strict=True):
+        by_file.setdefault((r, s), []).append(n)
+    parts = [
+        f"SELECT round, shard, file_row_number, game_id, turn, {', '.join(TOKEN_COLUMNS)}\n"
+        f"FROM read_parquet({quote(shard_path(root, 'steps', ShardId(r, s)))}, "
+        "file_row_number = true, hive_partitioning = false)\n"
+        f"WHERE file_row_number IN ({', '.join(map(str, sorted(numbers)))})"
+        for (r, s), numbers in sorted(by_file.items())
+    ]
+    return ("-- ub batch, phase 2: the token lists of the sampled rows only, file by file\n"
+            + "\nUNION ALL\n".join(parts))
+
+
+def attach_tokens(sampled: pa.Table, fetched: pa.Table, root: Path) -> pa.Table:
+    """``sampled`` plus the token columns of ``fetched``, matched on (round, shard, row)."""
+    where = {(r, s, n): i for i, (r, s, n) in enumerate(zip(
+        fetched["round"].to_pylist(), fetched["shard"].to_pylist(),
+        fetched["file_row_number"].to_pylist(), strict=True))}
+    keys = zip(sampled["round"].to_pylist(), sampled["shard"].to_pylist(),
+               sampled["file_row_number"].to_pylist(), strict=True)
+    order = [where.get(k, -1) for k in keys]
+    if -1 in order or len(order) != len(where):
+        raise UbError(f"the sampled decisions changed between the two reads of {root}: was a "
+                      "shard rewritten meanwhile? Retry the batch")
+    fetched = fetched.take(pa.array(order))
+    if not (fetched["game_id"].equals(sampled["game_id"])
+            and fetched["turn"].equals(sampled["turn"])):
+        raise UbError(f"the sampled decisions changed between the two reads of {root}: was a "
+                      "shard rewritten meanwhile? Retry the batch")
+    for name in TOKEN_COLUMNS:
+        sampled = sampled.append_column(name, fetched[name])
+    return sampled
+
+
+def batch_sql(root: Path, config: BatchConfig) -> str:
+    """The exact phase-1 query :func:`assemble_batch` runs for ``config`` on ``root``.
+
+    It reads the Arrow table ``final_rewards`` (registered by the caller: see
+    :func:`final_stage`), and returns the sampled rows without token lists.
+    """
+    config.validate()
+    return select_sql(make_plan(root, config), config)
+
+
+def explain(root: Path, config: BatchConfig) -> str:
+    """A readable account of what :func:`assemble_batch` will do: plan and both queries."""
+    config.validate()
+    plan = make_plan(root, config)
+    fetch_example = fetch_sql(plan.root, pa.table({
+        "round": [plan.window[0].round], "shard": [plan.window[0].shard],
+        "file_row_number": [0]}))
+    return "\n".join([
+        f"-- data root: {plan.root}",
+        f"-- window: rounds [{plan.first_round}, {plan.last_round}], "
+        f"{len(plan.window)} steps shards",
+        f"-- final stage (Python, canonical order (round, game_index, game_id)): "
+        f"{FinalRewardChain(config.final).specs()}",
+        "",
+        select_sql(plan, config) + ";",
+        "",
+        "-- phase 2 is generated from phase 1's result (one branch per shard that holds a",
+        "-- sampled row; rows are matched back on (round, shard, file_row_number)), e.g.:",
+        fetch_example + ";",
+    ])
+
+
+def explain_empty(con: duckdb.DuckDBPyConnection, plan: Plan, config: BatchConfig,
+                   sql: str) -> UbError:
+    """Which filter emptied the batch: run the same CTEs with counts."""
+    ctes = sql[sql.index("WITH "):sql.index("\nSELECT * EXCLUDE")]
+    files = source_sql(plan)
+    counts = run_sql(con, f"""{ctes}
+SELECT (SELECT count(*) FROM {files} WHERE round BETWEEN {plan.first_round}
+                                         AND {plan.last_round}) AS rows,
+       (SELECT count(*) FROM {files} WHERE actor_kind = 'model' AND round BETWEEN
+                                         {plan.first_round} AND {plan.last_round}) AS model,
+       (SELECT count(*) FROM decisions) AS selected,
+       (SELECT count(*) FROM joined) AS rewarded,
+       (SELECT count(*) FROM pool) AS pool""").to_pylist()[0]
+    where = f"rounds [{plan.first_round}, {plan.last_round}] of {plan.root}"
+    if counts["model"] == 0:
+        who = (f"{counts['rows']} decisions, all by scripted players" if counts["rows"]
+               else "the shards hold no decisions at all")
+        return UbError(f"no model decisions (actor_kind = 'model') in {where}: {who}; widen "
+                       "the window or play rounds with the model")
+    if counts["selected"] == 0:
+        found = run_sql(con, f"SELECT DISTINCT actor, checkpoint FROM {files} WHERE actor_kind = "
+                          f"'model' ORDER BY ALL LIMIT 10").to_pylist()
+        have = ", ".join(f"{r['actor']} @ {r['checkpoint']}" for r in found)
+        return UbError(f"no model decisions match actors={config.actors} "
+                       f"checkpoints={config.checkpoints} in {where}; found (actor @ "
+                       f"checkpoint): {have}")
+    if counts["rewarded"] == 0:
+        return UbError(f"all {counts['selected']} selected model decisions in {where} come from "
+                       "errored games (no rewards); see `SELECT error FROM games` for why")
+    return UbError(f"all {counts['rewarded']} selected model decisions in {where} have zero "
+                   "reward after the final and step stages and drop_zero_reward dropped "
+                   "them; set drop_zero_reward=false or change the reward transforms")

@@ -1,0 +1,134 @@
+"""The built-in step transforms (per decision) and sampling transforms (per batch), as SQL
+expressions DuckDB evaluates, with their plain-Python forms for the reference."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ub.errors import UbError
+from ub.rewards.base import SamplingTransform, StepTransform, register, sql_float
+
+
+@register
+@dataclass
+class FormatReward(StepTransform):
+    """Add ``bonus`` to the reward of a decision whose completion followed the answer format."""
+
+    name: ClassVar[str] = "format_reward"
+    bonus: float = 0.1
+
+    def validate(self) -> None:
+        sql_float(self.bonus)
+
+    def sql(self, reward: str) -> str:
+        return f"({reward}) + CASE WHEN format_ok THEN {sql_float(self.bonus)} ELSE 0.0 END"
+
+    def apply_row(self, reward: float, row: Mapping[str, Any]) -> float:
+        return reward + (float(self.bonus) if row["format_ok"] else 0.0)
+
+
+@register
+@dataclass
+class InvalidMovePenalty(StepTransform):
+    """An invalid move scores ``penalty`` (<= 0) below the lowest final reward of its game.
+
+    ``reward := least(reward, game_min_final_reward) + penalty`` for a decision the game
+    rejected. An additive penalty alone is not enough: in a game its seat went on to win, an
+    invalid move would keep most of the win and, after centring, often a positive advantage.
+    Anchored to the game's lowest final reward it can never score above any valid move of the
+    same game (a valid move scores at least its seat's final reward), whatever the outcome.
+    List it last among the step transforms, so no later bonus lifts an invalid move again.
+    """
+
+    name: ClassVar[str] = "invalid_move_penalty"
+    penalty: float = -1.0
+
+    def validate(self) -> None:
+        sql_float(self.penalty)
+        if float(self.penalty) > 0:
+            raise UbError(f"invalid_move_penalty penalty is added to the game's lowest final "
+                          f"reward and must be <= 0, got {self.penalty}")
+
+    def sql(self, reward: str) -> str:
+        return (f"CASE WHEN invalid_move THEN least({reward}, game_min_final_reward) + "
+                f"{sql_float(self.penalty)} ELSE {reward} END")
+
+    def apply_row(self, reward: float, row: Mapping[str, Any]) -> float:
+        if not row["invalid_move"]:
+            return reward
+        return min(reward, row["game_min_final_reward"]) + float(self.penalty)
+
+
+def step_reward_sql(transforms: Sequence[StepTransform], base: str) -> str:
+    """The SQL expression of the shaped reward: ``base`` through every step transform in order."""
+    expr = base
+    for t in transforms:
+        expr = t.sql(expr)
+    return expr
+
+
+# --------------------------------------------------------------------------------------------
+# Sampling transforms (SQL window expressions)
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Normalize(SamplingTransform):
+    """Shared by ``normalize`` and ``normalize_per_env``: (x - mean) / std over a partition."""
+
+    partition: ClassVar[tuple[str, ...]] = ()
+    scale: bool = True  # False: subtract the mean only
+    eps: float = 1e-6  # a std at or below eps counts as zero: the advantage is 0, never inf
+
+    def validate(self) -> None:
+        if not isinstance(self.scale, bool):
+            raise UbError(f"{self.name} scale must be true or false, got {self.scale!r}")
+        if not float(self.eps) > 0:
+            raise UbError(f"{self.name} eps must be > 0, got {self.eps}")
+        sql_float(self.eps)
+
+    def sql(self, value: str) -> str:
+        over = f"OVER (PARTITION BY {', '.join(self.partition)})" if self.partition else "OVER ()"
+        centered = f"({value} - avg({value}) {over})"
+        if not self.scale:
+            return centered
+        # stddev_pop is 0 (not NULL, unlike stddev_samp) for a one-row group; the guard maps a
+        # zero-variance group to 0 instead of 0/0.
+        std = f"stddev_pop({value}) {over}"
+        return f"CASE WHEN {std} > {sql_float(self.eps)} THEN {centered} / {std} ELSE 0.0 END"
+
+    def apply_rows(self, values: list[float], rows: Sequence[Mapping[str, Any]]) -> list[float]:
+        groups: dict[tuple, list[int]] = {}
+        for i, row in enumerate(rows):
+            groups.setdefault(tuple(row[c] for c in self.partition), []).append(i)
+        out = [0.0] * len(values)
+        for members in groups.values():
+            xs = [values[i] for i in members]
+            mean = sum(xs) / len(xs)
+            std = math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs))
+            for i in members:
+                if not self.scale:
+                    out[i] = values[i] - mean
+                else:
+                    out[i] = (values[i] - mean) / std if std > self.eps else 0.0
+        return out
+
+
+@register
+@dataclass
+class Normalize(_Normalize):
+    """Normalize over the whole batch: ``(x - mean) / std`` (or ``x - mean`` with scale=false)."""
+
+    name: ClassVar[str] = "normalize"
+
+
+@register
+@dataclass
+class NormalizePerEnv(_Normalize):
+    """Normalize within each env_id of the batch: ``(x - mean_env) / std_env``."""
+
+    name: ClassVar[str] = "normalize_per_env"
+    partition: ClassVar[tuple[str, ...]] = ("env_id",)

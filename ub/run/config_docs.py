@@ -1,0 +1,230 @@
+"""The config schema, rendered: ``docs/config.md`` (every key) and ``ub config show`` (a resolved
+config as YAML, each key's meaning as a comment above it). Both read :mod:`ub.run.schema`, so
+the documentation cannot drift from the code (``tests/test_config_docs.py`` checks the doc).
+
+Regenerate the doc with ``python -m ub.run.config_docs --write``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import textwrap
+import types
+import typing
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import annotated_types
+import yaml
+from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+
+from ub.errors import UbError
+from ub.run.schema import TrainConfig
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
+REGENERATE = "python -m ub.run.config_docs --write"
+WIDTH = 100
+
+# --------------------------------------------------------------------------------------------
+# Types, constraints and defaults as text
+# --------------------------------------------------------------------------------------------
+
+
+def _model_of(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
+    """(the section class, whether it is a list of them) of a field's annotation."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation, False
+    if typing.get_origin(annotation) is list:
+        (item,) = typing.get_args(annotation)
+        if isinstance(item, type) and issubclass(item, BaseModel):
+            return item, True
+    return None, False
+
+
+def type_text(annotation: Any) -> str:
+    """A field's type as written in YAML: ``int``, ``list[str] | null``, ``'a' | 'b'``."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if annotation is type(None):
+        return "null"
+    if annotation is Any:
+        return "any"
+    if origin in (typing.Union, types.UnionType):
+        return " | ".join(type_text(a) for a in args)
+    if origin is typing.Literal:
+        return " | ".join(f"'{a}'" if isinstance(a, str) else str(a) for a in args)
+    if origin is typing.Annotated:
+        return type_text(args[0])
+    if origin is list:
+        return f"list[{type_text(args[0])}]"
+    if origin is dict:
+        return "mapping"
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return "section"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+_BOUNDS = ((annotated_types.Ge, "ge", ">="), (annotated_types.Gt, "gt", ">"),
+           (annotated_types.Le, "le", "<="), (annotated_types.Lt, "lt", "<"),
+           (annotated_types.MinLen, "min_length", "length >="))
+
+
+def constraint_text(info: FieldInfo) -> str:
+    """The field's bounds, e.g. ``>= 1, <= 100000`` (checked by pydantic)."""
+    parts = []
+    for meta in info.metadata:
+        for kind, attr, symbol in _BOUNDS:
+            if isinstance(meta, kind):
+                parts.append(f"{symbol} {getattr(meta, attr)}")
+    return ", ".join(parts)
+
+
+def flow_yaml(value: Any) -> str:
+    """``value`` as one line of YAML (flow style), as a config file would hold it."""
+    text = yaml.safe_dump(value, default_flow_style=True, width=10**6, sort_keys=False)
+    return text.removesuffix("\n").removesuffix("\n...").strip()
+
+
+def default_text(info: FieldInfo) -> str:
+    if info.is_required():
+        return "required"
+    value = info.get_default(call_default_factory=True)
+    if isinstance(value, BaseModel):
+        return "(section)"
+    if isinstance(value, list) and value and isinstance(value[0], BaseModel):
+        value = [v.model_dump(mode="json") for v in value]
+    return flow_yaml(value)
+
+
+# --------------------------------------------------------------------------------------------
+# docs/config.md
+# --------------------------------------------------------------------------------------------
+
+
+def sections(model: type[BaseModel] = TrainConfig, path: str = ""
+             ) -> Iterator[tuple[str, type[BaseModel]]]:
+    """Every section of the schema with its dotted path (``envs[]`` for a list's items)."""
+    yield path, model
+    for name, info in model.model_fields.items():
+        child, many = _model_of(info.annotation)
+        if child is not None:
+            yield from sections(child, f"{path}.{name}".lstrip(".") + ("[]" if many else ""))
+
+
+def _markdown_text(docstring: str) -> str:
+    """A docstring as one Markdown paragraph: ``code`` as `code`, no Sphinx roles."""
+    text = " ".join(docstring.split()).replace("``", "`")
+    return re.sub(r":(?:class|mod|func|meth):`~?([^`]+)`", r"`\1`", text)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def markdown() -> str:
+    """``docs/config.md``: one table per section, every key's type, default and meaning."""
+    out = ["# Training config reference", "",
+           "<!-- Generated from the schema (ub/run/schema.py, ub/run/sections.py) by "
+           f"`{REGENERATE}`: do not edit by hand. -->", "",
+           "Every key of a training config (`ub train CONFIG`, `--set key.sub=value`), its type, "
+           "default and meaning. Types are strict: `true` is not a count and `2.0` is not an "
+           "`int`. `ub config show PRESET|FILE|RUN` prints a resolved config with these "
+           "meanings as comments. The presets are in `ub/presets/`; how a run uses the "
+           "settings is in [training.md](training.md).", ""]
+    for path, model in sections():
+        title = f"`{path}`" if path else "Top level"
+        doc = _markdown_text(model.__doc__ or "")
+        out += [f"## {title}", "", doc, "", "| key | type | default | meaning |",
+                "| --- | --- | --- | --- |"]
+        for name, info in model.model_fields.items():
+            key = f"{path}.{name}".lstrip(".")
+            kind = type_text(info.annotation)
+            if bounds := constraint_text(info):
+                kind += f", {bounds}"
+            out.append(f"| `{key}` | {_cell(kind)} | `{_cell(default_text(info))}` | "
+                       f"{_cell(info.description or '')} |")
+        out.append("")
+    return "\n".join(out)
+
+
+# --------------------------------------------------------------------------------------------
+# ub config show
+# --------------------------------------------------------------------------------------------
+
+
+def _comment(text: str, indent: int) -> list[str]:
+    pad = " " * indent
+    return textwrap.wrap(text, WIDTH - indent - 2, initial_indent=f"{pad}# ",
+                         subsequent_indent=f"{pad}# ")
+
+
+def _lines(model: BaseModel, indent: int, comments: bool = True) -> list[str]:
+    pad, out = " " * indent, []
+    for name, info in type(model).model_fields.items():
+        value = getattr(model, name)
+        if comments and info.description:
+            out += _comment(info.description, indent)
+        child, many = _model_of(info.annotation)
+        if child is not None and not many:
+            out += [f"{pad}{name}:", *_lines(value, indent + 2, comments)]
+        elif child is not None and value:
+            out.append(f"{pad}{name}:")
+            if comments:
+                out += _comment(child.__doc__ or "", indent + 2)
+                for item_name, item_info in child.model_fields.items():
+                    out += _comment(f"{item_name}: {item_info.description}", indent + 2)
+            for item in value:  # as written: a mode's unset parameters are left out
+                for i, (key, item_value) in enumerate(item.model_dump(mode="json").items()):
+                    out.append(f"{pad}  {'- ' if i == 0 else '  '}{key}: {flow_yaml(item_value)}")
+        else:
+            dumped = value.model_dump(mode="json") if isinstance(value, BaseModel) else [
+                v.model_dump(mode="json") for v in value] if child is not None else value
+            out.append(f"{pad}{name}: {flow_yaml(dumped)}")
+    return out
+
+
+def show(config: TrainConfig, label: str) -> str:
+    """``config`` as YAML that reads back as the same config, each key's meaning above it."""
+    head = [f"# {label}, resolved: every setting, defaults included (docs/config.md)."]
+    return "\n".join([*head, *_lines(config, 0)]) + "\n"
+
+
+def load_any(what: str, overrides: list[str] | None = None) -> tuple[TrainConfig, str]:
+    """A preset name, a YAML file or a run folder (its ``config.yaml``), validated."""
+    from ub.run.config import apply_overrides, load_config, load_yaml, read_text, validate_config
+
+    path = Path(what).expanduser()
+    if path.is_dir():
+        stored = path / "config.yaml"
+        if not stored.is_file():
+            raise UbError(f"{path} is a folder without config.yaml: give a run folder, a preset "
+                          "or a YAML file")
+        try:
+            data = load_yaml(read_text(stored, "run config")) or {}
+        except yaml.YAMLError as exc:
+            raise UbError(f"{stored} is not valid YAML: {exc}".replace("\n", " ")) from None
+        if not isinstance(data, dict):
+            raise UbError(f"{stored} must be a YAML mapping of settings")
+        return validate_config(apply_overrides(data, overrides or []), str(stored)), str(stored)
+    config = load_config(what, overrides)
+    return config, (str(path) if path.suffix in (".yaml", ".yml") else f"preset {what}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="docs/config.md from the config schema")
+    parser.add_argument("--write", action="store_true", help=f"rewrite {DOC}")
+    args = parser.parse_args(argv)
+    text = markdown()
+    if args.write:
+        DOC.write_text(text, encoding="utf-8")
+        print(f"wrote {DOC}")
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,226 @@
+"""The training config's schema: one typed, documented pydantic model per section.
+
+Every field's type, default and one line of meaning (its ``description``) are here or in
+:mod:`ub.run.sections` (``batch``, ``learner``, ``opponents``, ``rating``), and nowhere else:
+``docs/config.md`` and ``ub config show`` are generated from them (:mod:`ub.run.config_docs`).
+Loading and the checks that need the registries (envs, transforms, algorithms, actors) are in
+:mod:`ub.run.config`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from ub.run.sections import (
+    BatchSection,
+    LearnerSection,
+    OpponentsSection,
+    RatingSection,
+    Section,
+)
+
+MAX_GAMES = 100_000
+"""Most games one call plans at once (a round, an evaluation, ``ub play``): games are planned
+up front, so a mistyped count must be refused, not run until memory runs out."""
+
+
+class ModelSection(Section):
+    """Which base model plays and learns."""
+
+    base: str = Field("tiny", description="tiny: the locally built CPU model (ub model tiny); "
+                      "or a model directory or hub id (a hub id downloads).")
+    tiny_seed: int = Field(0, description="Seed of the tiny model build (when base is tiny).")
+
+
+class EngineSection(Section):
+    """vLLM settings (see :class:`ub.inference.EngineConfig`)."""
+
+    dtype: str = Field("auto", description="vLLM's model dtype (auto, float32, bfloat16, "
+                       "float16).")
+    max_model_len: int = Field(2048, ge=16, description="Context length: prompt + completion.")
+    max_num_seqs: int = Field(256, ge=1, description="Most sequences the engine batches at "
+                              "once.")
+    max_lora_rank: int = Field(16, description="Largest LoRA rank the engine loads (one of "
+                               "vLLM's ranks: 1, 8, 16, 32, 64, ...).")
+    max_loras: int = Field(4, ge=1, description="LoRA adapters resident at once (pool "
+                           "checkpoints beyond it are swapped).")
+    kv_cache_gib: float = Field(1.0, gt=0, description="KV cache size on the CPU, GiB.")
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="Share of GPU memory "
+                                          "vLLM may take.")
+
+
+class SamplingSection(Section):
+    """How rollouts sample (see :class:`ub.inference.SamplingConfig`)."""
+
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature of training games "
+                               "(the learner scores at it too).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling (keep 1: the learner "
+                         "does not model top-p).")
+    max_tokens: int = Field(32, ge=1, description="Most tokens per completion (also the "
+                            "learner's default length_normalizer).")
+    stop: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list, description="Strings that end a completion, kept in it (e.g. "
+        "[']'] ends a bracketed move).")
+
+
+class EnvSection(Section):
+    """One game of the training mix."""
+
+    env_id: str = Field(description="A TextArena env id, e.g. TicTacToe-v0-train.")
+    weight: float = Field(1.0, gt=0, description="Share of the round's games (normalized over "
+                          "the envs).")
+    num_players: int = Field(2, ge=1, description="Seats per game.")
+    template: str = Field("plain", description="Prompt template (see docs/training.md).")
+    extractor: str | None = Field(None, description="Move extractor; null: the template's.")
+    max_turns: int = Field(200, ge=1, description="Turns after which a game is stopped.")
+
+
+class RolloutSection(Section):
+    """How many games a round plays, and how they are split into shards."""
+
+    games_per_round: int = Field(128, ge=1, le=MAX_GAMES, description="Games played per round.")
+    shards: int = Field(1, ge=1, description="Rollout tasks per round, one shard each (parallel "
+                        "on a Ray cluster).")
+    concurrency: int = Field(128, ge=1, description="Most games in flight at once per shard.")
+
+
+class EvalSection(Section):
+    """Evaluation: the learner's checkpoint against fixed opponents, seats balanced."""
+
+    every: int = Field(0, ge=0, description="Evaluate every N rounds (and the first and final "
+                       "checkpoints); 0: never.")
+    games: int = Field(64, ge=2, le=MAX_GAMES, description="Games per (env, opponent), even, "
+                       "split evenly over the seats.")
+    opponents: list[str] = Field(default_factory=lambda: ["random"], description="Fixed "
+                                 "opponents (actor names).")
+    envs: list[str] | None = Field(None, description="Eval env ids; null: the training envs.")
+    temperature: float = Field(0.0, ge=0, description="Sampling temperature of the learner in "
+                               "eval games (0: greedy).")
+
+    @field_validator("games")
+    @classmethod
+    def _even(cls, value: int) -> int:
+        if value % 2:
+            raise ValueError(f"must be even so both seats get the same number of games, "
+                             f"got {value}")
+        return value
+
+
+class PipelineSection(Section):
+    """How rollouts and learning overlap."""
+
+    max_staleness: Literal[0, 1] = Field(0, description="0: synchronous rounds. 1: round r+1 "
+                                         "plays checkpoint r while round r trains (use ppo).")
+
+
+class TrackingSection(Section):
+    """Where metrics go besides ``metrics/`` in the run (see :mod:`ub.run.tracking`)."""
+
+    wandb: Literal["disabled", "offline", "online"] = Field("offline", description="Weights & "
+                                                            "Biases mode.")
+    project: str = Field("ub", description="Weights & Biases project.")
+
+
+class WorkerResources(Section):
+    """What one Ray worker of a role holds for its lifetime (Ray's ``num_cpus``/``num_gpus``)."""
+
+    num_cpus: float = Field(1.0, ge=0, description="CPUs per worker (Ray's num_cpus).")
+    num_gpus: float = Field(0.0, ge=0, description="GPUs per worker (Ray's num_gpus).")
+
+
+class ClusterSection(Section):
+    """Where the round's work runs (see docs/scaling.md)."""
+
+    address: str | None = Field(None, description="null: in the ub train process; or a Ray "
+                                "address: auto, HOST:PORT or ray://HOST:10001.")
+    rollout_workers: int = Field(2, ge=1, description="Engine workers on Ray; a round's shards "
+                                 "are spread over them.")
+    learner_workers: int = Field(1, ge=1, description="Data-parallel learner ranks on Ray "
+                                 "(gradients summed).")
+    rollout: WorkerResources = Field(default_factory=WorkerResources, description="Resources of "
+                                     "a rollout worker.")
+    learner: WorkerResources = Field(default_factory=WorkerResources, description="Resources of "
+                                     "a learner worker.")
+
+
+class TrainConfig(Section):
+    """A whole run. Plain data: ``model_dump()`` is what ``config.yaml`` in the run holds."""
+
+    seed: int = Field(0, description="The run's seed: every random choice derives from it.")
+    rounds: int = Field(8, ge=1, description="Rounds to train (may grow on resume).")
+    model: ModelSection = Field(default_factory=ModelSection, description="The base model.")
+    engine: EngineSection = Field(default_factory=EngineSection, description="vLLM engine "
+                                  "settings.")
+    sampling: SamplingSection = Field(default_factory=SamplingSection, description="How "
+                                      "rollouts sample.")
+    envs: list[EnvSection] = Field(min_length=1, description="The training mix (at least one "
+                                   "env).")
+    rollout: RolloutSection = Field(default_factory=RolloutSection, description="Games per "
+                                    "round and shards.")
+    opponents: OpponentsSection = Field(default_factory=OpponentsSection, description="Who the "
+                                        "learner plays (a mixture of modes).")
+    rating: RatingSection = Field(default_factory=RatingSection, description="TrueSkill "
+                                  "ratings of the pool.")
+    batch: BatchSection = Field(default_factory=BatchSection, description="What goes into a "
+                                "round's training batch.")
+    learner: LearnerSection = Field(default_factory=LearnerSection, description="How the "
+                                    "learner trains.")
+    eval: EvalSection = Field(default_factory=EvalSection, description="Evaluation against "
+                              "fixed opponents.")
+    pipeline: PipelineSection = Field(default_factory=PipelineSection, description="Rollout / "
+                                      "learning overlap.")
+    tracking: TrackingSection = Field(default_factory=TrackingSection, description="Metrics "
+                                      "tracking.")
+    cluster: ClusterSection = Field(default_factory=ClusterSection, description="Where the "
+                                    "work runs.")
+
+    @model_validator(mode="after")
+    def _room_for_the_prompt(self) -> TrainConfig:
+        # The learner divides by max_tokens (Dr. GRPO's constant normaliser): a value the engine
+        # can never generate only shrinks every update towards zero, silently.
+        if self.sampling.max_tokens >= self.engine.max_model_len:
+            raise ValueError(f"sampling.max_tokens {self.sampling.max_tokens} must be below "
+                             f"engine.max_model_len {self.engine.max_model_len} (the engine's "
+                             "context holds the prompt and the completion): lower it")
+        return self
+
+    def batch_config(self, **overrides: Any):
+        """The ``batch`` section as a validated :class:`ub.batch.BatchConfig`."""
+        from ub.batch import BatchConfig
+
+        return BatchConfig.from_dict({**self.batch.model_dump(), **overrides})
+
+    def learner_config(self, base_model: str):
+        """The ``learner`` section as a validated :class:`ub.learner.LearnerConfig`; the
+        settings it leaves null come from the run (seed, sampling)."""
+        from ub.learner.config import LearnerConfig
+
+        data = {"seed": self.seed, "temperature": self.sampling.temperature,
+                "length_normalizer": self.sampling.max_tokens}
+        for key, value in self.learner.model_dump().items():
+            if value is not None or key not in data:
+                data[key] = value
+        return LearnerConfig.from_dict({**data, "base_model": base_model})
+
+    def opponent_config(self):
+        """The ``opponents`` section as a validated :class:`ub.pool.OpponentConfig`."""
+        from ub.pool.sampling import OpponentConfig
+
+        return OpponentConfig.from_dict(self.opponents.as_data())
+
+    def rating_config(self):
+        """The ``rating`` section as a validated :class:`ub.pool.RatingConfig`."""
+        from ub.pool.ratings import RatingConfig
+
+        return RatingConfig.from_dict(self.rating.model_dump())
+
+    def training_settings(self) -> dict[str, Any]:
+        """The settings a run's data depends on. Changing one of these on an existing run is
+        refused; ``rounds``, ``eval``, ``tracking`` and ``cluster`` may change (more rounds extend
+        a finished run; where the work runs does not change what it computes)."""
+        data = self.model_dump(mode="json")
+        for key in ("rounds", "eval", "tracking", "cluster"):
+            data.pop(key)
+        return data

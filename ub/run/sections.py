@@ -1,0 +1,273 @@
+"""The learning sections of a training config: ``batch``, ``learner``, ``opponents``, ``rating``.
+
+Typed, documented pydantic models: each field's type, default and one line of meaning live here
+and nowhere else. The code that uses them keeps its own plain dataclasses
+(:class:`ub.batch.BatchConfig`, :class:`ub.learner.LearnerConfig`,
+:class:`ub.pool.OpponentConfig`, :class:`ub.pool.RatingConfig`), whose defaults are read from
+these models (:func:`default_of`), and whose ``validate()`` checks the values (ranges, registered
+names) with one clear line per problem, for ``ub batch`` / ``ub learn`` and ``ub train`` alike.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import logging
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_serializer,
+    model_validator,
+)
+
+from ub.errors import UbError
+
+log = logging.getLogger("ub.config")
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+ATTENTION = ("auto", "sdpa", "eager", "flash_attention_2")
+ALL_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+OPPONENT_MODES = ("mirror", "lagged", "random", "fixed", "match-quality", "ts-dist", "exploration")
+LAGGED_K = 4
+"""How many recent checkpoints ``lagged`` picks from when ``k`` is not given."""
+
+# Renamed keys still accepted in existing configs: old name -> new name, per section.
+RENAMED = {"batch": {"drop_zero_advantage": "drop_zero_reward"}}
+
+
+class Section(BaseModel):
+    """Base of every config section."""
+
+    # strict: no YAML `true` for a count, no 2.0 for an int; finite: `.inf`/`.nan` in a weight
+    # or a size would only fail later, deep inside the run.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+
+def default_of(section: type[BaseModel], name: str) -> Any:
+    """The default of ``section.name`` (a fresh copy: safe to mutate)."""
+    return copy.deepcopy(section.model_fields[name].get_default(call_default_factory=True))
+
+
+def renamed_keys(data: Any, section: str) -> Any:
+    """``data`` with the deprecated keys of ``section`` renamed, and one log line for each."""
+    if not isinstance(data, dict):
+        return data
+    out = dict(data)
+    for old, new in RENAMED.get(section, {}).items():
+        if old in out:
+            if new in out:
+                raise ValueError(f"{section}.{old} is the old name of {section}.{new}: "
+                                 f"give only {new}")
+            log.warning("config: %s.%s is deprecated, read as %s.%s (same meaning)",
+                        section, old, section, new)
+            out[new] = out.pop(old)
+    return out
+
+
+def format_errors(exc: ValidationError, section: str = "") -> str:
+    """A pydantic error as one line: each bad field by its dotted path, with what was given."""
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in (section, *err["loc"]) if p != "") or "(top level)"
+        message = err["msg"]
+        if err["type"] == "extra_forbidden":
+            message = "unknown setting"
+        elif err["type"] == "literal_error":
+            message = f"got {err['input']!r}; {err['msg'].lower()}"
+        elif err["type"] == "value_error" and not err["loc"]:  # a check across sections
+            parts.append(str(err["ctx"]["error"]))
+            continue
+        elif err["type"] == "value_error":  # a validator's own words, without pydantic's prefix
+            message = str(err["ctx"]["error"])
+        elif "input" in err and err["type"] != "missing":
+            message = f"{message} (got {err['input']!r})"
+        parts.append(f"{where}: {message}")
+    return "; ".join(parts)
+
+
+def check_types(section: type[BaseModel], data: Mapping[str, Any], name: str) -> None:
+    """Check the types of the settings in ``data`` that ``section`` has (strictly: no bool for
+    a count), for the code that takes a section as a plain mapping (``ub batch``, ``ub learn``);
+    unknown keys are left to the caller, which lists the valid ones."""
+    known = {k: v for k, v in data.items() if k in section.model_fields and v is not None
+             and not dataclasses.is_dataclass(v)}  # (a LoraSettings is typed already)
+    try:
+        section.model_validate(known)
+    except ValidationError as exc:
+        raise UbError(format_errors(exc, name)) from None
+
+
+TransformSpec = str | dict[str, Any]
+
+
+class BatchSection(Section):
+    """What goes into a training batch (``ub batch`` and every ``ub train`` round)."""
+
+    batch_size: int = Field(384, description="Decisions to sample (positive; fewer if the pool "
+                            "is smaller).")
+    first_round: int | None = Field(None, description="First round of the window, inclusive; "
+                                    "null: the first committed round (ub train: the round).")
+    last_round: int | None = Field(None, description="Last round of the window, inclusive; "
+                                   "null: the last committed round (ub train: the round).")
+    actors: list[str] | None = Field(None, description="Keep only decisions of these actors; "
+                                     "null: any model.")
+    checkpoints: list[str] | None = Field(None, description="Keep only decisions of these "
+                                          "checkpoints; null: any (ub train: the behaviour "
+                                          "policy's).")
+    final: list[TransformSpec] = Field(
+        default_factory=lambda: [{"name": "win_draw_loss"}, {"name": "role_advantage",
+                                                             "ema": 0.95}],
+        description="Final-stage reward transforms, in order (names or {name, **params}; see "
+                    "docs/rewards.md).")
+    step: list[TransformSpec] = Field(default_factory=list, description="Step-stage reward "
+                                      "transforms (per-decision shaping), in order.")
+    sampling: list[TransformSpec] = Field(
+        default_factory=lambda: [{"name": "normalize_per_env"}],
+        description="Sampling-stage transforms (on the sampled rows), in order.")
+    drop_zero_reward: bool = Field(False, description="Drop decisions whose reward after the "
+                                   "final and step stages is 0 (|r| <= 1e-9) before sampling "
+                                   "(old name: drop_zero_advantage).")
+    max_train_len: int | None = Field(None, description="Keep the first N tokens of prompt + "
+                                      "completion (positive); null: no limit.")
+    seed: int = Field(0, description="Sampling seed (ub train: derived from the run's seed per "
+                      "round).")
+    pad_token_id: int = Field(0, description="The id that right-pads input_ids (>= 0).")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        return renamed_keys(data, "batch")
+
+
+class LoraSection(Section):
+    """LoRA hyper-parameters (rank, alpha and targets must match a resumed checkpoint's)."""
+
+    rank: int = Field(16, description="Adapter rank r (<= engine.max_lora_rank).")
+    alpha: int | float = Field(32, description="Scaling numerator: the update is scaled by "
+                               "alpha / r (> 0).")
+    dropout: float = Field(0.0, description="Dropout on the adapter input in training, in "
+                           "[0, 1).")
+    target_modules: list[str] = Field(default_factory=lambda: list(ALL_PROJECTIONS),
+                                      description="Module names that get adapters.")
+
+
+class LearnerSection(Section):
+    """How the learner trains (``ub learn`` and every ``ub train`` round); see
+    docs/algorithms.md."""
+
+    dtype: Literal[DTYPES] = Field("auto", description="Base weights' dtype; auto: bfloat16 on "
+                                   "a GPU, float32 on the CPU.")
+    attn_implementation: Literal[ATTENTION] = Field(
+        "auto", description="auto: flash_attention_2 on a GPU with a 16-bit dtype when "
+        "installed, else sdpa.")
+    device: str = Field("auto", description="auto: cuda if available, else cpu; or a torch "
+                        "device string.")
+    lora: LoraSection = Field(default_factory=LoraSection, description="The LoRA adapter.")
+    init_adapter: str | None = Field(None, description="PEFT LoRA adapter directory to start "
+                                     "from; null: a fresh adapter (B = 0).")
+    seed: int | None = Field(None, description="Seeds the fresh adapter and the learner's RNG; "
+                             "null: the run's seed.")
+    algorithm: str = Field("reinforce", description="A registered algorithm (reinforce, ppo, "
+                           "...; docs/algorithms.md).")
+    algorithm_params: dict[str, Any] = Field(default_factory=dict, description="Keyword "
+                                             "arguments of the algorithm, e.g. {clip_eps: 0.2}.")
+    length_normalizer: int | None = Field(None, description="L of Dr. GRPO's B * L loss "
+                                          "normaliser; null: sampling.max_tokens.")
+    temperature: float | None = Field(None, description="Temperature the learner scores tokens "
+                                      "at; null: sampling.temperature.")
+    learning_rate: float = Field(1e-5, description="AdamW step size (> 0).")
+    weight_decay: float = Field(0.0, description="AdamW decoupled weight decay (>= 0).")
+    betas: list[float] = Field(default_factory=lambda: [0.9, 0.999], description="AdamW moment "
+                               "decay rates: two numbers in [0, 1).")
+    adam_eps: float = Field(1e-8, description="AdamW denominator epsilon (> 0).")
+    max_grad_norm: float | None = Field(0.2, description="Clip the global gradient norm to this "
+                                        "(> 0); null: no clipping.")
+    minibatches: int = Field(1, description="Optimizer steps per pass over the batch "
+                             "(positive; > 1 is off-policy: use ppo).")
+    epochs: int = Field(1, description="Passes over the batch per update (positive).")
+    warmup_steps: int = Field(0, description="Optimizer steps of linear learning-rate warm-up "
+                              "(>= 0; 0: none).")
+    micro_batch_tokens: int | None = Field(4096, description="Most tokens per micro-batch, "
+                                           "padding included; null: no limit.")
+    micro_batch_size: int | None = Field(None, description="Most rows per micro-batch; null: no "
+                                         "limit.")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in the "
+                                         "backward pass (less memory, ~1/3 more compute).")
+    num_threads: int | None = Field(None, description="torch CPU threads; null: torch's "
+                                    "setting.")
+
+
+class OpponentMode(Section):
+    """One component of the opponents mixture (see docs/pool.md)."""
+
+    mode: str = Field(description=f"One of {', '.join(OPPONENT_MODES)}.")
+    weight: float = Field(1.0, description="Share of the games drawing this mode (>= 0; "
+                          "normalized over the modes).")
+    k: int | None = Field(None, description=f"lagged only: uniform over the last k checkpoints "
+                          f"(positive; null: {LAGGED_K}).")
+    names: list[str] | None = Field(None, description="fixed only: the fixed opponents (actor "
+                                    "names); null: all configured.")
+    scale: float | None = Field(None, description="ts-dist only: weight exp(-|mu - mu_current| "
+                                "/ scale) (> 0); null: TrueSkill's beta.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _name_alone(cls, data: Any) -> Any:
+        return {"mode": data} if isinstance(data, str) else data
+
+    @model_serializer(mode="wrap")
+    def _given_only(self, handler: Any) -> dict[str, Any]:
+        # A mode's parameters only when set: `{mode: mirror, weight: 1.0}`, as written.
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+
+class OpponentsSection(Section):
+    """Who the learner's checkpoint plays: a mixture of modes. Written as a list of modes, or
+    as ``{modes: [...], max_active_lora: N}``."""
+
+    modes: list[OpponentMode] = Field(
+        default_factory=lambda: [OpponentMode(mode="mirror", weight=1.0)],
+        description="The mixture: each game draws a mode by weight, then an opponent.")
+    max_active_lora: int | None = Field(None, description="Most distinct checkpoints any mode "
+                                        "may pick (positive); null: no bound.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _list_form(cls, data: Any) -> Any:
+        if isinstance(data, list):
+            return {"modes": data}
+        if not isinstance(data, dict | OpponentsSection):
+            raise ValueError(f"must be a list of modes, e.g. [{{mode: mirror, weight: 0.8}}, "
+                             f"{{mode: lagged, k: 4, weight: 0.2}}], got {data!r}")
+        return data
+
+    @model_serializer(mode="wrap")
+    def _as_written(self, handler: Any) -> Any:
+        data = handler(self)
+        return data["modes"] if data.get("max_active_lora") is None else data
+
+    def as_data(self) -> Any:
+        """The section as plain data, in the form it is written (what ``ub.pool`` reads)."""
+        return self.model_dump(mode="json")
+
+
+class RatingSection(Section):
+    """TrueSkill settings of the pool's ratings (see docs/pool.md)."""
+
+    mu: float = Field(25.0, description="Initial mean of the first checkpoint.")
+    sigma: float = Field(25.0 / 3, description="Initial standard deviation, also the cap of an "
+                         "inflated sigma (> 0).")
+    beta: float = Field(25.0 / 6, description="Skill difference giving ~76% win chance: the "
+                        "game's luck (> 0).")
+    tau: float = Field(25.0 / 300, description="Dynamics: sigma added before each game (>= 0).")
+    draw_probability: float = Field(0.1, description="Prior probability of a draw, in [0, 1).")
+    fixed_mu: float = Field(25.0, description="Prior mean of fixed opponents.")
+    fixed_sigma: float = Field(25.0 / 3, description="Prior standard deviation of fixed "
+                               "opponents (> 0).")
+    checkpoint_sigma_boost: float = Field(1.0, description="Added to the parent's sigma for a "
+                                          "new checkpoint (>= 0).")
