@@ -30,12 +30,11 @@ from ub.run.store import (
     fetch_checkpoint,
     fetch_missing,
     fetch_round,
-    is_url,
     publish,
     publish_checkpoint,
     sync,
-    working_copy,
 )
+from ub.run.urls import is_url, working_copy
 
 
 @pytest.fixture(scope="module")

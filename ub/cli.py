@@ -270,7 +270,7 @@ def _print_play_summary(rollout, actors, games_path: Path) -> None:
 
 def cmd_sql(args: argparse.Namespace) -> int:
     from ub.data.sql import connect, run_sql, table_dataset
-    from ub.run.store import is_url
+    from ub.run.urls import is_url
     from ub.run.views import RunViews, is_run
 
     if is_url(args.root):
@@ -788,7 +788,7 @@ def _print_findings(exam) -> None:
 def _run_dir(args: argparse.Namespace) -> Path:
     """A run given by name (under --root) or as a path."""
     from ub.run.layout import RunPaths, check_run_name
-    from ub.run.store import is_url
+    from ub.run.urls import is_url
 
     candidate = Path(args.run)
     if candidate.is_dir():

@@ -29,6 +29,7 @@ from typing import Any
 
 from ub.data.atomic import write_atomic
 from ub.errors import UbError
+from ub.run.urls import is_url, working_copy
 
 RUN_FORMAT = 2
 """The layout version of a run directory; bump it when a change would confuse an older ub.
@@ -111,8 +112,6 @@ class RunPaths:
 
     @classmethod
     def of(cls, runs_root: str | Path, name: str) -> RunPaths:
-        from ub.run.store import is_url, working_copy
-
         if is_url(runs_root):
             url = f"{str(runs_root).rstrip('/')}/{check_run_name(name)}"
             return cls(working_copy(url), url)
