@@ -147,7 +147,8 @@ def _components(root: Path) -> dict:
     writes, files = [], ()
     for shard in range(5):
         started = time.perf_counter()
-        files = write_shard(paths.data, ShardId(0, shard), "bench", rollout.steps, rollout.games)
+        files = write_shard(paths.train_data, ShardId(0, shard), "bench", rollout.steps,
+                            rollout.games)
         writes.append(time.perf_counter() - started)
     shard_mb = sum(f.stat().st_size for f in files) / 1e6
     write_s = statistics.median(writes)

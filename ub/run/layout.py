@@ -80,7 +80,8 @@ def data_format(root: Path) -> int:
     from ub.data.shards import uses_legacy_layout
 
     paths = RunPaths(Path(root))
-    return 1 if any(uses_legacy_layout(r) for r in (paths.data, paths.eval_data)) else RUN_FORMAT
+    roots = (paths.train_data, paths.eval_data)
+    return 1 if any(uses_legacy_layout(r) for r in roots) else RUN_FORMAT
 
 
 def mark_run_format(root: Path) -> None:
@@ -139,8 +140,9 @@ class RunPaths:
         return self.root / "run.lock"
 
     @property
-    def data(self) -> Path:
-        """The training data root (``steps/``, ``games/``)."""
+    def train_data(self) -> Path:
+        """The training games' data root, holding ``steps/`` and ``games/``: the run root
+        itself (the evaluation games' is :attr:`eval_data`)."""
         return self.root
 
     @property
