@@ -218,7 +218,7 @@ def test_rerun_changes_nothing_and_more_rounds_extend(reference_run, config_file
 
 
 def test_ub_eval_adds_an_unrated_shard_and_leaves_the_run_alone(reference_run, capsys):
-    from ub.cli import main
+    from flows.cli import main
 
     paths = reference_run
     ratings = paths.ratings(1).read_text()
@@ -239,7 +239,7 @@ SQL_DOC = Path(__file__).resolve().parents[1] / "docs" / "sql.md"
 def test_documented_queries_and_run_views_describe_the_run(reference_run, capsys):
     import re
 
-    from ub.cli import main
+    from flows.cli import main
     from ub.data.sql import query
     from ub.run.views import RunViews
 
@@ -272,7 +272,7 @@ def test_documented_queries_and_run_views_describe_the_run(reference_run, capsys
 
 
 def test_a_corrupt_metrics_file_is_skipped_with_a_warning(reference_run, tmp_path, capsys):
-    from ub.cli import main
+    from flows.cli import main
 
     copy = tmp_path / "ref"
     shutil.copytree(reference_run.root, copy)
