@@ -199,7 +199,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="ub-bench-scale-"))
     report: dict = {"cluster_cpus": args.cpus, "root": str(root)}
     if args.part in ("rollout", "all"):
-        from ub.run.prefect_env import configure_prefect
+        from flows.prefect_env import configure_prefect
 
         configure_prefect(root / ".prefect")
         with ray_head(args.cpus) as address:

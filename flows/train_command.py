@@ -60,10 +60,10 @@ def _check_manifests(paths) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from flows.prefect_env import configure_prefect
     from ub.run.config import load_config
     from ub.run.layout import RunPaths
     from ub.run.lock import RunLock
-    from ub.run.prefect_env import configure_prefect
     from ub.run.rounds import check_base_model, resolve_run_config
 
     if args.resume and args.config:
@@ -89,7 +89,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     check_can_create(paths.root.parent)
 
     configure_prefect((paths.root.parent if paths.store else Path(args.root)) / ".prefect")
-    from ub.run.prefect_env import start_tied_server
+    from flows.prefect_env import start_tied_server
 
     start_tied_server()  # dies with this process, even by SIGKILL
     from flows.selfplay import selfplay  # (Prefect is imported after configure_prefect)

@@ -1,5 +1,6 @@
 """The layers import downwards only (docs/architecture.md): the library ``ub`` imports nothing of
-the Prefect tasks (``tasks``) or flows (``flows``), and the tasks nothing of the flows."""
+the Prefect tasks (``tasks``), the flows (``flows``) or Prefect itself, and the tasks nothing of
+the flows."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Each layer and the layers above it, which it must not import.
-FORBIDDEN = {"ub": ("tasks", "flows"), "tasks": ("flows",)}
+# Each layer and what it must not import: the layers above it (and, for the library, Prefect).
+FORBIDDEN = {"ub": ("tasks", "flows", "prefect", "prefect_ray"), "tasks": ("flows",)}
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:
