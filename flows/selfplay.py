@@ -4,6 +4,9 @@ Each round: the pool plans the games, rollout tasks play them into shards, the l
 round's decisions into the next checkpoint, evaluation measures it against fixed opponents when
 due, ratings absorb the round's games, and the round manifest commits it. Starting the flow again
 on the same run continues after the last committed round.
+
+On a Ray cluster the same tasks run through prefect-ray (:mod:`flows.ray_runner`); the steps
+themselves are the library's (:mod:`ub.run.rounds`, through :mod:`tasks`).
 """
 
 from __future__ import annotations
@@ -104,6 +107,8 @@ def _train(paths: RunPaths, new_config: Any, rounds: int | None, add_rounds: int
 
 
 def _rounds(run: Run, quiet: bool, lock: RunLock, gc_clock: GcClock) -> dict[str, Any]:
+    """From the first uncommitted round to the last: play, learn, evaluate when due, rate,
+    track, commit (the manifest, :func:`ub.run.manifest.round_manifest`, written last)."""
     paths, train_config = run.paths, run.config
     progress = Progress(run, quiet=quiet)
     if lock.recovered_from:
@@ -160,6 +165,7 @@ def play_round(run: Run, round_: int) -> list[ShardResult]:
 
 
 def evaluate_now(run: Run, update: int) -> dict[str, Any]:
+    """Evaluate checkpoint ``update`` (on a Ray cluster: on a worker) and wait for it."""
     if run.config.cluster.address is None:
         return evaluate(run, update)
     return evaluate.submit(run, update).result()
