@@ -35,7 +35,7 @@ def main() -> None:
     args = parser.parse_args()
 
     root = Path(args.root or tempfile.mkdtemp(prefix="ub-bench-round-"))
-    from ub.run.prefect_env import configure_prefect
+    from flows.prefect_env import configure_prefect
 
     configure_prefect(root / ".prefect")
     from flows.selfplay import selfplay

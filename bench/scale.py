@@ -147,7 +147,8 @@ def _components(root: Path) -> dict:
     writes, files = [], ()
     for shard in range(5):
         started = time.perf_counter()
-        files = write_shard(paths.data, ShardId(0, shard), "bench", rollout.steps, rollout.games)
+        files = write_shard(paths.train_data, ShardId(0, shard), "bench", rollout.steps,
+                            rollout.games)
         writes.append(time.perf_counter() - started)
     shard_mb = sum(f.stat().st_size for f in files) / 1e6
     write_s = statistics.median(writes)
@@ -198,7 +199,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="ub-bench-scale-"))
     report: dict = {"cluster_cpus": args.cpus, "root": str(root)}
     if args.part in ("rollout", "all"):
-        from ub.run.prefect_env import configure_prefect
+        from flows.prefect_env import configure_prefect
 
         configure_prefect(root / ".prefect")
         with ray_head(args.cpus) as address:

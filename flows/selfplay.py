@@ -4,22 +4,22 @@ Each round: the pool plans the games, rollout tasks play them into shards, the l
 round's decisions into the next checkpoint, evaluation measures it against fixed opponents when
 due, ratings absorb the round's games, and the round manifest commits it. Starting the flow again
 on the same run continues after the last committed round.
+
+On a Ray cluster the same tasks run through prefect-ray (:mod:`flows.ray_runner`); the steps
+themselves are the library's (:mod:`ub.run.rounds`, through :mod:`tasks`).
 """
 
 from __future__ import annotations
 
-import gc
 import logging
-import os
 import time
-from collections.abc import Iterator
 from concurrent.futures import Future
-from contextlib import contextmanager
 from typing import Any
 
 from prefect import flow
 
 from flows.prefect_logs import ub_logs_to_prefect
+from flows.ray_runner import cluster_tasks
 from tasks import (
     commit,
     evaluate,
@@ -31,12 +31,11 @@ from tasks import (
     start_checkpoint,
     track,
 )
-from ub.errors import UbError
-from ub.run.cluster import rollout_worker
 from ub.run.config import load_config
 from ub.run.layout import RunPaths, remove_orphans
 from ub.run.lock import RunLock
 from ub.run.logs import run_logs
+from ub.run.manifest import GcClock, round_manifest, timed
 from ub.run.progress import Progress
 from ub.run.rounds import Run, ShardResult, eval_due, open_run, resolve_base_model
 from ub.run.store import publish, sync
@@ -108,6 +107,8 @@ def _train(paths: RunPaths, new_config: Any, rounds: int | None, add_rounds: int
 
 
 def _rounds(run: Run, quiet: bool, lock: RunLock, gc_clock: GcClock) -> dict[str, Any]:
+    """From the first uncommitted round to the last: play, learn, evaluate when due, rate,
+    track, commit (the manifest, :func:`ub.run.manifest.round_manifest`, written last)."""
     paths, train_config = run.paths, run.config
     progress = Progress(run, quiet=quiet)
     if lock.recovered_from:
@@ -164,145 +165,7 @@ def play_round(run: Run, round_: int) -> list[ShardResult]:
 
 
 def evaluate_now(run: Run, update: int) -> dict[str, Any]:
+    """Evaluate checkpoint ``update`` (on a Ray cluster: on a worker) and wait for it."""
     if run.config.cluster.address is None:
         return evaluate(run, update)
     return evaluate.submit(run, update).result()
-
-
-@contextmanager
-def cluster_tasks(run: Run) -> Iterator[None]:
-    """With ``cluster.address`` set: the flow's submitted tasks go through prefect-ray's
-    ``RayTaskRunner`` and the run's Ray workers start (see :mod:`ub.run.cluster`).
-
-    The address is in the run's config, which the flow reads only once it runs, so the flow
-    swaps its task runner here rather than at decoration. The tasks themselves ask Ray for no
-    resources: they wait on the workers, which hold the CPUs and GPUs.
-    """
-    address = run.config.cluster.address
-    if address is None:
-        if run.config.cluster.learner_workers > 1:
-            log.warning("cluster.learner_workers=%d applies on a Ray cluster only "
-                        "(cluster.address or --ray); this run learns in one process",
-                        run.config.cluster.learner_workers)
-        yield
-        return
-    from prefect.client.orchestration import get_client
-    from prefect.context import FlowRunContext
-    from prefect_ray import RayTaskRunner
-    from prefect_ray.context import remote_options
-
-    from ub.run.cluster import (
-        alive_nodes,
-        check_api_shared,
-        check_reachable,
-        connect_error,
-        ray_init_kwargs,
-        start_workers,
-    )
-
-    check_reachable(address)
-    with get_client(sync_client=True) as client:
-        api_url = str(client.api_url)  # also the temporary server's, which workers must share
-    context = FlowRunContext.get()
-    runner = RayTaskRunner(address=address, init_kwargs=ray_init_kwargs(api_url))
-    try:
-        runner.__enter__()
-    except (ConnectionError, TimeoutError, RuntimeError) as exc:
-        raise connect_error(address, exc) from None
-    try:
-        check_api_shared(api_url, alive_nodes())
-    except UbError:
-        runner.__exit__(None, None, None)
-        raise
-    previous, context.task_runner = context.task_runner, runner
-    try:
-        workers = start_workers(run)  # noqa: F841 (the flow owns them while it runs)
-        with remote_options(num_cpus=0):
-            yield
-    finally:
-        context.task_runner = previous
-        runner.__exit__(None, None, None)
-
-
-def round_manifest(run: Run, shards: list[ShardResult], metrics: dict[str, Any],
-                   evaluated: dict[int, dict[str, Any]], leaderboard: list[dict[str, Any]],
-                   seconds: float, phases: dict[str, float]) -> dict[str, Any]:
-    """The round's record: what was played, learned, measured, and how long each part took."""
-    # On a cluster each worker plays its shards in turn, side by side with the other workers:
-    # the round waits for the busiest worker.
-    per_worker: dict[int, float] = {}
-    for index, shard in enumerate(shards):
-        if not shard.reused:
-            worker = rollout_worker(run, index) if run.config.cluster.address else 0
-            per_worker[worker] = per_worker.get(worker, 0.0) + shard.seconds
-    rollout_seconds = max(per_worker.values(), default=0.0)
-    eval_seconds = sum(e["seconds"] for e in evaluated.values())
-    learner_seconds = 0.0 if metrics.get("reused") else float(metrics.get("seconds", 0.0))
-    batch = metrics.get("batch", {})
-    return {
-        # Relative to the run, so a moved or mounted run still reads.
-        "shards": [os.path.relpath(s.games_path, run.paths.root) for s in shards],
-        "games": sum(s.games for s in shards),
-        "decisions": sum(s.decisions for s in shards),
-        "model_decisions": sum(s.model_decisions for s in shards),
-        "invalid_moves": sum(s.invalid_moves for s in shards),
-        "generated_tokens": sum(s.generated_tokens for s in shards),
-        "outcomes": _sum_counts(s.outcomes for s in shards),
-        "learner": {k: metrics[k] for k in (
-            "update", "loss", "grad_norm", "entropy_mean", "logprob_mean", "tokens",
-            "tokens_per_second", "seconds", "clip_fraction", "ratio_mean", "reused",
-            "assemble_seconds") if k in metrics},
-        "batch": {k: batch[k] for k in ("size", "total_tokens", "truncated", "reward_mean",
-                                        "advantage_std") if k in batch},
-        "evals": {str(u): e["rows"] for u, e in evaluated.items()},
-        "leaderboard": leaderboard[:20],
-        "timings": close_timings({"rollout": rollout_seconds, "eval": eval_seconds,
-                                  "learner": learner_seconds, "tasks": phases}, seconds),
-    }
-
-
-class GcClock:
-    """Total time spent in Python's cyclic garbage collector while installed: in a process
-    holding an engine and a model, a full collection walks millions of objects."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-        self._started = 0.0
-
-    def __call__(self, phase: str, info: dict) -> None:
-        if phase == "start":
-            self._started = time.perf_counter()
-        else:
-            self.seconds += time.perf_counter() - self._started
-
-    def __enter__(self) -> GcClock:
-        gc.callbacks.append(self)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        gc.callbacks.remove(self)
-
-
-def close_timings(timings: dict[str, Any], seconds: float) -> dict[str, Any]:
-    """Set the round's wall time and what it left for everything but engines and learner."""
-    timings["round"] = seconds
-    timings["other"] = max(0.0, seconds - timings["rollout"] - timings["eval"]
-                           - timings["learner"])
-    return timings
-
-
-@contextmanager
-def timed(phases: dict[str, float], name: str) -> Iterator[None]:
-    started = time.perf_counter()
-    try:
-        yield
-    finally:
-        phases[name] = phases.get(name, 0.0) + time.perf_counter() - started
-
-
-def _sum_counts(items) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for counts in items:
-        for key, value in counts.items():
-            out[key] = out.get(key, 0) + value
-    return out

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from ub.cli import main
+from flows.cli import main
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from ub.cli import main
+from flows.cli import main
 from ub.errors import UbError
 from ub.run.config import load_config, load_yaml, preset_names, validate_config
 from ub.run.config_docs import DOC, REGENERATE, load_any, markdown, sections, show

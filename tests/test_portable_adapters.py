@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ub.cli import main
+from flows.cli import main
 from ub.errors import UbError
 from ub.inference.vllm_engine import validate_adapter_dir
 from ub.learner import Learner, LearnerConfig

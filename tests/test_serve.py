@@ -22,7 +22,7 @@ import pyarrow.parquet as pq
 import pytest
 from processes import descendants
 
-from ub.cli import main
+from flows.cli import main
 from ub.run.layout import RunPaths
 
 RUN = "srv"
@@ -99,7 +99,7 @@ class Served:
         self.port = _free_port()
         self.log = log.open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ub.cli", "serve", RUN, "--root", str(paths.root.parent),
+            [sys.executable, "-m", "flows.cli", "serve", RUN, "--root", str(paths.root.parent),
              "--port", str(self.port), *args],
             stdout=subprocess.PIPE, stderr=self.log, text=True, env=_user_env())
         self.lines: list[str] = []

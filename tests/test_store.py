@@ -30,12 +30,11 @@ from ub.run.store import (
     fetch_checkpoint,
     fetch_missing,
     fetch_round,
-    is_url,
     publish,
     publish_checkpoint,
     sync,
-    working_copy,
 )
+from ub.run.urls import is_url, working_copy
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +75,7 @@ def test_a_url_root_keeps_a_working_copy_per_store_path(tmp_path, monkeypatch):
 
 
 def test_files_are_published_in_the_order_that_commits_them(paths, rollout, monkeypatch):
-    steps, games = write_shard(paths.data, ShardId(0, 0), "run", rollout.steps, rollout.games)
+    steps, games = write_shard(paths.train_data, ShardId(0, 0), "run", rollout.steps, rollout.games)
     ckpt = checkpoint(paths.checkpoint(1), 1)
     state = write_json_atomic(paths.final_rewards_state(0), {"x": 1})
     ratings = write_json_atomic(paths.ratings(0), {"members": []})
@@ -98,9 +97,9 @@ def test_files_are_published_in_the_order_that_commits_them(paths, rollout, monk
 
 
 def test_a_store_reader_trusts_what_a_local_reader_trusts(paths, rollout):
-    write_shard(paths.data, ShardId(0, 0), "run", rollout.steps, rollout.games)
+    write_shard(paths.train_data, ShardId(0, 0), "run", rollout.steps, rollout.games)
     write_shard(paths.eval_data, ShardId(0, 0), "run", rollout.steps, rollout.games)
-    half = write_parquet_atomic(rollout.steps, shard_path(paths.data, "steps", ShardId(0, 1)))
+    half = write_parquet_atomic(rollout.steps, shard_path(paths.train_data, "steps", ShardId(0, 1)))
     store = RunStore(paths.store)
     store.publish_missing(paths.root)
     # An unfinished put (a hidden temporary name) is not a file of the store.
@@ -113,7 +112,7 @@ def test_a_store_reader_trusts_what_a_local_reader_trusts(paths, rollout):
     in_place = connect_tables({"steps": store.shard_dataset("steps"),
                                "eval_games": store.shard_dataset("games", "eval")})
     # Shard 1 has steps but no games file: not committed, in the store as on disk.
-    assert run_sql(in_place, sql).to_pylist() == query(paths.data, sql).to_pylist() == [
+    assert run_sql(in_place, sql).to_pylist() == query(paths.train_data, sql).to_pylist() == [
         {"n": rollout.steps.num_rows, "games": 10}]
     assert run_sql(in_place, "SELECT count(*) AS n FROM eval_games").to_pylist() == [{"n": 10}]
 
@@ -144,7 +143,7 @@ def test_a_checkpoint_is_fetched_whole_and_verified(paths, tmp_path):
 
 def test_sync_catches_a_new_machine_up_and_publishes_what_only_it_has(paths, rollout,
                                                                       tmp_path):
-    write_shard(paths.data, ShardId(0, 0), "run", rollout.steps, rollout.games)
+    write_shard(paths.train_data, ShardId(0, 0), "run", rollout.steps, rollout.games)
     checkpoint(paths.checkpoint(0), 0)
     checkpoint(paths.checkpoint(1), 1)
     write_json_atomic(paths.manifest(0), {"round": 0})
@@ -187,14 +186,16 @@ def test_unusable_stores_say_what_to_do(tmp_path):
 def test_a_format_1_run_in_a_store_is_read_and_fetched(paths, rollout, tmp_path):
     """A run stored by an older ub (shard folders ``round=NNNNNN``): the store reader lists its
     shards, and a machine without them fetches a round by number."""
-    write_shard(paths.data, ShardId(0, 0), "run", rollout.steps, rollout.games)
+    write_shard(paths.train_data, ShardId(0, 0), "run", rollout.steps, rollout.games)
     for table in ("steps", "games"):
-        (paths.data / table / "round-000000").rename(paths.data / table / "round=000000")
+        folder = paths.train_data / table
+        (folder / "round-000000").rename(folder / "round=000000")
     store = RunStore(paths.store)
     store.publish_missing(paths.root)
     assert "games/round=000000/shard-0000.parquet" in store.files()
     in_place = connect_tables({"games": store.shard_dataset("games")})
     assert run_sql(in_place, "SELECT count(*) AS n FROM games").to_pylist() == [{"n": 10}]
     other = RunPaths(tmp_path / "machine-b", paths.store)
-    assert fetch_round(other, other.data, "games", 0) == ["games/round=000000/shard-0000.parquet"]
-    assert shard_path(other.data, "games", ShardId(0, 0)).exists()
+    assert fetch_round(other, other.train_data, "games", 0) == [
+        "games/round=000000/shard-0000.parquet"]
+    assert shard_path(other.train_data, "games", ShardId(0, 0)).exists()

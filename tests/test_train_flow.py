@@ -85,7 +85,7 @@ def _adapter_bytes(paths: RunPaths, update: int) -> bytes:
 def test_two_rounds_commit_shards_checkpoints_ratings_and_evals(reference_run):
     paths = reference_run
     assert paths.committed_rounds() == [0, 1]
-    assert [(s.round, s.shard) for s in committed_shards(paths.data)] == [(0, 0), (1, 0)]
+    assert [(s.round, s.shard) for s in committed_shards(paths.train_data)] == [(0, 0), (1, 0)]
     games = _games(paths.root)
     assert len(games) == 2 * TEST_CONFIG["rollout"]["games_per_round"]
     # Mirror self-play: the checkpoint of the round sits in every seat.
@@ -218,7 +218,7 @@ def test_rerun_changes_nothing_and_more_rounds_extend(reference_run, config_file
 
 
 def test_ub_eval_adds_an_unrated_shard_and_leaves_the_run_alone(reference_run, capsys):
-    from ub.cli import main
+    from flows.cli import main
 
     paths = reference_run
     ratings = paths.ratings(1).read_text()
@@ -239,7 +239,7 @@ SQL_DOC = Path(__file__).resolve().parents[1] / "docs" / "sql.md"
 def test_documented_queries_and_run_views_describe_the_run(reference_run, capsys):
     import re
 
-    from ub.cli import main
+    from flows.cli import main
     from ub.data.sql import query
     from ub.run.views import RunViews
 
@@ -272,7 +272,7 @@ def test_documented_queries_and_run_views_describe_the_run(reference_run, capsys
 
 
 def test_a_corrupt_metrics_file_is_skipped_with_a_warning(reference_run, tmp_path, capsys):
-    from ub.cli import main
+    from flows.cli import main
 
     copy = tmp_path / "ref"
     shutil.copytree(reference_run.root, copy)
@@ -430,7 +430,7 @@ def test_pipelined_rounds_play_the_previous_checkpoint(prefect_api, config_file,
     paths = RunPaths.of(tmp_path, "piped")
     assert paths.committed_rounds() == [0, 1]
     by_round = {}
-    for f in sorted((paths.data / "games").rglob("shard-*.parquet")):
+    for f in sorted((paths.train_data / "games").rglob("shard-*.parquet")):
         for g in pq.read_table(f, columns=["actors"]).to_pylist():
             by_round.setdefault(f.parent.name, set()).update(g["actors"])
     assert by_round == {"round-000000": {"ckpt-000000"}, "round-000001": {"ckpt-000000"}}

@@ -337,7 +337,8 @@ def _raise_stop(signum: int, _frame: Any) -> None:
 
 def _tie_to_parent() -> Any:
     """A ``preexec_fn`` that makes the kernel send the child SIGTERM when this process dies
-    (see :func:`ub.run.prefect_env.start_tied_server`). Linux only; elsewhere ``None``."""
+    (as ``ub train`` ties its Prefect server: :func:`flows.prefect_env.start_tied_server`).
+    Linux only; elsewhere ``None``."""
     if not sys.platform.startswith("linux"):
         return None
     import ctypes

@@ -162,7 +162,7 @@ def _check_round(paths: RunPaths, round_: int) -> list[Finding]:
             if key in manifest and counted[table] != manifest[key]:
                 findings.append(Finding(manifest_path, f"counts {manifest[key]} {key} but its "
                                         f"shards hold {counted[table]}", round_))
-    folder = shard_path(paths.data, "games", ShardId(round_, 0)).parent
+    folder = shard_path(paths.train_data, "games", ShardId(round_, 0)).parent
     for extra in sorted(set(_files(folder, "shard-*.parquet")) - set(listed)):
         findings.append(Finding(extra, "shard of a committed round that its manifest does not "
                                 "list (training would read it)", round_))
@@ -265,13 +265,13 @@ def _round_files(paths: RunPaths) -> list[tuple[Path, int]]:
 
     from ub.run.tracking import metrics_path
 
-    shard_rounds = [sid.round for root in (paths.data, paths.eval_data)
+    shard_rounds = [sid.round for root in (paths.train_data, paths.eval_data)
                     for sid in committed_shards(root)]
     last = max([*shard_rounds, *paths.committed_rounds(), 0]) + 2
     found: list[tuple[Path, int]] = []
     for number in range(last + 1):
         for table in TABLES:
-            found.append((shard_path(paths.data, table, ShardId(number, 0)).parent, number))
+            found.append((shard_path(paths.train_data, table, ShardId(number, 0)).parent, number))
             # Eval shards are numbered by checkpoint update, and round r evaluates the
             # checkpoint r + 1 it made (round 0 also checkpoint 0).
             found.append((shard_path(paths.eval_data, table, ShardId(number, 0)).parent,

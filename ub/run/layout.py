@@ -29,6 +29,7 @@ from typing import Any
 
 from ub.data.atomic import write_atomic
 from ub.errors import UbError
+from ub.run.urls import is_url, working_copy
 
 RUN_FORMAT = 2
 """The layout version of a run directory; bump it when a change would confuse an older ub.
@@ -79,7 +80,8 @@ def data_format(root: Path) -> int:
     from ub.data.shards import uses_legacy_layout
 
     paths = RunPaths(Path(root))
-    return 1 if any(uses_legacy_layout(r) for r in (paths.data, paths.eval_data)) else RUN_FORMAT
+    roots = (paths.train_data, paths.eval_data)
+    return 1 if any(uses_legacy_layout(r) for r in roots) else RUN_FORMAT
 
 
 def mark_run_format(root: Path) -> None:
@@ -111,8 +113,6 @@ class RunPaths:
 
     @classmethod
     def of(cls, runs_root: str | Path, name: str) -> RunPaths:
-        from ub.run.store import is_url, working_copy
-
         if is_url(runs_root):
             url = f"{str(runs_root).rstrip('/')}/{check_run_name(name)}"
             return cls(working_copy(url), url)
@@ -140,8 +140,9 @@ class RunPaths:
         return self.root / "run.lock"
 
     @property
-    def data(self) -> Path:
-        """The training data root (``steps/``, ``games/``)."""
+    def train_data(self) -> Path:
+        """The training games' data root, holding ``steps/`` and ``games/``: the run root
+        itself (the evaluation games' is :attr:`eval_data`)."""
         return self.root
 
     @property

@@ -493,7 +493,7 @@ def rollout_shard(run: Run, round_: int, shard: int, games: list[PlannedGame]) -
         seated = tuple(actors.setdefault(n, actor_spec(run, n)) for n in g.actors)
         env_seed = derive_seed(run.config.seed, round_, g.game_index, "env")
         assignments.append(GameAssignment(specs[g.env], g.game_index, env_seed, seated))
-    return _play_shard(run, run.paths.data, ShardId(round_, shard), assignments, kind="train")
+    return _play_shard(run, run.paths.train_data, ShardId(round_, shard), assignments, kind="train")
 
 
 def initial_checkpoint(run: Run) -> str:
@@ -522,8 +522,8 @@ def learn_round(run: Run, round_: int) -> dict[str, Any]:
     writer = rank_and_world()[0] == 0  # data-parallel ranks: rank 0 writes for all
     paths = run.paths
     # A learner on a machine without the run's files takes them from the run's store.
-    fetch_round(paths, paths.data, "steps", round_)
-    fetch_round(paths, paths.data, "games", round_)
+    fetch_round(paths, paths.train_data, "steps", round_)
+    fetch_round(paths, paths.train_data, "games", round_)
     fetch_missing(paths, paths.root / "state")
     fetch_checkpoint(paths, paths.checkpoint(round_))
     fetch_checkpoint(paths, paths.checkpoint(round_ + 1))  # made before a crash: reused
@@ -534,7 +534,7 @@ def learn_round(run: Run, round_: int) -> dict[str, Any]:
         checkpoints=[checkpoint_name(behaviour_update(config, round_))],
         seed=derive_seed(config.seed, round_, "batch"))
     started = time.perf_counter()
-    batch = assemble_batch(paths.data, batch_config, state)
+    batch = assemble_batch(paths.train_data, batch_config, state)
     assemble_seconds = time.perf_counter() - started
     if writer:
         publish(paths, write_json_atomic(paths.final_rewards_state(round_), batch.final_state))
@@ -620,7 +620,7 @@ def rate_round(run: Run, round_: int, evaluated: list[int]) -> list[dict[str, An
     """Ratings after round ``round_``: the previous snapshot, the new checkpoint (inheriting its
     parent's rating), then the round's training games and the eval games of the checkpoints
     ``evaluated`` in the round, in game order. Returns the leaderboard."""
-    fetch_round(run.paths, run.paths.data, "games", round_)
+    fetch_round(run.paths, run.paths.train_data, "games", round_)
     for update in evaluated:
         fetch_round(run.paths, run.paths.eval_data, "games", update)
     table = _apply_round(run, load_ratings(run, round_ - 1), round_, evaluated)
@@ -634,7 +634,7 @@ def rate_round(run: Run, round_: int, evaluated: list[int]) -> list[dict[str, An
 
 def _apply_round(run: Run, table: Any, round_: int, evaluated: list[int]) -> Any:
     table.add_checkpoint(checkpoint_name(round_ + 1), parent=checkpoint_name(round_))
-    for games in [_games_of(run.paths.data, round_),
+    for games in [_games_of(run.paths.train_data, round_),
                   *(_games_of(run.paths.eval_data, u, only_shard=0) for u in sorted(evaluated))]:
         if games is not None:
             table.rate_games(games)

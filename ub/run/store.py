@@ -38,28 +38,12 @@ from ub.errors import UbError
 from ub.faults import fault_point
 from ub.run.layout import RunPaths
 
-SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
-
 # What a run's durable copy holds (the rest, a lock, logs, reports, is the working copy's).
 DURABLE = ("config.yaml", "ub-run.json", "steps", "games", "eval", "checkpoints", "state",
            "ratings", "metrics", "rounds")
 CHECKPOINT_MANIFEST = "ub_checkpoint.json"
 _ROUND_MANIFEST = re.compile(r"^rounds/round-(\d{6,})\.json$")
 _SHARD_KEY = re.compile(r"^round[-=]\d{6,}/shard-\d{4,}\.parquet$")  # (run formats 2 and 1)
-
-
-def is_url(root: str | os.PathLike[str]) -> bool:
-    """``s3://bucket/runs`` and ``file:///data/runs`` are store URLs; plain paths are not."""
-    return isinstance(root, str) and bool(SCHEME.match(root))
-
-
-def working_copy(url: str) -> Path:
-    """Where this machine keeps its copy of the run stored at ``url``."""
-    base = Path(os.environ.get("UB_WORK_DIR")
-                or Path(os.environ.get("UB_CACHE_DIR") or "~/.cache/ub") / "runs")
-    scheme, _, rest = url.partition("://")
-    parts = [p for p in rest.split("/") if p and p not in (".", "..")]
-    return (base.expanduser() / scheme / Path(*parts)).absolute()
 
 
 def publish_rank(key: str) -> tuple[int, str]:

@@ -50,15 +50,16 @@ def _collection(run: Run, round_: int) -> dict[str, float]:
 
     from ub.data.sql import query
 
-    fetch_round(run.paths, run.paths.data, "steps", round_)  # a driver without the workers' files
+    # A driver without the workers' files fetches them first.
+    fetch_round(run.paths, run.paths.train_data, "steps", round_)
     # (named after the fetch: round_dir picks the run format's folder that exists)
-    steps, games = (round_dir(run.paths.data, t, round_) for t in ("steps", "games"))
+    steps, games = (round_dir(run.paths.train_data, t, round_) for t in ("steps", "games"))
     if not steps.is_dir() or not games.is_dir():
         return {}
     # The round's shards as Arrow datasets (hidden temporary files are ignored).
     extra = {"s_round": ds.dataset(str(steps), format="parquet"),
              "g_round": ds.dataset(str(games), format="parquet")}
-    per_env = query(run.paths.data, """
+    per_env = query(run.paths.train_data, """
         WITH model AS (
           SELECT s.*, g.outcome, g.winner, g.num_turns, g.seconds AS game_seconds
           FROM s_round s JOIN g_round g USING (game_id) WHERE s.actor_kind = 'model'),

@@ -1,0 +1,98 @@
+"""``ub train``: refuse in a second what would fail, then run the :func:`~flows.selfplay.selfplay`
+flow on a Prefect server tied to this process.
+
+It is the one command that runs a flow, so it lives with the flows; :mod:`flows.cli` adds it to
+the library's commands (:mod:`ub.cli`).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ub.cli.args import catch_up, check_can_create, positive_int
+from ub.errors import UbError
+
+
+def add_parser(sub) -> None:
+    train = sub.add_parser("train", help="train by self-play: a resumable Prefect run")
+    train.add_argument("config", nargs="?", help="a preset (tiny-cpu, qwen3-1.7b-simpletak, "
+                       "spiral-kuhn) or a YAML file (default: tiny-cpu, or the run's own)")
+    train.add_argument("--run", help="run name (default: the config's name)")
+    train.add_argument("--resume", metavar="NAME", help="continue run NAME with its own config")
+    train.add_argument("--root", default="runs", help="folder of runs, or an fsspec URL such "
+                       "as s3://bucket/runs (docs/scaling.md; default: runs)")
+    train.add_argument("--rounds", type=positive_int, help="total rounds (extends a finished run)")
+    train.add_argument("--ray", metavar="ADDRESS",
+                       help="run rollouts and the learner on this Ray cluster (auto, HOST:PORT, "
+                       "ray://HOST:10001; 'local': in this process); overrides cluster.address")
+    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="override a setting, e.g. --set rollout.games_per_round=64")
+    train.add_argument("--quiet", action="store_true", help="no progress output")
+    train.set_defaults(func=cmd_train)
+
+
+def _check_services(config) -> None:
+    """The Ray cluster and hosted opponents a run needs answer, before the run writes."""
+    if config.cluster.address is not None:
+        from ub.run.cluster import check_reachable
+
+        check_reachable(config.cluster.address)
+    from ub.actors.spec import parse_actor
+
+    names = [*config.opponent_config().fixed_names(), *config.eval.opponents]
+    for name in dict.fromkeys(names):
+        if parse_actor(name).kind == "hosted":
+            from ub.actors.hosted import check_hosted
+
+            check_hosted(name)
+
+
+def _check_manifests(paths) -> None:
+    """Every committed round's manifest reads: a damaged one is refused here, naming the file
+    and `ub doctor`, rather than by the flow after Prefect and the logs have started."""
+    from ub.run.layout import read_json
+
+    paths.next_round()  # (refuses a gap in the rounds)
+    for round_ in paths.committed_rounds():
+        read_json(paths.manifest(round_))
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from flows.prefect_env import configure_prefect
+    from ub.run.config import load_config
+    from ub.run.layout import RunPaths
+    from ub.run.lock import RunLock
+    from ub.run.rounds import check_base_model, resolve_run_config
+
+    if args.resume and args.config:
+        raise UbError("give a CONFIG to start (or continue) a run, or --resume NAME to continue "
+                      "one with its own config, not both")
+    name = args.resume or args.run or (Path(args.config).stem if args.config else "tiny-cpu")
+    paths = RunPaths.of(args.root, name)
+    catch_up(paths)
+    config, source = None, None
+    if not args.resume and (args.config or not paths.config.exists()):
+        source = args.config or "tiny-cpu"
+        config = load_config(source, args.set)
+    elif args.set:
+        raise UbError("--set changes a run's settings: it needs CONFIG (the run's data must "
+                      "come from one config; start a new --run to change them)")
+    # Everything that can be refused is refused here, in a second, before Prefect starts.
+    resolved = resolve_run_config(paths, config, rounds=args.rounds, ray_address=args.ray)[0]
+    check_base_model(resolved.model.base)
+    _check_services(resolved)
+    _check_manifests(paths)
+    if paths.root.exists():
+        RunLock(paths.lock).acquire().release()
+    check_can_create(paths.root.parent)
+
+    configure_prefect((paths.root.parent if paths.store else Path(args.root)) / ".prefect")
+    from flows.prefect_env import start_tied_server
+
+    start_tied_server()  # dies with this process, even by SIGKILL
+    from flows.selfplay import selfplay  # (Prefect is imported after configure_prefect)
+
+    selfplay(run_name=name, config=source, root=str(args.root), rounds=args.rounds,
+             overrides=list(args.set), quiet=args.quiet, ray_address=args.ray)
+    return 0

@@ -1,0 +1,13 @@
+"""Plan: the pool picks each game of a round (env, seats, opponents), split into shards."""
+
+from __future__ import annotations
+
+from prefect import task
+from prefect.cache_policies import NONE
+
+from ub.run.rounds import PlannedGame, Run, plan_round
+
+
+@task(name="plan", cache_policy=NONE, task_run_name="plan r{round_}")
+def plan(run: Run, round_: int) -> list[list[PlannedGame]]:
+    return plan_round(run, round_)

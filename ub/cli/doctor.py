@@ -1,0 +1,58 @@
+"""``ub doctor``: check a run's integrity; ``--repair`` quarantines what is broken."""
+
+from __future__ import annotations
+
+import argparse
+
+from ub.cli.args import run_dir
+
+
+def add_parser(sub) -> None:
+    doctor = sub.add_parser("doctor", help="check a run's integrity (--repair: quarantine "
+                            "what is broken so it can resume)")
+    doctor.add_argument("run", help="run name (under --root) or run directory")
+    doctor.add_argument("--root", default="runs", help="folder of runs (default: runs)")
+    doctor.add_argument("--repair", action="store_true",
+                        help="move untrustworthy files to RUN/quarantine/ (nothing is deleted)")
+    doctor.set_defaults(func=cmd_doctor)
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    from ub.run.doctor import examine, repair
+    from ub.run.lock import RunLock, holder
+
+    root = run_dir(args)
+    if not args.repair:
+        live = holder(root / "run.lock")
+        if live is not None:
+            print(f"note: run {root.name} is in use by pid {live.get('pid', '?')}: checking its "
+                  "committed rounds only")
+        exam = examine(root, live=live is not None)
+        _print_findings(exam)
+        return 1 if exam.findings else 0
+    with RunLock(root / "run.lock"):  # nothing may write the run while it is repaired
+        exam = examine(root)
+        _print_findings(exam)
+        if not exam.findings:
+            return 0
+        moved = repair(exam)
+    for source, target in moved:
+        print(f"quarantined {source.relative_to(root)} -> {target.relative_to(root)}")
+    rewritten = [f for f in exam.findings if f.derived and f.path.exists()]
+    for finding in rewritten:
+        print(f"rewrote {finding.path.relative_to(root)} from the run's data")
+    first = exam.first_broken_round
+    if first is not None:
+        print(f"run {root.name} is back at round {first}: `ub train --resume {root.name} "
+              f"--root {root.parent}` replays rounds {first}..{exam.rounds[-1]} as they were "
+              "(same seed, same games)")
+    return 0
+
+
+def _print_findings(exam) -> None:
+    for finding in exam.findings:
+        print(f"problem: {finding.line(exam.root)}")
+    verdict = (f"{len(exam.findings)} problem(s); `ub doctor {exam.root} --repair` quarantines "
+               "what cannot be trusted" if exam.findings else "ok")
+    print(f"{exam.root.name}: {len(exam.rounds)} committed round(s), {verdict}")
+    print(exam.format_line)

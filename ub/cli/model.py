@@ -1,0 +1,49 @@
+"""``ub model tiny``: build (or find cached) the tiny CPU default model."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ub.cli.args import check_writable
+from ub.cli.parser import Parser
+from ub.errors import UbError
+
+
+def add_parser(sub) -> None:
+    model = sub.add_parser("model", help="build models")
+    model_sub = model.add_subparsers(dest="model_command", required=True, parser_class=Parser)
+    tiny = model_sub.add_parser("tiny", help="build (or find cached) the tiny CPU default model")
+    tiny.add_argument("--seed", type=int, default=0, help="build seed (default 0)")
+    tiny.add_argument("--out", help="build into this folder instead of the cache")
+    tiny.add_argument("--for", dest="for_checkpoint", metavar="CKPT",
+                      help="the tiny build checkpoint CKPT was trained on (found or built)")
+    tiny.set_defaults(func=cmd_model_tiny)
+
+
+def cmd_model_tiny(args: argparse.Namespace) -> int:
+    from ub.model.tiny import build_tiny_model
+
+    if args.for_checkpoint:
+        print(_tiny_build_of(args.for_checkpoint, args))
+        return 0
+    out = Path(args.out) if args.out else None
+    if out is not None:
+        check_writable(out.parent if out.parent != Path("") else Path("."))
+    path = build_tiny_model(out, seed=args.seed)
+    print(path)
+    return 0
+
+
+def _tiny_build_of(checkpoint: str, args: argparse.Namespace) -> str:
+    """The folder of the tiny build a checkpoint records (plain PEFT loads its base from it)."""
+    from ub.learner.checkpoint import checkpoint_base
+    from ub.model.identity import portable_name, resolve_tiny_build
+
+    if args.out or args.seed:
+        raise UbError("--for takes the build from the checkpoint: give no --out or --seed")
+    identity = checkpoint_base(checkpoint)
+    if identity.get("kind") != "tiny":
+        raise UbError(f"{checkpoint} was trained on {portable_name(identity)}, not a tiny "
+                      "build: load that base model")
+    return str(resolve_tiny_build(identity))

@@ -1,0 +1,50 @@
+"""The ``ub`` parser, built from command modules, and how a command's failure is reported."""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import os
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+from ub.errors import UbError
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse that reports bad arguments as a UbError (one line) instead of usage + exit."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        raise UbError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+
+
+def build_parser(commands: Sequence[ModuleType]) -> argparse.ArgumentParser:
+    """The ``ub`` parser with ``commands`` (modules with ``add_parser(sub)``), in that order."""
+    parser = Parser(prog="ub", description="Self-play RL for language models on TextArena games.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    for command in commands:
+        command.add_parser(sub)
+    return parser
+
+
+def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> int:
+    """Parse ``argv`` and run its command; expected failures become one line and exit code 2."""
+    try:
+        args = parser.parse_args(argv)
+        return args.func(args)
+    except UbError as exc:
+        print(f"ub: error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # Every ub write is atomic: what failed left nothing behind, so rerunning resumes.
+        print(f"ub: error: {exc.strerror} writing {exc.filename or 'a file'}: free space, "
+              "then run the same command again", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ub: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `ub sql ... | head`
+        os._exit(0)

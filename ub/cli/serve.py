@@ -1,0 +1,26 @@
+"""``ub serve``: a run's checkpoints behind vLLM's OpenAI-compatible server (docs/serving.md)."""
+
+from __future__ import annotations
+
+import argparse
+
+from ub.cli.args import positive_int, run_dir
+
+
+def add_parser(sub) -> None:
+    serve = sub.add_parser("serve", help="serve a run's checkpoints with vLLM's OpenAI-compatible "
+                           "server (docs/serving.md)")
+    serve.add_argument("run", help="run name (under --root) or run directory")
+    serve.add_argument("--root", default="runs", help="folder of runs (default: runs)")
+    serve.add_argument("--checkpoint", default="latest",
+                       help="checkpoint number, latest (default) or all")
+    serve.add_argument("--host", default="127.0.0.1",
+                       help="address to listen on (default 127.0.0.1; 0.0.0.0: every interface)")
+    serve.add_argument("--port", type=positive_int, default=8000, help="port (default 8000)")
+    serve.set_defaults(func=cmd_serve)
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from ub.serve import plan_server, serve
+
+    return serve(plan_server(run_dir(args), args.checkpoint, host=args.host, port=args.port))

@@ -1,0 +1,51 @@
+"""``ub sft``: warm start, fine-tune an adapter on SQL-selected moves."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ub.cli.args import check_writable, non_negative_float, positive_int, yaml_section
+from ub.cli.learn import learner_config
+from ub.errors import UbError
+
+
+def add_parser(sub) -> None:
+    sft = sub.add_parser("sft", help="warm start: fine-tune an adapter on SQL-selected moves")
+    sft.add_argument("--shards", required=True, help="data folder with the decisions")
+    sft.add_argument("--out", required=True, help="checkpoint folder to write")
+    sft.add_argument("--where", help="DuckDB condition over s (steps) and g (games); default: "
+                     "the winners' legal moves")
+    sft.add_argument("--config", help="YAML with `sft:` and `learner:` sections")
+    sft.add_argument("--epochs", type=positive_int)
+    sft.add_argument("--batch-size", type=positive_int)
+    sft.add_argument("--max-train-len", type=positive_int)
+    sft.add_argument("--seed", type=int)
+    sft.add_argument("--learning-rate", type=non_negative_float)
+    sft.add_argument("--base-model", help="base model directory (default: the one "
+                     "--init-adapter records, else the tiny model)")
+    sft.add_argument("--init-adapter", help="PEFT adapter to start from")
+    sft.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    sft.set_defaults(func=cmd_sft)
+
+
+def cmd_sft(args: argparse.Namespace) -> int:
+    from ub.sft import SftConfig, train_sft
+
+    root = Path(args.shards)
+    if not root.exists():
+        raise UbError(f"{root} does not exist: give the data folder of the decisions to imitate")
+    data = yaml_section(args.config, "sft")
+    for key in ("where", "epochs", "batch_size", "max_train_len", "seed"):
+        if getattr(args, key) is not None:
+            data[key] = getattr(args, key)
+    config = SftConfig.from_dict(data)
+    learner = learner_config(args)
+    out = Path(args.out)
+    check_writable(out.parent)
+    summary = train_sft(root, config, learner, out, overwrite=args.overwrite)
+    print(f"{summary['decisions']} decisions, {summary['steps']} steps, final loss "
+          f"{summary['loss']:.4f}")
+    print(f"checkpoint: {out}")
+    return 0
+

@@ -1,0 +1,134 @@
+"""``ub sql``: read-only SQL over a data folder, a run directory or a run in a store."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ub.errors import UbError
+
+
+def add_parser(sub) -> None:
+    sql = sub.add_parser("sql", help="read-only SQL over a data folder or run (docs/sql.md)")
+    sql.add_argument("root", help="a data folder, a run directory or a run's store URL "
+                     "(s3://bucket/runs/NAME)")
+    sql.add_argument("query", nargs="?", help="the SQL query (none: an interactive shell)")
+    sql.add_argument("--format", choices=("table", "csv"), default="table")
+    sql.set_defaults(func=cmd_sql)
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    from ub.data.sql import connect, run_sql, table_dataset
+    from ub.run.urls import is_url
+    from ub.run.views import RunViews, is_run
+
+    if is_url(args.root):
+        con, names = _connect_store(args.root)
+        root = args.root
+    else:
+        root = Path(args.root)
+        if not root.exists():
+            raise UbError(f"{root} does not exist: give the folder `ub play --out` or a run "
+                          "wrote")
+        extra = {}
+        if is_run(root):
+            views = RunViews(root)
+            extra = views.tables()
+            for table in ("steps", "games"):
+                extra[f"eval_{table}"] = table_dataset(root / "eval", table)
+            for warning in views.warnings:
+                print(f"ub: warning: {warning}", file=sys.stderr)
+        con = connect(root, extra)
+        names = sorted(["steps", "games", *extra])
+    try:
+        if args.query is not None:
+            _print_arrow(run_sql(con, args.query), args.format)
+            return 0
+        _sql_shell(con, root, names)
+    finally:
+        con.close()
+    return 0
+
+
+def _connect_store(url: str):
+    """DuckDB over a run in a store: the shards read in place, the run's tables built from its
+    records (fetched to a temporary folder; they are small)."""
+    import tempfile
+
+    from ub.data.schema import TABLES
+    from ub.data.sql import connect_tables
+    from ub.run.store import RunStore
+    from ub.run.views import RunViews
+
+    store = RunStore(url.rstrip("/"))
+    if not store.files("games") and not store.files("rounds"):
+        raise UbError(f"{url} holds no ub data (no games/ or rounds/): give the URL of a run "
+                      "(the runs root followed by the run name)")
+    tables = {}
+    for table in TABLES:
+        tables[table] = store.shard_dataset(table)
+        tables[f"eval_{table}"] = store.shard_dataset(table, "eval")
+    with tempfile.TemporaryDirectory(prefix="ub-sql-") as records:
+        store.pull_records(Path(records))
+        views = RunViews(Path(records))
+        tables.update(views.tables())
+    for warning in views.warnings:
+        print(f"ub: warning: {warning}", file=sys.stderr)
+    return connect_tables(tables), sorted(tables)
+
+
+def _sql_shell(con, root: Path | str, views: list[str]) -> None:
+    """Read statements (ending with ``;``) from stdin until EOF or ``.quit``."""
+    import duckdb
+
+    from ub.data.sql import run_sql
+
+    interactive = sys.stdin.isatty()
+    if interactive:
+        print(f"ub sql {root} (read-only). Views: {', '.join(views)}. End statements with ';', "
+              "quit with .quit or Ctrl-D.")
+    buffer = ""
+    while True:
+        try:
+            line = input("ub> " if not buffer else "... ") if interactive else sys.stdin.readline()
+        except EOFError:
+            break
+        if not interactive and line == "":
+            break
+        if line.strip() in (".quit", ".exit"):
+            break
+        buffer += line + ("\n" if interactive else "")
+        if buffer.strip().endswith(";"):
+            try:
+                for statement in con.extract_statements(buffer):
+                    _print_arrow(run_sql(con, statement.query), "table")
+            except (UbError, duckdb.Error) as exc:
+                print(f"ub: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+            buffer = ""
+
+
+def _print_arrow(table, fmt: str) -> None:
+    if fmt == "csv":
+        import csv
+
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(table.column_names)
+        for row in table.to_pylist():
+            writer.writerow(["" if v is None else v for v in row.values()])
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    view = Table(show_lines=False)
+    for name in table.column_names:
+        view.add_column(name)
+    for row in table.to_pylist():
+        view.add_row(*[_cell(v) for v in row.values()])
+    Console().print(view)
+    print(f"({table.num_rows} row{'s' if table.num_rows != 1 else ''})")
+
+
+def _cell(value: object, width: int = 80) -> str:
+    text = "NULL" if value is None else str(value)
+    return text if len(text) <= width else text[: width - 1] + "…"

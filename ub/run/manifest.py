@@ -1,0 +1,98 @@
+"""A round's manifest (``rounds/round-NNNNNN.json``): what was played, learned and measured, and
+how long each part took; and the clocks that time a round."""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from ub.run.cluster import rollout_worker
+from ub.run.rounds import Run, ShardResult
+
+
+def round_manifest(run: Run, shards: list[ShardResult], metrics: dict[str, Any],
+                   evaluated: dict[int, dict[str, Any]], leaderboard: list[dict[str, Any]],
+                   seconds: float, phases: dict[str, float]) -> dict[str, Any]:
+    """The round's record: what was played, learned, measured, and how long each part took."""
+    # On a cluster each worker plays its shards in turn, side by side with the other workers:
+    # the round waits for the busiest worker.
+    per_worker: dict[int, float] = {}
+    for index, shard in enumerate(shards):
+        if not shard.reused:
+            worker = rollout_worker(run, index) if run.config.cluster.address else 0
+            per_worker[worker] = per_worker.get(worker, 0.0) + shard.seconds
+    rollout_seconds = max(per_worker.values(), default=0.0)
+    eval_seconds = sum(e["seconds"] for e in evaluated.values())
+    learner_seconds = 0.0 if metrics.get("reused") else float(metrics.get("seconds", 0.0))
+    batch = metrics.get("batch", {})
+    return {
+        # Relative to the run, so a moved or mounted run still reads.
+        "shards": [os.path.relpath(s.games_path, run.paths.root) for s in shards],
+        "games": sum(s.games for s in shards),
+        "decisions": sum(s.decisions for s in shards),
+        "model_decisions": sum(s.model_decisions for s in shards),
+        "invalid_moves": sum(s.invalid_moves for s in shards),
+        "generated_tokens": sum(s.generated_tokens for s in shards),
+        "outcomes": sum_counts(s.outcomes for s in shards),
+        "learner": {k: metrics[k] for k in (
+            "update", "loss", "grad_norm", "entropy_mean", "logprob_mean", "tokens",
+            "tokens_per_second", "seconds", "clip_fraction", "ratio_mean", "reused",
+            "assemble_seconds") if k in metrics},
+        "batch": {k: batch[k] for k in ("size", "total_tokens", "truncated", "reward_mean",
+                                        "advantage_std") if k in batch},
+        "evals": {str(u): e["rows"] for u, e in evaluated.items()},
+        "leaderboard": leaderboard[:20],
+        "timings": close_timings({"rollout": rollout_seconds, "eval": eval_seconds,
+                                  "learner": learner_seconds, "tasks": phases}, seconds),
+    }
+
+
+class GcClock:
+    """Total time spent in Python's cyclic garbage collector while installed: in a process
+    holding an engine and a model, a full collection walks millions of objects."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._started
+
+    def __enter__(self) -> GcClock:
+        gc.callbacks.append(self)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self)
+
+
+def close_timings(timings: dict[str, Any], seconds: float) -> dict[str, Any]:
+    """Set the round's wall time and what it left for everything but engines and learner."""
+    timings["round"] = seconds
+    timings["other"] = max(0.0, seconds - timings["rollout"] - timings["eval"]
+                           - timings["learner"])
+    return timings
+
+
+@contextmanager
+def timed(phases: dict[str, float], name: str) -> Iterator[None]:
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        phases[name] = phases.get(name, 0.0) + time.perf_counter() - started
+
+
+def sum_counts(items: Iterable[dict[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for counts in items:
+        for key, value in counts.items():
+            out[key] = out.get(key, 0) + value
+    return out
