@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from ub.inference.engine import VLLMEngine
+    from ub.inference.handle import EngineHandle
     from ub.inference.types import EngineConfig, EngineStats, Generation, GenerationRequest
 
 
@@ -42,3 +44,10 @@ class InferenceEngine(Protocol):
     def has_unfinished(self) -> bool: ...
 
     def generate(self, requests: list[GenerationRequest]) -> list[Generation]: ...
+
+
+if TYPE_CHECKING:
+
+    def _fit(engine: VLLMEngine, handle: EngineHandle) -> list[InferenceEngine]:
+        """(mypy checks that both implement the interface.)"""
+        return [engine, handle]

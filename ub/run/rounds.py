@@ -62,7 +62,7 @@ from ub.run.store import (
 from ub.seeding import derive_seed
 
 if TYPE_CHECKING:
-    from ub.inference.handle import EngineHandle
+    from ub.inference.protocols import InferenceEngine
     from ub.inference.types import EngineConfig, SamplingConfig
     from ub.run.worker import Worker
 
@@ -390,7 +390,7 @@ def run_engine_config(run: Run) -> EngineConfig:
         seed=run.config.seed)
 
 
-def run_engine(worker: Worker, run: Run, sampling: SamplingConfig) -> EngineHandle:
+def run_engine(worker: Worker, run: Run, sampling: SamplingConfig) -> InferenceEngine:
     """The worker's vLLM engine for this run (started once, kept across rounds), sampling with
     ``sampling`` unless a request says otherwise."""
     from ub.inference.environment import configure_vllm_environment

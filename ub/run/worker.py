@@ -15,7 +15,6 @@ the caller's own default sampling, so one caller never changes another's.
 from __future__ import annotations
 
 import gc
-import logging
 from typing import TYPE_CHECKING
 
 from ub.errors import UbError
@@ -26,8 +25,6 @@ if TYPE_CHECKING:
     from ub.inference.types import EngineConfig, SamplingConfig
     from ub.learner.config import LearnerConfig
     from ub.learner.learner import Learner
-
-log = logging.getLogger("ub.flow")
 
 
 class Worker:
