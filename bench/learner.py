@@ -76,8 +76,8 @@ def make_data(model: Path, data: Path, games: int, max_tokens: int) -> None:
         EngineConfig,
         SamplingConfig,
         configure_vllm_environment,
-        get_engine,
     )
+    from ub.run.worker import Worker
 
     configure_vllm_environment()
     import pyarrow as pa
@@ -89,8 +89,8 @@ def make_data(model: Path, data: Path, games: int, max_tokens: int) -> None:
     from ub.rollout import assign_games, play_games
 
     adapter = new_adapter(model, data / "adapter", LoraSettings(rank=16), seed=1, init_std=0.02)
-    engine = get_engine(EngineConfig(model=str(model), max_num_seqs=64, max_lora_rank=16),
-                        SamplingConfig(temperature=1.0, max_tokens=max_tokens))
+    engine = Worker().engine(EngineConfig(model=str(model), max_num_seqs=64, max_lora_rank=16),
+                             SamplingConfig(temperature=1.0, max_tokens=max_tokens))
     actor = parse_actor(f"model:{adapter}")
     steps, game_rows = [], []
     for i, env in enumerate(ENVS):

@@ -37,8 +37,8 @@ def main() -> None:
         GenerationRequest,
         SamplingConfig,
         configure_vllm_environment,
-        get_engine,
     )
+    from ub.run.worker import Worker
 
     configure_vllm_environment()
     from ub.actors.spec import parse_actor
@@ -50,7 +50,7 @@ def main() -> None:
     model = build_tiny_model()
     adapter = new_adapter(model, Path(tempfile.mkdtemp()) / "adapter", LoraSettings(rank=16),
                           seed=1, init_std=0.02)
-    engine = get_engine(
+    engine = Worker().engine(
         EngineConfig(model=str(model), max_num_seqs=args.games, max_lora_rank=16),
         SamplingConfig(temperature=1.0, max_tokens=args.max_tokens),
     )

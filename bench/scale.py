@@ -101,8 +101,8 @@ def _components(root: Path) -> dict:
         GenerationRequest,
         SamplingConfig,
         configure_vllm_environment,
-        get_engine,
     )
+    from ub.run.worker import Worker
 
     configure_vllm_environment()
     from ub.actors.spec import parse_actor
@@ -117,7 +117,8 @@ def _components(root: Path) -> dict:
 
     model = build_tiny_model()
     config = EngineConfig(model=str(model), max_lora_rank=64, max_loras=2)
-    engine = get_engine(config, SamplingConfig(temperature=1.0, max_tokens=1))
+    worker = Worker()  # this process's engine, shared by the two measurements below
+    engine = worker.engine(config, SamplingConfig(temperature=1.0, max_tokens=1))
     prompt = engine.tokenizer.encode("ub")
 
     def one_request(adapter: Path) -> float:
@@ -139,7 +140,7 @@ def _components(root: Path) -> dict:
                          "load_ms": round(1000 * statistics.median(loads[1:]), 1)})
 
     # A shard of 64 real games of the tiny model with an adapter, written 5 times.
-    engine = get_engine(config, SamplingConfig(temperature=1.0, max_tokens=16))
+    engine = worker.engine(config, SamplingConfig(temperature=1.0, max_tokens=16))
     actor = parse_actor(f"model:{root / 'adapter-r8-0'}")
     rollout = play_games(assign_games(GameSpec("TicTacToe-v0-train"), [actor, actor], 64,
                                       base_seed=0), engine=engine, run="bench")

@@ -1,7 +1,8 @@
 """Prefect tasks: thin wrappers over :mod:`ub.run.rounds`, one module per step of a round.
 
 Each declares its retries and returns small things (paths, counts, metrics). Engines and the
-learner's base model live in the worker process and stay loaded across rounds. The tasks carry
+learner's base model live in the process's worker (:func:`ub.run.worker.process_worker`, which
+the tasks hand to the steps; a Ray actor has its own) and stay loaded across rounds. The tasks carry
 no tags on purpose: Prefect checks tag concurrency limits with a server round trip per task run
 (~1 s each on a busy 2-core machine, a fifth of a tiny-cpu round).
 """

@@ -9,9 +9,10 @@ from prefect.cache_policies import NONE
 
 from ub.run.cluster import on_worker
 from ub.run.rounds import Run, evaluate_checkpoint
+from ub.run.worker import process_worker
 
 
 @task(name="evaluate", retries=1, retry_delay_seconds=2, cache_policy=NONE,
       task_run_name="evaluate ckpt {update}")
 def evaluate(run: Run, update: int) -> dict[str, Any]:
-    return on_worker(run, "rollout", 0, evaluate_checkpoint, run, update)
+    return on_worker(run, "rollout", 0, evaluate_checkpoint, run, update, worker=process_worker())

@@ -7,6 +7,7 @@ from prefect.cache_policies import NONE
 
 from ub.run.cluster import on_worker, rollout_worker
 from ub.run.rounds import PlannedGame, Run, ShardResult, rollout_shard
+from ub.run.worker import process_worker
 
 
 # A retry helps when the engine died mid-shard: the shard was not committed, the engine is
@@ -15,4 +16,4 @@ from ub.run.rounds import PlannedGame, Run, ShardResult, rollout_shard
       task_run_name="rollout r{round_}-s{shard}")
 def rollout(run: Run, round_: int, shard: int, games: list[PlannedGame]) -> ShardResult:
     return on_worker(run, "rollout", rollout_worker(run, shard), rollout_shard, run, round_,
-                     shard, games)
+                     shard, games, worker=process_worker())

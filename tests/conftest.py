@@ -65,11 +65,12 @@ def tiny_adapters(tiny_model, tmp_path_factory):
 @pytest.fixture()
 def engine(tiny_model):
     """The process's vLLM engine on the tiny model (started once, shared by tests)."""
-    from ub.inference.vllm_engine import EngineConfig, SamplingConfig, get_engine
+    from ub.inference.types import EngineConfig, SamplingConfig
+    from ub.run.worker import process_worker
 
     # The CLI's default engine settings, so in-process `ub play` tests reuse this engine.
-    return get_engine(EngineConfig(model=str(tiny_model)),
-                      SamplingConfig(temperature=1.0, max_tokens=16))
+    return process_worker().engine(EngineConfig(model=str(tiny_model)),
+                                   SamplingConfig(temperature=1.0, max_tokens=16))
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,6 @@ from ub.learner import (
     LearnerConfig,
     NonFiniteError,
     TrainBatch,
-    get_learner,
     latest_checkpoint,
     learn_on_batch,
     plan_micro_batches,
@@ -42,6 +41,7 @@ from ub.learner.checkpoint import (
 )
 from ub.learner.testing import build_random_model, synthetic_batch
 from ub.model.lora import LoraSettings, new_adapter
+from ub.run.worker import process_worker
 
 LORA = LoraSettings(rank=8, alpha=16, dropout=0.0)
 VOCAB = 500  # token ids of synthetic batches stay below the models' vocabulary
@@ -60,8 +60,9 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def learner(model_dir: Path) -> Learner:
-    # The process's learner: learn_on_batch finds and reuses it (one loaded base model).
-    return get_learner(config(model_dir))
+    # The process's learner: learn_on_batch is given the process's worker and reuses it (one
+    # loaded base model).
+    return process_worker().learner(config(model_dir))
 
 
 @pytest.fixture
@@ -195,20 +196,21 @@ def test_learn_on_batch_reuses_a_finished_output(fresh: Learner, model_dir: Path
                                                  tmp_path: Path) -> None:
     b1, b2 = batches(2)
     settings = config(model_dir)
-    first = learn_on_batch(b1, settings, None, tmp_path / "c1")
+    first = learn_on_batch(b1, settings, None, tmp_path / "c1", worker=process_worker())
     assert first["update"] == 1 and first["from_checkpoint"] is None
-    second = learn_on_batch(b2, settings, tmp_path / "c1", tmp_path / "c2")
+    second = learn_on_batch(b2, settings, tmp_path / "c1", tmp_path / "c2", worker=process_worker())
     assert second["update"] == 2
-    reused = learn_on_batch(b2, settings, tmp_path / "c1", tmp_path / "c2")
+    reused = learn_on_batch(b2, settings, tmp_path / "c1", tmp_path / "c2", worker=process_worker())
     assert reused["reused"] is True and reused["loss"] == pytest.approx(second["loss"])
-    redone = learn_on_batch(b2, settings, tmp_path / "c1", tmp_path / "c2", overwrite=True)
+    redone = learn_on_batch(b2, settings, tmp_path / "c1", tmp_path / "c2", overwrite=True,
+                            worker=process_worker())
     assert "reused" not in redone and redone["loss"] == pytest.approx(second["loss"])
     with pytest.raises(UbError, match=r"c2 already exists and was trained from .*c1, not None"):
-        learn_on_batch(b2, settings, None, tmp_path / "c2")
+        learn_on_batch(b2, settings, None, tmp_path / "c2", worker=process_worker())
     assert latest_checkpoint(tmp_path) == tmp_path / "c2"
     (tmp_path / "junk").mkdir()
     with pytest.raises(UbError, match="exists and is not a finished ub checkpoint"):
-        learn_on_batch(b2, settings, tmp_path / "c1", tmp_path / "junk")
+        learn_on_batch(b2, settings, tmp_path / "c1", tmp_path / "junk", worker=process_worker())
 
 
 def test_crash_while_writing_keeps_the_previous_checkpoint(fresh: Learner, tmp_path: Path,
@@ -262,12 +264,14 @@ def test_checkpoint_of_another_rank_is_refused(fresh: Learner, model_dir: Path,
 
 def test_nan_loss_stops_before_anything_changes(fresh: Learner, model_dir: Path,
                                                 tmp_path: Path) -> None:
-    good = learn_on_batch(batches(1)[0], config(model_dir), None, tmp_path / "c1")
+    good = learn_on_batch(batches(1)[0], config(model_dir), None, tmp_path / "c1",
+                          worker=process_worker())
     weights = fresh.lora_state()
     bad = batches(2)[1]
     bad.advantages[3] = float("nan")
     with pytest.raises(NonFiniteError, match=r"update 2: the loss is nan .*nothing written"):
-        learn_on_batch(bad, config(model_dir), tmp_path / "c1", tmp_path / "c2")
+        learn_on_batch(bad, config(model_dir), tmp_path / "c1", tmp_path / "c2",
+                       worker=process_worker())
     assert not (tmp_path / "c2").exists()
     assert latest_checkpoint(tmp_path) == tmp_path / "c1"
     assert fresh.update_index == 1
@@ -275,7 +279,7 @@ def test_nan_loss_stops_before_anything_changes(fresh: Learner, model_dir: Path,
     assert all(p.grad is None for p in fresh.params.values())
     # The learner is still usable: the same update on good data goes through.
     assert learn_on_batch(batches(2)[1], config(model_dir), tmp_path / "c1",
-                          tmp_path / "c2")["update"] == good["update"] + 1
+                          tmp_path / "c2", worker=process_worker())["update"] == good["update"] + 1
 
 
 def test_missing_or_damaged_files_are_named(fresh: Learner, tmp_path: Path) -> None:
@@ -375,14 +379,16 @@ def test_micro_batch_plan() -> None:
 
 def test_initial_checkpoint_is_the_cold_start(fresh: Learner, model_dir: Path,
                                               tmp_path: Path) -> None:
-    first = write_initial_checkpoint(config(model_dir), tmp_path / "update-0")
+    worker = process_worker()
+    first = write_initial_checkpoint(config(model_dir), tmp_path / "update-0", worker=worker)
     assert read_manifest(first)["update"] == 0
     state = fresh.lora_state()
     fresh.update(batches(1)[0])
     fresh.start(first)
     assert fresh.update_index == 0
     assert all(torch.equal(state[k], v) for k, v in fresh.lora_state().items())
-    assert write_initial_checkpoint(config(model_dir), first) == first  # kept, not redone
+    # Kept, not redone.
+    assert write_initial_checkpoint(config(model_dir), first, worker=worker) == first
 
 
 def test_gradient_checkpointing_gives_the_same_gradient(fresh: Learner, model_dir: Path) -> None:

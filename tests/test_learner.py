@@ -24,20 +24,18 @@ from ub.inference.vllm_engine import (
     GenerationRequest,
     SamplingConfig,
     configure_vllm_environment,
-    get_engine,
-    shutdown_engine,
 )
 from ub.learner import (
     Learner,
     LearnerConfig,
     TrainBatch,
-    get_learner,
     learn_step,
     read_manifest,
 )
 from ub.learner.testing import build_random_model, synthetic_batch
 from ub.model.lora import LoraSettings
 from ub.rollout import assign_games, play_games
+from ub.run.worker import process_worker
 
 GAMES = (GameSpec("TicTacToe-v0-train"), GameSpec("Nim-v0-train"))
 MAX_TOKENS = 16
@@ -71,14 +69,15 @@ def engine(model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     config = EngineConfig(model=str(model_dir), max_model_len=512, max_num_seqs=64,
                           enable_lora=True, max_lora_rank=LORA.rank, max_loras=2,
                           kv_cache_gib=0.25)
-    yield get_engine(config, SamplingConfig(temperature=1.0, max_tokens=MAX_TOKENS))
-    shutdown_engine()
+    yield process_worker().engine(config, SamplingConfig(temperature=1.0, max_tokens=MAX_TOKENS))
+    process_worker().close_engine()
 
 
 @pytest.fixture(scope="module")
 def learner(model_dir: Path, engine) -> Learner:
-    # The process's learner (learn_step finds and reuses it), loaded after the engine started.
-    return get_learner(learner_config(model_dir))
+    # The process's learner (learn_step is given the process's worker and reuses it), loaded
+    # after the engine started.
+    return process_worker().learner(learner_config(model_dir))
 
 
 @pytest.fixture(scope="module")
@@ -264,12 +263,12 @@ def test_learn_step_from_shards(learner: Learner, model_dir: Path, rollout, trai
     batch_config = BatchConfig(batch_size=64, final=["win_draw_loss"], sampling=[])
     config = learner_config(model_dir)
     out = tmp_path / "checkpoints" / "update-1"
-    metrics = learn_step(root, batch_config, config, trained, out)
+    metrics = learn_step(root, batch_config, config, trained, out, worker=process_worker())
     assert metrics["update"] == read_manifest(trained)["update"] + 1
     assert metrics["batch"]["size"] == model_rows(rollout).num_rows
     assert metrics["rows_trained"] > 0 and metrics["grad_norm"] > 0
     assert read_manifest(out)["update"] == metrics["update"]
-    again = learn_step(root, batch_config, config, trained, out)
+    again = learn_step(root, batch_config, config, trained, out, worker=process_worker())
     assert again["reused"] is True and again["loss"] == pytest.approx(metrics["loss"])
 
 

@@ -268,10 +268,10 @@ def test_ub_play_finds_the_base_of_a_copied_checkpoint(machine_a: dict, tiny_mod
         assert code == 0, capsys.readouterr().err
     finally:
         gone.rename(a_base)
-    from ub.inference import vllm_engine
+    from ub.run.worker import process_worker
 
     # The engine ran this machine's build (the tiny_model fixture's cache), not A's folder.
-    assert vllm_engine._ENGINE.config.model == str(tiny_model)
+    assert process_worker()._engine.config.model == str(tiny_model)
     played = duckdb.sql(f"SELECT count(*) FROM read_parquet('{out}/steps/**/*.parquet') "
                         "WHERE actor_kind = 'model'").fetchall()[0][0]
     assert played > 0

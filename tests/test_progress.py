@@ -100,8 +100,8 @@ def test_the_engine_start_drops_vllms_numa_notice_and_keeps_the_rest():
     is dropped; everything else written meanwhile (native or Python) comes through, in order."""
     script = (
         "import os, sys\n"
-        "from ub.inference.vllm_engine import _NATIVE_NOISE, _filtered_stderr\n"
-        "with _filtered_stderr(_NATIVE_NOISE):\n"
+        "from ub.inference.noise import NATIVE_NOISE, filtered_stderr\n"
+        "with filtered_stderr(NATIVE_NOISE):\n"
         "    os.write(2, b'native before\\n')\n"
         "    os.write(2, b'[W1124 08:21:29.179529078 utils.cpp:68] Warning: NUMA binding: Using "
         "MEMBIND policy for memory allocation on the NUMA nodes (0). (function "

@@ -49,23 +49,24 @@ READY_S = 300
 def served_run(tiny_model, tmp_path_factory) -> RunPaths:
     """Round 0 of a run, played, learned and evaluated (checkpoints 0 and 1, greedy) by ub's
     own steps in this process; the engine is shut down afterwards (one vLLM at a time)."""
-    from ub.inference.vllm_engine import shutdown_engine
     from ub.run import rounds
     from ub.run.config import validate_config
+    from ub.run.worker import process_worker
 
     paths = RunPaths.of(tmp_path_factory.mktemp("runs"), RUN)
     config = validate_config(CONFIG, "test_serve")
     rounds.open_run(paths, config)
     run = rounds.Run(paths, config, rounds.resolve_base_model(config))
+    worker = process_worker()
     try:
-        rounds.initial_checkpoint(run)
+        rounds.initial_checkpoint(run, worker=worker)
         for shard, games in enumerate(rounds.plan_round(run, 0)):
-            rounds.rollout_shard(run, 0, shard, games)
-        rounds.learn_round(run, 0)
+            rounds.rollout_shard(run, 0, shard, games, worker=worker)
+        rounds.learn_round(run, 0, worker=worker)
         for update in (0, 1):
-            rounds.evaluate_checkpoint(run, update)
+            rounds.evaluate_checkpoint(run, update, worker=worker)
     finally:
-        shutdown_engine()
+        worker.close_engine()
     return paths
 
 
@@ -87,9 +88,9 @@ def _free_port() -> int:
 
 def _user_env() -> dict[str, str]:
     """This process's environment without the vLLM defaults conftest set: a user's shell."""
-    from ub.inference import vllm_engine
+    from ub.inference.environment import SET_BY_UB
 
-    return {k: v for k, v in os.environ.items() if vllm_engine._SET_BY_UB.get(k) != v}
+    return {k: v for k, v in os.environ.items() if SET_BY_UB.get(k) != v}
 
 
 class Served:

@@ -10,9 +10,10 @@ from ub.actors.spec import parse_actor
 from ub.data.shards import ShardId, write_shard
 from ub.errors import UbError
 from ub.games.specs import GameSpec
-from ub.learner import LearnerConfig, get_learner
+from ub.learner import LearnerConfig
 from ub.model.lora import LoraSettings
 from ub.rollout import assign_games, play_games
+from ub.run.worker import process_worker
 from ub.sft import SftConfig, select_decisions, train_sft
 
 
@@ -25,10 +26,10 @@ def config(model: Path, **overrides) -> LearnerConfig:
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory, tiny_model):
     """48 TicTacToe games of the tiny model against the random player, through vLLM."""
-    from ub.inference.vllm_engine import EngineConfig, SamplingConfig, get_engine
+    from ub.inference.types import EngineConfig, SamplingConfig
 
-    engine = get_engine(EngineConfig(model=str(tiny_model)),
-                        SamplingConfig(temperature=1.0, max_tokens=16))
+    engine = process_worker().engine(EngineConfig(model=str(tiny_model)),
+                                     SamplingConfig(temperature=1.0, max_tokens=16))
     root = tmp_path_factory.mktemp("sft-data")
     actors = [parse_actor("model"), parse_actor("random")]
     rollout = play_games(assign_games(GameSpec("TicTacToe-v0-train"), actors, 48, base_seed=3),
@@ -52,12 +53,12 @@ def _selected_batch(root: Path, sft: SftConfig):
 def test_sft_raises_the_likelihood_of_the_winners_moves(shards, tiny_model, tmp_path, engine):
     sft = SftConfig(epochs=2, batch_size=16)
     batch = _selected_batch(shards, sft)
-    learner = get_learner(config(tiny_model, algorithm="sft"))
+    learner = process_worker().learner(config(tiny_model, algorithm="sft"))
     learner.start(None)
     before = (learner.token_logprobs(batch) * batch.completion_mask).sum() / \
         batch.completion_mask.sum()
 
-    summary = train_sft(shards, sft, config(tiny_model), tmp_path / "warm")
+    summary = train_sft(shards, sft, config(tiny_model), tmp_path / "warm", worker=process_worker())
     after = (learner.token_logprobs(batch) * batch.completion_mask).sum() / \
         batch.completion_mask.sum()
     assert summary["decisions"] == len(batch) and summary["steps"] == 2 * -(-len(batch) // 16)
@@ -76,12 +77,12 @@ def test_same_seed_same_adapter_and_learn_continues_from_it(shards, tiny_model, 
     from ub.learner import learn_step
 
     sft = SftConfig(batch_size=32, seed=4)
-    train_sft(shards, sft, config(tiny_model), tmp_path / "a")
-    train_sft(shards, sft, config(tiny_model), tmp_path / "b")
+    train_sft(shards, sft, config(tiny_model), tmp_path / "a", worker=process_worker())
+    train_sft(shards, sft, config(tiny_model), tmp_path / "b", worker=process_worker())
     weights = "adapter_model.safetensors"
     assert (tmp_path / "a" / weights).read_bytes() == (tmp_path / "b" / weights).read_bytes()
     metrics = learn_step(shards, BatchConfig(batch_size=32), config(tiny_model),
-                         tmp_path / "a", tmp_path / "rl")
+                         tmp_path / "a", tmp_path / "rl", worker=process_worker())
     assert metrics["update"] > 0 and (tmp_path / "rl" / weights).exists()
 
 

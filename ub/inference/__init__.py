@@ -1,29 +1,28 @@
 """Inference backends. Importing this package does not import vLLM (the engine start does)."""
 
-from ub.inference.vllm_engine import (
+from ub.inference.engine import VLLMEngine
+from ub.inference.environment import configure_vllm_environment
+from ub.inference.handle import EngineHandle
+from ub.inference.protocols import InferenceEngine
+from ub.inference.types import (
     EngineConfig,
     EngineStats,
     Generation,
     GenerationRequest,
     SamplingConfig,
-    VLLMEngine,
-    configure_vllm_environment,
-    get_engine,
-    shutdown_engine,
-    validate_adapter_dir,
-    validate_model_dir,
 )
+from ub.inference.validation import validate_adapter_dir, validate_model_dir
 
 __all__ = [
     "EngineConfig",
+    "EngineHandle",
     "EngineStats",
     "Generation",
     "GenerationRequest",
+    "InferenceEngine",
     "SamplingConfig",
     "VLLMEngine",
     "configure_vllm_environment",
-    "get_engine",
-    "shutdown_engine",
     "validate_adapter_dir",
     "validate_model_dir",
 ]

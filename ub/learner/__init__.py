@@ -1,9 +1,10 @@
 """The learner: LoRA policy-gradient updates on stored token ids, and their checkpoints.
 
 Entry points: :func:`learn_step` (assemble a batch from shards, update, write a checkpoint),
-:func:`learn_on_batch`, :func:`write_initial_checkpoint`, and the :class:`Learner` class they
-use. Algorithms are pluggable (:mod:`ub.learner.algorithms`); checkpoints are described in
-:mod:`ub.learner.checkpoint`. Importing this package loads no model.
+:func:`learn_on_batch`, :func:`write_initial_checkpoint` (:mod:`ub.learner.entry`), and the
+:class:`Learner` class they use. Algorithms are pluggable (:mod:`ub.learner.algorithms`);
+checkpoints are described in :mod:`ub.learner.checkpoint`. Importing this package loads no
+model.
 """
 
 from ub.learner.algorithms import (
@@ -26,15 +27,13 @@ from ub.learner.checkpoint import (
     read_metrics,
 )
 from ub.learner.config import LearnerConfig
-from ub.learner.learner import (
-    Learner,
-    NonFiniteError,
-    get_learner,
+from ub.learner.entry import (
+    LearnerSource,
     learn_on_batch,
     learn_step,
-    release_learner,
     write_initial_checkpoint,
 )
+from ub.learner.learner import Learner, NonFiniteError
 
 __all__ = [
     "ALGORITHMS",
@@ -43,11 +42,11 @@ __all__ = [
     "CheckpointState",
     "Learner",
     "LearnerConfig",
+    "LearnerSource",
     "NonFiniteError",
     "Reinforce",
     "TokenBatch",
     "TrainBatch",
-    "get_learner",
     "is_checkpoint",
     "latest_checkpoint",
     "learn_on_batch",
@@ -59,6 +58,5 @@ __all__ = [
     "read_manifest",
     "read_metrics",
     "register_algorithm",
-    "release_learner",
     "write_initial_checkpoint",
 ]

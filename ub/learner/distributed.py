@@ -77,12 +77,16 @@ def sum_gradients(params: list[torch.nn.Parameter]) -> None:
     """Replace each parameter's ``.grad`` by its sum over the ranks (one collective)."""
     import torch.distributed as dist
 
-    flat = torch.cat([p.grad.reshape(-1) for p in params])
+    grads: list[torch.Tensor] = []
+    for p in params:
+        assert p.grad is not None, "sum_gradients needs every parameter's gradient"
+        grads.append(p.grad)
+    flat = torch.cat([grad.reshape(-1) for grad in grads])
     dist.all_reduce(flat)
     offset = 0
-    for p in params:
-        count = p.grad.numel()
-        p.grad.copy_(flat[offset:offset + count].view_as(p.grad))
+    for grad in grads:
+        count = grad.numel()
+        grad.copy_(flat[offset:offset + count].view_as(grad))
         offset += count
 
 

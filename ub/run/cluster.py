@@ -29,9 +29,12 @@ import os
 import socket
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ub.errors import UbError
+
+if TYPE_CHECKING:
+    from ub.run.worker import Worker
 
 log = logging.getLogger("ub.flow")
 T = TypeVar("T")
@@ -45,22 +48,25 @@ FORWARDED_PREFIXES = ("PREFECT_", "UB_", "HF_", "VLLM_", "TRANSFORMERS_", "WANDB
 FORWARDED_NAMES = ("DO_NOT_TRACK", "TOKENIZERS_PARALLELISM")
 
 
-def on_worker(run: Any, role: str, index: int, step: Callable[..., T], *args: Any) -> T:
-    """``step(*args)`` on the run's ``role`` worker ``index``, or here without a cluster."""
+def on_worker(run: Any, role: str, index: int, step: Callable[..., T], *args: Any,
+              worker: Worker) -> T:
+    """``step(*args, worker=W)`` on the run's ``role`` worker ``index``, with ``W`` that Ray
+    actor's :class:`~ub.run.worker.Worker`; without a cluster here, with ``worker``."""
     if run.config.cluster.address is None:
-        return step(*args)
+        return step(*args, worker=worker)
     import ray
 
     worker = ray.get_actor(worker_name(run, role, index), namespace=NAMESPACE)
     return ray.get(worker.call.remote(step, *args))
 
 
-def on_learners(run: Any, step: Callable[..., T], *args: Any) -> T:
-    """``step(*args)`` on every learner rank at once (they meet in their collectives);
-    rank 0's result, or here without a cluster."""
+def on_learners(run: Any, step: Callable[..., T], *args: Any, worker: Worker) -> T:
+    """``step(*args, worker=W)`` on every learner rank at once (they meet in their
+    collectives), each with its own worker; rank 0's result, or here (with ``worker``)
+    without a cluster."""
     workers = run.config.cluster.learner_workers
     if run.config.cluster.address is None or workers == 1:
-        return on_worker(run, "learner", 0, step, *args)
+        return on_worker(run, "learner", 0, step, *args, worker=worker)
     import ray
 
     handles = [ray.get_actor(worker_name(run, "learner", rank), namespace=NAMESPACE)
@@ -175,7 +181,8 @@ def check_fits(roles: list[tuple[str, int, Any]], available: dict[str, float]) -
 
 
 class RoundWorker:
-    """The body of a Ray actor: runs round steps in a process that keeps what they load.
+    """The body of a Ray actor: runs round steps in a process that keeps what they load (its
+    :class:`~ub.run.worker.Worker`, which every step it runs is given).
 
     A CPU engine worker pins its vLLM threads to cores no other ub worker on the node holds
     (vLLM-CPU binds its threads to cores; two engines bound to the same cores would halve each
@@ -184,6 +191,9 @@ class RoundWorker:
 
     def __init__(self, logs: Path, num_cpus: float, num_gpus: float, engine: bool) -> None:
         from ub.run.logs import run_logs
+        from ub.run.worker import Worker
+
+        self.worker = Worker()
 
         self.cores = None
         if engine and not num_gpus and "VLLM_CPU_OMP_THREADS_BIND" not in os.environ:
@@ -206,7 +216,7 @@ class RoundWorker:
                 "cores": self.cores or "all", "gpus": context.get_accelerator_ids().get("GPU")}
 
     def call(self, step: Callable[..., T], *args: Any) -> T:
-        return step(*args)
+        return step(*args, worker=self.worker)
 
     def rendezvous(self) -> str:
         """``HOST:PORT`` for the learners' process group, on this (rank 0's) node."""
@@ -246,7 +256,7 @@ def claim_cores(count: int, lock_dir: Path | None = None) -> str | None:
             handle.close()
             continue
         _CLAIMED.append(handle)
-        from ub.inference.vllm_engine import core_list
+        from ub.inference.environment import core_list
 
         return core_list(chosen)
     log.warning("every core of this node is claimed by another ub engine: sharing all cores")

@@ -23,7 +23,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -60,6 +60,11 @@ from ub.run.store import (
     publish_checkpoint,
 )
 from ub.seeding import derive_seed
+
+if TYPE_CHECKING:
+    from ub.inference.protocols import InferenceEngine
+    from ub.inference.types import EngineConfig, SamplingConfig
+    from ub.run.worker import Worker
 
 log_rollout = logging.getLogger("ub.rollout")
 log_learner = logging.getLogger("ub.learner")
@@ -371,9 +376,9 @@ def plan_round(run: Run, round_: int) -> list[list[PlannedGame]]:
 # --------------------------------------------------------------------------------------------
 
 
-def run_engine_config(run: Run):
+def run_engine_config(run: Run) -> EngineConfig:
     """The run's vLLM engine settings (its ``engine:`` section on its base model)."""
-    from ub.inference.vllm_engine import EngineConfig
+    from ub.inference.types import EngineConfig
 
     e = run.config.engine
     return EngineConfig(
@@ -383,18 +388,19 @@ def run_engine_config(run: Run):
         seed=run.config.seed)
 
 
-def get_run_engine(run: Run):
-    """The process's vLLM engine for this run (started once, kept across rounds)."""
-    from ub.inference.vllm_engine import configure_vllm_environment, get_engine
+def run_engine(worker: Worker, run: Run, sampling: SamplingConfig) -> InferenceEngine:
+    """The worker's vLLM engine for this run (started once, kept across rounds), sampling with
+    ``sampling`` unless a request says otherwise."""
+    from ub.inference.environment import configure_vllm_environment
 
     configure_vllm_environment()
-    return get_engine(run_engine_config(run), rollout_sampling(run.config))
+    return worker.engine(run_engine_config(run), sampling)
 
 
-def rollout_sampling(config: TrainConfig, *, evaluation: bool = False):
+def rollout_sampling(config: TrainConfig, *, evaluation: bool = False) -> SamplingConfig:
     """How the run's model seats sample: ``sampling`` for training games; for evaluation the
     same budget and stop strings at ``eval.temperature`` (no top-p)."""
-    from ub.inference.vllm_engine import SamplingConfig
+    from ub.inference.types import SamplingConfig
 
     s = config.sampling
     if evaluation:
@@ -429,8 +435,8 @@ def eval_game_id_prefix(run_name: str, sid: ShardId) -> str:
     return f"{run_name}-eval-c{sid.round:06d}-s{sid.shard:04d}"
 
 
-def _play_shard(run: Run, root: Path, sid: ShardId, assignments: list, *, sampling: Any = None,
-                kind: str) -> ShardResult:
+def _play_shard(worker: Worker, run: Run, root: Path, sid: ShardId, assignments: list, *,
+                sampling: SamplingConfig, kind: str) -> ShardResult:
     from ub.rollout import play_games
     from ub.run.progress import progress_bar
 
@@ -452,7 +458,7 @@ def _play_shard(run: Run, root: Path, sid: ShardId, assignments: list, *, sampli
         if Path(adapter).parent == checkpoints:
             fetch_checkpoint(run.paths, Path(adapter))  # a worker without the run's files
     needs_engine = any(a.kind == "model" for g in assignments for a in g.actors)
-    engine = get_run_engine(run) if needs_engine else None
+    engine = run_engine(worker, run, sampling) if needs_engine else None
     logger.info("%s shard %s/%s: playing %d games", kind, sid.round, sid.shard, len(assignments))
     try:
         # Eval games are paired: every checkpoint meets the same seeds (env, opponent, sampling).
@@ -482,8 +488,10 @@ def _play_shard(run: Run, root: Path, sid: ShardId, assignments: list, *, sampli
                        st.generated_tokens, st.seconds, False, invalid, dict(st.outcomes))
 
 
-def rollout_shard(run: Run, round_: int, shard: int, games: list[PlannedGame]) -> ShardResult:
-    """Play one shard of round ``round_`` (or return it if already committed)."""
+def rollout_shard(run: Run, round_: int, shard: int, games: list[PlannedGame], *,
+                  worker: Worker) -> ShardResult:
+    """Play one shard of round ``round_`` (or return it if already committed) on ``worker``'s
+    engine."""
     from ub.rollout import GameAssignment
 
     specs = game_specs(run.config)
@@ -493,22 +501,25 @@ def rollout_shard(run: Run, round_: int, shard: int, games: list[PlannedGame]) -
         seated = tuple(actors.setdefault(n, actor_spec(run, n)) for n in g.actors)
         env_seed = derive_seed(run.config.seed, round_, g.game_index, "env")
         assignments.append(GameAssignment(specs[g.env], g.game_index, env_seed, seated))
-    return _play_shard(run, run.paths.train_data, ShardId(round_, shard), assignments, kind="train")
+    return _play_shard(worker, run, run.paths.train_data, ShardId(round_, shard), assignments,
+                       sampling=rollout_sampling(run.config), kind="train")
 
 
-def initial_checkpoint(run: Run) -> str:
-    """Checkpoint 0: the learner's cold start (``learner.init_adapter`` or a fresh LoRA)."""
+def initial_checkpoint(run: Run, *, worker: Worker) -> str:
+    """Checkpoint 0: the learner's cold start (``learner.init_adapter`` or a fresh LoRA), by
+    ``worker``'s learner."""
     from ub.learner import write_initial_checkpoint
 
     path = run.paths.checkpoint(0)
     fetch_checkpoint(run.paths, path)  # a resume elsewhere: the run's own start, not a new one
-    write_initial_checkpoint(run.config.learner_config(run.base_model), path)
+    write_initial_checkpoint(run.config.learner_config(run.base_model), path, worker=worker)
     publish_checkpoint(run.paths, path)
     return str(path)
 
 
-def learn_round(run: Run, round_: int) -> dict[str, Any]:
-    """One update on round ``round_``'s decisions: checkpoint r -> checkpoint r+1.
+def learn_round(run: Run, round_: int, *, worker: Worker) -> dict[str, Any]:
+    """One update on round ``round_``'s decisions: checkpoint r -> checkpoint r+1, by
+    ``worker``'s learner.
 
     The batch takes the decisions of the checkpoint that played the round (its own seats,
     not older opponents'), sampled with a per-round seed. The final-reward transforms' state
@@ -540,7 +551,8 @@ def learn_round(run: Run, round_: int) -> dict[str, Any]:
         publish(paths, write_json_atomic(paths.final_rewards_state(round_), batch.final_state))
     fault_point("learn.after-state")
     metrics = learn_on_batch(batch, config.learner_config(run.base_model),
-                             paths.checkpoint(round_), paths.checkpoint(round_ + 1))
+                             paths.checkpoint(round_), paths.checkpoint(round_ + 1),
+                             worker=worker)
     if writer:
         publish_checkpoint(paths, paths.checkpoint(round_ + 1))
     metrics["assemble_seconds"] = assemble_seconds
@@ -561,7 +573,7 @@ def eval_due(config: TrainConfig, update: int) -> bool:
 
 def evaluate_checkpoint(run: Run, update: int, *, opponents: list[str] | None = None,
                         envs: list[str] | None = None, games: int | None = None,
-                        shard: int = 0) -> dict[str, Any]:
+                        shard: int = 0, worker: Worker | None = None) -> dict[str, Any]:
     """Checkpoint ``update`` vs each opponent on each env, seats balanced: ``{"rows": [per
     (env, opponent) results with Wilson intervals], "seconds": play time, "reused": bool,
     "shard": path}``.
@@ -569,6 +581,9 @@ def evaluate_checkpoint(run: Run, update: int, *, opponents: list[str] | None = 
     Shard 0 of eval round ``update`` is the run's own evaluation (the ``eval`` settings; rated,
     and reused if it exists); ad-hoc evaluations (``ub eval`` with other opponents, envs or
     game counts) go to later shards of the same round and are not rated.
+
+    The games run on ``worker``'s engine; ``None``: the process's worker
+    (:func:`ub.run.worker.process_worker`), for ``ub/cli.py`` until it passes its own.
     """
     from ub.evaluation import eval_assignments, random_baseline, summarize, with_baseline
 
@@ -583,7 +598,11 @@ def evaluate_checkpoint(run: Run, update: int, *, opponents: list[str] | None = 
                                    derive_seed(config.seed, "eval"))
     sampling = rollout_sampling(config, evaluation=True)
     sid = ShardId(update, shard)
-    played = _play_shard(run, run.paths.eval_data, sid, assignments, sampling=sampling,
+    if worker is None:
+        from ub.run.worker import process_worker
+
+        worker = process_worker()
+    played = _play_shard(worker, run, run.paths.eval_data, sid, assignments, sampling=sampling,
                          kind="eval")
     games_table = pq.read_table(shard_path(run.paths.eval_data, "games", sid))
     steps = pq.read_table(shard_path(run.paths.eval_data, "steps", sid),

@@ -1,0 +1,122 @@
+"""The environment vLLM reads: ub's defaults, never overriding a value the user exported.
+
+:func:`configure_vllm_environment` sets them before anything imports vLLM (the engine fills in
+the same defaults when it starts); :func:`vllm_server_environment` is the environment of a vLLM
+server process (``ub serve``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+# Environment variables that configure_vllm_environment set (not the user): the engine may
+# override its own defaults, never the user's.
+SET_BY_UB: dict[str, str] = {}
+
+
+def all_cores() -> str:
+    """The cores this process may run on, as a vLLM CPU list such as ``"0-1"`` or ``"0-3,8"``."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    return core_list(cores or list(range(os.cpu_count() or 1)))
+
+
+def core_list(cores: list[int]) -> str:
+    """Sorted core numbers as a vLLM CPU list: ``[0, 1, 2, 3, 8]`` -> ``"0-3,8"``."""
+    ranges: list[str] = []
+    start = prev = cores[0]
+    for core in [*cores[1:], None]:
+        if core is not None and core == prev + 1:
+            prev = core
+            continue
+        ranges.append(f"{start}-{prev}" if prev > start else str(start))
+        if core is not None:
+            start = prev = core
+    return ",".join(ranges)
+
+
+def configure_vllm_environment(cache_dir: Path | None = None, threads: str | None = None) -> None:
+    """Set the environment vLLM reads at import and start-up, leaving any value the user set.
+
+    Call it before anything imports vLLM (the engine fills in the same defaults when it starts,
+    which is enough when nothing imported vLLM earlier). A later call updates the values of an
+    earlier one, never a variable the user exported.
+
+    Args:
+        cache_dir: where vLLM may write its cache (``VLLM_CACHE_ROOT = cache_dir/vllm``). ``None``
+            leaves vLLM's default (``~/.cache/vllm``).
+        threads: CPU cores for vLLM's compute threads (``VLLM_CPU_OMP_THREADS_BIND``), e.g.
+            ``"0-3"``; ``"auto"`` is vLLM's own choice (which reserves a core); ``None`` = all cores
+            this process may use.
+    """
+    set_env_defaults(env_defaults(cache_dir, threads), replace_ours=True)
+
+
+def env_defaults(cache_dir: Path | None, threads: str | None) -> dict[str, str]:
+    defaults = {
+        # In-process engine: starts in seconds instead of ~30 s and uses ~1 GB less memory.
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        # Without an explicit KV cache size vLLM-CPU wants a fraction of *total* RAM and refuses to
+        # start when that much is not free. The engine passes EngineConfig.kv_cache_gib instead.
+        "VLLM_CPU_KVCACHE_SPACE": "1",
+        "VLLM_CPU_OMP_THREADS_BIND": threads or all_cores(),
+        # Quiet and offline: no usage reporting, no hub look-ups, no tokenizer fork warnings.
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        # vLLM logs dozens of INFO lines per start; warnings and errors still show.
+        "VLLM_LOGGING_LEVEL": "WARNING",
+        # vLLM's CPU GEMMs keep 32 oneDNN primitives per layer, one per batch size; oneDNN's
+        # own global cache (1,024 by default) kept every evicted one alive too, ~0.5 MB each:
+        # memory grew with each new batch size for hundreds of rounds (~3 MB a round).
+        "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "0",
+    }
+    if cache_dir is not None:
+        defaults["VLLM_CACHE_ROOT"] = str(Path(cache_dir).expanduser().resolve() / "vllm")
+    return defaults
+
+
+def set_env_defaults(defaults: dict[str, str], replace_ours: bool) -> None:
+    for name, value in defaults.items():
+        # Never touch a user's value; one set by an earlier call here may be updated.
+        ours = name in os.environ and SET_BY_UB.get(name) == os.environ[name]
+        if name not in os.environ or (replace_ours and ours):
+            os.environ[name] = value
+            SET_BY_UB[name] = value
+
+
+@contextlib.contextmanager
+def without_our_default(name: str) -> Iterator[None]:
+    """Hide an environment default that we set (not the user) for the duration of the block."""
+    value = os.environ.get(name)
+    ours = value is not None and SET_BY_UB.get(name) == value
+    if ours:
+        del os.environ[name]
+    try:
+        yield
+    finally:
+        if ours and value is not None:
+            os.environ[name] = value
+
+
+def vllm_server_environment(cache_dir: Path | None = None) -> dict[str, str]:
+    """The environment for a vLLM server process (``ub serve``): this process's, plus ub's
+    defaults (:func:`configure_vllm_environment`) where the user set nothing.
+
+    Two of ub's defaults are left out, as the engine leaves them out at its start: the KV
+    cache size (the server gets ``kv_cache_memory_bytes`` from
+    :func:`ub.inference.patches.vllm_engine_args`, which our whole-GiB default would override)
+    and the in-process switch (vLLM's server always runs its engine in a process of its own;
+    the switch would only add a warning).
+    """
+    env = dict(os.environ)
+    for name, value in env_defaults(cache_dir, None).items():
+        env.setdefault(name, value)
+    for name in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING"):
+        if os.environ.get(name) is None or SET_BY_UB.get(name) == os.environ[name]:
+            env.pop(name, None)  # (not the user's)
+    return env
+

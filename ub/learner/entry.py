@@ -1,0 +1,126 @@
+"""The learner's entry points: one update from a checkpoint to the next, written atomically.
+
+:func:`learn_step` (``ub learn``: assemble a batch from shards, update, write),
+:func:`learn_on_batch` (the round's learner step, one process or one data-parallel rank:
+every rank updates, rank 0 writes) and :func:`write_initial_checkpoint` (update 0). Each reuses
+a finished output checkpoint instead of redoing it.
+
+They take the learner from ``worker`` (anything with ``learner(config) -> Learner``, such as
+the process's :class:`ub.run.worker.Worker`, which keeps the base model loaded across rounds);
+without one they load a learner for the call.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from ub.errors import UbError
+from ub.learner.checkpoint import is_checkpoint, read_metrics
+from ub.learner.config import LearnerConfig
+from ub.learner.distributed import barrier, rank_and_world
+from ub.learner.learner import Learner
+
+
+class LearnerSource(Protocol):
+    """What hands out the learner for a config (e.g. :class:`ub.run.worker.Worker`)."""
+
+    def learner(self, config: LearnerConfig) -> Learner: ...
+
+
+def _learner(worker: LearnerSource | None, config: LearnerConfig) -> Learner:
+    return Learner(config) if worker is None else worker.learner(config)
+
+
+def _committed(out: Path, from_checkpoint: str | Path | None) -> dict[str, Any] | None:
+    """The metrics of a finished checkpoint at ``out`` trained from ``from_checkpoint``;
+    ``None`` if there is nothing at ``out``."""
+    if not out.exists():
+        return None
+    if not is_checkpoint(out):
+        raise UbError(f"{out} exists and is not a finished ub checkpoint: remove it or pick "
+                      "another output path")
+    metrics = read_metrics(out)
+    if "from_checkpoint" in metrics and metrics["from_checkpoint"] != _path_str(from_checkpoint):
+        raise UbError(f"checkpoint {out} already exists and was trained from "
+                      f"{metrics['from_checkpoint']}, not {_path_str(from_checkpoint)}: pick "
+                      "another output path, or pass overwrite=True to replace it")
+    return {**metrics, "reused": True}
+
+
+def _path_str(path: str | Path | None) -> str | None:
+    return None if path is None else str(Path(path).expanduser().absolute())
+
+
+def learn_on_batch(batch: Any, learner_config: LearnerConfig,
+                   from_checkpoint: str | Path | None, out_checkpoint: str | Path, *,
+                   overwrite: bool = False, worker: LearnerSource | None = None
+                   ) -> dict[str, Any]:
+    """One update on ``batch`` from ``from_checkpoint`` (``None``: cold start), written to
+    ``out_checkpoint``. An existing finished ``out_checkpoint`` is returned as is (its metrics
+    with ``"reused": True``) unless ``overwrite``. Returns the update's metrics. The learner
+    comes from ``worker`` (``None``: one loaded for this call).
+    """
+    out = Path(out_checkpoint)
+    if not overwrite and (done := _committed(out, from_checkpoint)) is not None:
+        return done
+    learner = _learner(worker, learner_config)
+    learner.start(from_checkpoint)
+    return _update_and_save(learner, batch, from_checkpoint, out, overwrite)
+
+
+def _update_and_save(learner: Learner, batch: Any, from_checkpoint: str | Path | None,
+                     out: Path, overwrite: bool) -> dict[str, Any]:
+    metrics = learner.update(batch)
+    metrics["from_checkpoint"] = _path_str(from_checkpoint)
+    if hasattr(batch, "stats"):
+        metrics["batch"] = batch.stats.to_dict()
+    if rank_and_world()[0] == 0:  # data-parallel ranks hold the same state: one writes it
+        learner.save(out, metrics, overwrite=overwrite)
+    barrier()  # no rank goes on (e.g. to start from ``out``) before it is written
+    return metrics
+
+
+def learn_step(root: str | Path, batch_config: Any, learner_config: LearnerConfig,
+               from_checkpoint: str | Path | None, out_checkpoint: str | Path, *,
+               final_rewards_state: Mapping[str, Any] | None = None,
+               overwrite: bool = False, worker: LearnerSource | None = None
+               ) -> dict[str, Any]:
+    """Assemble a batch from the shards under ``root`` and do one update (see
+    :func:`learn_on_batch`); the entry point of ``ub learn`` and the learner task.
+
+    :param root: the data root (``steps/`` and ``games/``).
+    :param batch_config: a :class:`ub.batch.BatchConfig`.
+    :param learner_config: a :class:`LearnerConfig`.
+    :param from_checkpoint: the checkpoint to continue from; ``None``: a cold start.
+    :param out_checkpoint: the checkpoint folder to write (atomically).
+    :param final_rewards_state: passed to :func:`ub.batch.assemble_batch`.
+    :param overwrite: redo and replace an existing ``out_checkpoint`` (default: return it).
+    :param worker: where the learner comes from (``None``: one loaded for this call).
+    :returns: the update's metrics, with the batch's stats under ``"batch"``.
+    """
+    from ub.batch import assemble_batch
+
+    out = Path(out_checkpoint)
+    if not overwrite and (done := _committed(out, from_checkpoint)) is not None:
+        return done
+    learner = _learner(worker, learner_config)
+    learner.start(from_checkpoint)  # a bad checkpoint fails before the batch is assembled
+    batch = assemble_batch(Path(root), batch_config, final_rewards_state)
+    return _update_and_save(learner, batch, from_checkpoint, out, overwrite)
+
+
+def write_initial_checkpoint(learner_config: LearnerConfig, out_checkpoint: str | Path, *,
+                             overwrite: bool = False, worker: LearnerSource | None = None
+                             ) -> Path:
+    """Write the cold-start state (update 0: ``init_adapter`` or a fresh adapter) as a
+    checkpoint, e.g. for round 0's rollouts. An existing finished one is kept."""
+    out = Path(out_checkpoint)
+    if not overwrite and _committed(out, None) is not None:
+        return out
+    learner = _learner(worker, learner_config)
+    learner.start(None)
+    return learner.save(out, {"update": 0, "from_checkpoint": None,
+                              "init_adapter": _path_str(learner_config.init_adapter)},
+                        overwrite=overwrite)

@@ -1,0 +1,224 @@
+"""The learner's model: a base model loaded once with a PEFT LoRA adapter on it, the settings
+that can change without reloading it (algorithm, optimizer settings, dropout, gradient
+checkpointing), and how it scores completion tokens.
+
+:class:`LearnerModel` is the first layer of :class:`ub.learner.learner.Learner`; the state it
+trains from and saves is :mod:`ub.learner.state`, the update :mod:`ub.learner.learner`.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import torch
+
+from ub.errors import UbError
+from ub.learner.algorithms import Algorithm, make_algorithm
+from ub.learner.batching import TrainBatch
+from ub.learner.checkpoint import model_identity
+from ub.learner.config import LearnerConfig
+from ub.model.lora import LoraSettings
+
+ADAPTER_NAME = "default"  # PEFT's name for the single adapter
+# Model types whose causal-LM forward is exactly ``lm_head(decoder(x))``: for them only the
+# completion positions go through the output layer (prompt logits are never needed, and the
+# output layer is a large share of a small model's compute and of any model's memory). Others
+# (e.g. with logit soft-capping or scaling) run their own full forward.
+PLAIN_LM_HEAD_MODELS = frozenset({"qwen2", "qwen3", "llama", "mistral", "qwen2_moe",
+                                  "qwen3_moe", "phi3", "olmo2"})
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        gpu_bf16 = device.type == "cuda" and torch.cuda.is_bf16_supported()
+        return torch.bfloat16 if gpu_bf16 else torch.float32
+    return getattr(torch, name)
+
+
+def resolve_attention(name: str, device: torch.device, dtype: torch.dtype) -> str:
+    if name != "auto":
+        return name
+    # FlashAttention-2 runs on a GPU in 16-bit dtypes only.
+    if device.type == "cuda" and dtype in (torch.bfloat16, torch.float16):
+        import importlib.util
+
+        if importlib.util.find_spec("flash_attn") is not None:
+            return "flash_attention_2"
+    return "sdpa"
+
+
+
+class LearnerModel:
+    """A PEFT LoRA model on a base model loaded once, with the learner's settings applied.
+
+    :param config: see :class:`LearnerConfig`. The model fields (``base_model``, ``dtype``,
+        ``attn_implementation``, ``device``, LoRA rank/alpha/targets) are fixed for the life of
+        the model; the others can change between updates with :meth:`configure`.
+    """
+
+    def __init__(self, config: LearnerConfig) -> None:
+        from peft import get_peft_model
+        from transformers import AutoModelForCausalLM
+
+        config.validate()
+        self.config = config
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.attn_implementation = resolve_attention(config.attn_implementation, self.device,
+                                                     self.dtype)
+        if config.num_threads is not None and self.device.type == "cpu":
+            torch.set_num_threads(config.num_threads)
+        self.base_identity = model_identity(config.base_model)
+
+        started = time.perf_counter()
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # a per-load bar in every round's log is noise
+        try:
+            base = AutoModelForCausalLM.from_pretrained(
+                config.base_model, dtype=self.dtype, attn_implementation=self.attn_implementation)
+        except (OSError, ValueError) as e:
+            raise UbError(f"cannot load base model {config.base_model}: "
+                          f"{' '.join(str(e).split())[:300]}") from e
+        base.to(self.device)
+        base.config.use_cache = False  # training: no KV cache
+        base.requires_grad_(False)
+        # PEFT draws its own initial A from the global RNG: fork it so that loading a learner
+        # does not move the caller's random streams (the fresh weights are re-drawn in start()).
+        with torch.random.fork_rng(devices=[]):
+            self.model = get_peft_model(base, config.lora.peft_config())
+        self.causal_lm = self.model.get_base_model()
+        self.params: dict[str, torch.nn.Parameter] = {
+            name: p for name, p in self.model.named_parameters() if p.requires_grad}
+        if not self.params:
+            raise UbError(f"LoRA targets {list(config.lora.target_modules)} match no module of "
+                          f"{config.base_model}: set lora.target_modules")
+        for p in self.params.values():  # adapters train in float32 whatever the base dtype
+            p.data = p.data.float()
+        self._plain_head = getattr(self.causal_lm.config, "model_type", "") in \
+            PLAIN_LM_HEAD_MODELS and hasattr(self.causal_lm, "model")
+        self.load_seconds = time.perf_counter() - started
+
+        self.algorithm: Algorithm = make_algorithm(config.algorithm, config.algorithm_params)
+        self.optimizer: torch.optim.AdamW | None = None
+        self.update_index = 0
+        self.source: str | None = None  # the checkpoint or adapter the state came from
+        self.last_metrics: dict[str, Any] = {}
+        self._torch_rng: dict[str, torch.Tensor] = {}
+        self.py_rng = random.Random(config.seed)
+        self._apply_settings()
+
+    # -- configuration -----------------------------------------------------------------------
+
+    def same_model(self, config: LearnerConfig) -> bool:
+        """True if ``config`` runs on this learner's loaded model (see :meth:`configure`)."""
+        mine, theirs = self.config, config
+        return (mine.base_model == theirs.base_model and mine.dtype == theirs.dtype
+                and mine.attn_implementation == theirs.attn_implementation
+                and mine.device == theirs.device
+                and _lora_shape(mine.lora) == _lora_shape(theirs.lora))
+
+    def configure(self, config: LearnerConfig) -> None:
+        """Apply a new config that keeps the model (algorithm, optimizer settings, batching,
+        dropout, ...). The optimizer state and the adapter weights are kept."""
+        config.validate()
+        if not self.same_model(config):
+            raise UbError("the new learner config changes the model (base model, dtype, "
+                          "attention, device or LoRA shape): create a new Learner")
+        self.config = config
+        self.algorithm = make_algorithm(config.algorithm, config.algorithm_params)
+        self._apply_settings()
+
+    def _apply_settings(self) -> None:
+        config = self.config
+        # LoRA dropout, in place (PEFT makes nn.Identity for p = 0, nn.Dropout otherwise).
+        p = config.lora.dropout
+        for module in self.model.modules():
+            dropouts = getattr(module, "lora_dropout", None)
+            if isinstance(dropouts, torch.nn.ModuleDict) and ADAPTER_NAME in dropouts:
+                dropouts[ADAPTER_NAME] = torch.nn.Dropout(p) if p > 0 else torch.nn.Identity()
+        self.model.peft_config[ADAPTER_NAME].lora_dropout = p  # saved in adapter_config.json
+        if config.gradient_checkpointing:
+            # Non-reentrant checkpointing needs no input that requires grad (the embeddings
+            # are frozen) and works with the decoder called directly.
+            self.causal_lm.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
+        elif self.causal_lm.is_gradient_checkpointing:
+            self.causal_lm.gradient_checkpointing_disable()
+        if self.optimizer is not None:
+            for group in self.optimizer.param_groups:
+                group.update(self._optimizer_settings())
+
+    def _optimizer_settings(self) -> dict[str, Any]:
+        c = self.config
+        return {"lr": c.learning_rate, "betas": tuple(c.betas), "eps": c.adam_eps,
+                "weight_decay": c.weight_decay}
+
+    def _new_optimizer(self) -> torch.optim.AdamW:
+        return torch.optim.AdamW(list(self.params.values()), **self._optimizer_settings())
+
+    # -- scoring ------------------------------------------------------------------------------
+
+    def _score(self, input_ids: torch.Tensor, scored: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logprob and entropy of each scored token, flattened in row-major order.
+
+        :param input_ids: (b, L) right-padded ids on the model's device.
+        :param scored: (b, L - 1) bool: position ``j`` scores token ``input_ids[:, j + 1]``
+            with the logits at ``j``.
+        """
+        inputs = input_ids[:, :-1]
+        # No attention mask: rows are right-padded and attention is causal, so a real token
+        # never sees padding; without a mask, attention takes its fast causal path.
+        if self._plain_head:
+            hidden = self.causal_lm.model(input_ids=inputs, use_cache=False).last_hidden_state
+            logits = self.causal_lm.lm_head(hidden[scored])
+        else:
+            logits = self.model(input_ids=inputs, use_cache=False).logits[scored]
+        logits = logits.float()
+        if self.config.temperature != 1.0:
+            logits = logits / self.config.temperature
+        logprobs = torch.log_softmax(logits, dim=-1)
+        targets = input_ids[:, 1:][scored]
+        token_logprobs = logprobs.gather(-1, targets[:, None]).squeeze(-1)
+        with torch.no_grad():  # in chunks: (tokens x vocab) temporaries are large for big vocabs
+            entropy = torch.cat([-(chunk.exp() * chunk).sum(-1)
+                                 for chunk in logprobs.detach().split(1024)]) \
+                if len(logprobs) else logprobs.new_zeros(0)
+        return token_logprobs, entropy
+
+    @torch.no_grad()
+    def token_logprobs(self, batch: Any, micro_batch_size: int = 16) -> torch.Tensor:
+        """(B, T) logprobs of each completion token under the current policy (0 elsewhere),
+        aligned with ``batch.behaviour_logprobs``; no gradient, no state change."""
+        batch = TrainBatch.from_batch(batch)
+        out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            for start in range(0, len(batch), micro_batch_size):
+                rows = list(range(start, min(start + micro_batch_size, len(batch))))
+                mb = batch.select(rows)
+                scored = mb.completion_mask[:, 1:].bool()
+                if not scored.any():
+                    continue
+                logp, _ = self._score(mb.input_ids.to(self.device), scored.to(self.device))
+                width = mb.input_ids.shape[1]
+                block = torch.zeros(len(rows), width - 1)
+                block[scored] = logp.float().cpu()
+                out[start:start + len(rows), 1:width] = block
+        finally:
+            self.model.train(was_training)
+        return out
+
+
+def _lora_shape(lora: LoraSettings) -> tuple[Any, ...]:
+    return lora.rank, lora.alpha, tuple(sorted(lora.target_modules))

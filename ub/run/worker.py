@@ -1,0 +1,101 @@
+"""What one process holds across a run's steps: at most one vLLM engine and one learner.
+
+Starting vLLM or loading a base model costs seconds and a lot of memory, so a process keeps
+them between rounds: new checkpoints arrive as new LoRA adapters, and the learner swaps only its
+small LoRA and optimizer state. A :class:`Worker` is that keeping, made explicit: the steps that
+need an engine or a learner take a worker as a parameter. Each process that runs steps owns one
+worker: a Ray actor its own (:class:`ub.run.cluster.RoundWorker`), the Prefect tasks of a flow
+the one of the flow's process, :func:`process_worker`, which only the orchestration edges
+(tasks, flows, CLI commands, tests) reach for.
+
+Sampling is never a property of the shared engine: :meth:`Worker.engine` returns a handle with
+the caller's own default sampling, so one caller never changes another's.
+"""
+
+from __future__ import annotations
+
+import gc
+from typing import TYPE_CHECKING
+
+from ub.errors import UbError
+
+if TYPE_CHECKING:
+    from ub.inference.engine import VLLMEngine
+    from ub.inference.handle import EngineHandle
+    from ub.inference.types import EngineConfig, SamplingConfig
+    from ub.learner.config import LearnerConfig
+    from ub.learner.learner import Learner
+
+
+class Worker:
+    """A process's engine and learner: each built on first use, reused while its settings
+    stay the same, replaced when they change, and released by :meth:`close`."""
+
+    def __init__(self) -> None:
+        self._engine: VLLMEngine | None = None
+        self._learner: Learner | None = None
+
+    def engine(self, config: EngineConfig, sampling: SamplingConfig) -> EngineHandle:
+        """The engine for ``config`` (started once, reused while ``config`` stays the same), as
+        a handle whose requests sample with ``sampling`` unless they carry their own.
+
+        A different ``config`` shuts the old engine down (it must have no requests in flight)
+        and starts a new one; handles on the old engine then refuse further use.
+        """
+        from ub.inference.engine import VLLMEngine
+        from ub.inference.handle import EngineHandle
+
+        engine = self._engine
+        if engine is None or engine.config != config or engine.closed:
+            if engine is not None:
+                if engine.has_unfinished():
+                    raise UbError(
+                        "cannot switch the vLLM engine to a new model/config while requests "
+                        "are in flight: finish or drop them first")
+                self.close_engine()
+            engine = self._engine = VLLMEngine(config)
+        return EngineHandle(engine, sampling)
+
+    def learner(self, config: LearnerConfig) -> Learner:
+        """The learner for ``config``: the base model is loaded on first use and kept while the
+        model fields of ``config`` stay the same (the others are applied with
+        :meth:`~ub.learner.learner.Learner.configure`)."""
+        from ub.learner.learner import Learner
+
+        if self._learner is not None and self._learner.same_model(config):
+            self._learner.configure(config)
+            return self._learner
+        if self._learner is not None:
+            self.close_learner()
+            import torch
+
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+        self._learner = Learner(config)
+        return self._learner
+
+    def close_engine(self) -> None:
+        """Shut the engine down and free its memory (the next :meth:`engine` starts one)."""
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.close()
+
+    def close_learner(self) -> None:
+        """Drop the learner and free its memory."""
+        self._learner = None
+        gc.collect()
+
+    def close(self) -> None:
+        """Release the engine and the learner."""
+        self.close_engine()
+        self.close_learner()
+
+
+_PROCESS_WORKER = Worker()
+
+
+def process_worker() -> Worker:
+    """The worker of this process, for the orchestration edges only: the Prefect tasks (which
+    run in the flow's process), the CLI commands and the tests. Library functions take a
+    :class:`Worker` and never call this."""
+    return _PROCESS_WORKER
