@@ -37,6 +37,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         resolve_run_config,
     )
     from ub.run.store import fetch_checkpoint
+    from ub.run.worker import process_worker
 
     paths = RunPaths.of(args.root, args.run)
     catch_up(paths)
@@ -78,7 +79,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         custom = opponents is not None or envs is not None or args.games is not None
         shard = max(1, next_free_shard(paths.eval_data, update).shard) if custom else 0
         result = evaluate_checkpoint(run, update, opponents=opponents, envs=envs,
-                                     games=args.games, shard=shard)
+                                     games=args.games, shard=shard, worker=process_worker())
     table = Table(title=f"{args.run}: {checkpoint_name(update)}")
     for column in ("env", "opponent", "games", "win rate [95% CI]", "random in its seats",
                    "draws", "losses", "invalid moves", "format ok"):

@@ -92,8 +92,8 @@ def _engine_from_args(args: argparse.Namespace, adapters: list[str] | None = Non
         EngineConfig,
         SamplingConfig,
         configure_vllm_environment,
-        get_engine,
     )
+    from ub.run.worker import process_worker
 
     configure_vllm_environment()
     model = args.model
@@ -114,7 +114,7 @@ def _engine_from_args(args: argparse.Namespace, adapters: list[str] | None = Non
     config = EngineConfig(model=model, max_model_len=args.max_model_len,
                           max_lora_rank=args.max_lora_rank)
     sampling = SamplingConfig(temperature=args.temperature, max_tokens=args.max_tokens)
-    return get_engine(config, sampling)
+    return process_worker().engine(config, sampling)
 
 
 def _adapters_base(adapters: list[str]) -> str:

@@ -14,8 +14,6 @@ The engine is cut into modules along its seams; this one gathers their public na
   engine, and the interface rollouts and evaluation use.
 
 A process's engine is kept by a :class:`ub.run.worker.Worker`, passed to what uses it.
-:func:`get_engine` and :func:`shutdown_engine` remain for ``ub/cli.py`` only, until its commands
-take the worker of their process.
 """
 
 from __future__ import annotations
@@ -39,22 +37,6 @@ from ub.inference.types import (
 )
 from ub.inference.validation import validate_adapter_dir, validate_model_dir
 
-
-def get_engine(config: EngineConfig, sampling: SamplingConfig) -> EngineHandle:
-    """The engine of this process's worker (:func:`ub.run.worker.process_worker`), with
-    ``sampling`` as this caller's default. For ``ub/cli.py`` until it passes its worker."""
-    from ub.run.worker import process_worker
-
-    return process_worker().engine(config, sampling)
-
-
-def shutdown_engine() -> None:
-    """Shut the engine of this process's worker down (if any). For ``ub/cli.py`` and tests."""
-    from ub.run.worker import process_worker
-
-    process_worker().close_engine()
-
-
 __all__ = [
     "VLLM_LORA_RANKS",
     "EngineConfig",
@@ -67,8 +49,6 @@ __all__ = [
     "VLLMEngine",
     "configure_vllm_environment",
     "core_list",
-    "get_engine",
-    "shutdown_engine",
     "validate_adapter_dir",
     "validate_model_dir",
     "vllm_engine_args",

@@ -573,7 +573,7 @@ def eval_due(config: TrainConfig, update: int) -> bool:
 
 def evaluate_checkpoint(run: Run, update: int, *, opponents: list[str] | None = None,
                         envs: list[str] | None = None, games: int | None = None,
-                        shard: int = 0, worker: Worker | None = None) -> dict[str, Any]:
+                        shard: int = 0, worker: Worker) -> dict[str, Any]:
     """Checkpoint ``update`` vs each opponent on each env, seats balanced: ``{"rows": [per
     (env, opponent) results with Wilson intervals], "seconds": play time, "reused": bool,
     "shard": path}``.
@@ -582,8 +582,7 @@ def evaluate_checkpoint(run: Run, update: int, *, opponents: list[str] | None = 
     and reused if it exists); ad-hoc evaluations (``ub eval`` with other opponents, envs or
     game counts) go to later shards of the same round and are not rated.
 
-    The games run on ``worker``'s engine; ``None``: the process's worker
-    (:func:`ub.run.worker.process_worker`), for ``ub/cli.py`` until it passes its own.
+    The games run on ``worker``'s engine.
     """
     from ub.evaluation import eval_assignments, random_baseline, summarize, with_baseline
 
@@ -598,10 +597,6 @@ def evaluate_checkpoint(run: Run, update: int, *, opponents: list[str] | None = 
                                    derive_seed(config.seed, "eval"))
     sampling = rollout_sampling(config, evaluation=True)
     sid = ShardId(update, shard)
-    if worker is None:
-        from ub.run.worker import process_worker
-
-        worker = process_worker()
     played = _play_shard(worker, run, run.paths.eval_data, sid, assignments, sampling=sampling,
                          kind="eval")
     games_table = pq.read_table(shard_path(run.paths.eval_data, "games", sid))
