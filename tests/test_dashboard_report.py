@@ -3,6 +3,7 @@ the dashboard works in a real terminal (tmux), and the report's plots are real i
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -76,7 +77,20 @@ def test_dashboard_state_is_the_runs_data(run_dir):
         assert member["wins"] >= row["w"] and member["losses"] >= row["l"]
     wins = series["win vs random (TicTacToe-v0-train)"]
     assert len(wins) == 2 and all(w is not None for w in wins)
-    assert state.throughput["games/s"] > 0
+    # Throughput: the last round's games and generated tokens, as its Parquet files hold them
+    # (a plain DuckDB query), over the rollout seconds its manifest records.
+    import duckdb
+
+    games_files, steps_files = (f"read_parquet('{run_dir}/{kind}/round-000001/shard-*.parquet')"
+                                for kind in ("games", "steps"))
+    [games] = duckdb.execute(f"SELECT count(*) FROM {games_files}").fetchone()
+    [tokens] = duckdb.execute(f"SELECT sum(num_completion_tokens) FROM {steps_files} "
+                              "WHERE actor_kind = 'model'").fetchone()
+    assert games == CONFIG["rollout"]["games_per_round"]
+    seconds = json.loads((run_dir / "rounds" / "round-000001.json").read_text())["timings"][
+        "rollout"]
+    assert state.throughput["games/s"] == pytest.approx(games / seconds)
+    assert state.throughput["generated tokens/s"] == pytest.approx(tokens / seconds)
 
 
 def test_dashboard_once_prints_every_panel(run_dir, capsys):

@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from ub.errors import UbError
-from ub.model import tiny
 from ub.model.tiny import (
     MANIFEST,
     TinyModelConfig,
@@ -25,6 +24,8 @@ from ub.model.tiny import (
     read_manifest,
     tiny_model_path,
 )
+from ub.model.tiny import build as tiny_build
+from ub.model.tiny.pretrain import soft_targets
 from ub.model.transcripts import DEFAULT_ENV_IDS, iter_transcripts, transcript_pairs
 
 # Every mechanism of the real recipe, at a size that builds in a few seconds.
@@ -107,7 +108,7 @@ def test_unsupported_game_is_a_clear_error() -> None:
 def test_soft_targets_are_the_random_players_distribution() -> None:
     # Legal completions " [1]", " [12]", " [2]" as token ids: 5=" [", 1/2 digits, 9="]", 0=EOS.
     legal = [[5, 1, 9, 0], [5, 1, 2, 9, 0], [5, 2, 9, 0]]
-    targets = tiny._soft_targets([5, 1, 2, 9, 0], legal)
+    targets = soft_targets([5, 1, 2, 9, 0], legal)
     assert targets[0] == ((5, 1.0),)
     assert targets[1] == ((1, pytest.approx(2 / 3)), (2, pytest.approx(1 / 3)))
     assert targets[2] == ((2, 0.5), (9, 0.5))  # after " [1": "]" or "2", equally
@@ -142,7 +143,7 @@ def test_cache_hit_returns_same_path_without_rebuilding(
     def no_rebuild(*_args: object, **_kwargs: object) -> None:
         raise AssertionError("a cached model was rebuilt")
 
-    monkeypatch.setattr(tiny, "_build_into", no_rebuild)
+    monkeypatch.setattr(tiny_build, "_build_into", no_rebuild)
     start = time.perf_counter()
     assert build_tiny_model(config=SMALL, seed=3, verbose=False) == path
     assert time.perf_counter() - start < 1.0
@@ -179,7 +180,7 @@ def test_failed_build_leaves_nothing_that_looks_finished(
     def crash(*_args: object, **_kwargs: object) -> None:
         raise KeyboardInterrupt  # as if the build were killed mid-training
 
-    monkeypatch.setattr(tiny, "pretrain", crash)
+    monkeypatch.setattr(tiny_build, "pretrain", crash)
     with pytest.raises(KeyboardInterrupt):
         build_tiny_model(tmp_path / "model", config=SMALL, verbose=False)
     assert not (tmp_path / "model").exists()
@@ -204,8 +205,8 @@ def test_main_prints_the_path(
         seen.update(out_dir=out_dir, seed=seed)
         return tmp_path
 
-    monkeypatch.setattr(tiny, "build_tiny_model", fake_build)
-    assert tiny.main(["--seed", "7", "--out", str(tmp_path / "x")]) == 0
+    monkeypatch.setattr(tiny_build, "build_tiny_model", fake_build)
+    assert tiny_build.main(["--seed", "7", "--out", str(tmp_path / "x")]) == 0
     assert seen == {"out_dir": tmp_path / "x", "seed": 7}
     assert capsys.readouterr().out.strip() == str(tmp_path)
 

@@ -6,7 +6,13 @@ import pytest
 import yaml
 
 from ub.errors import UbError
-from ub.run.config import apply_overrides, load_config, preset_names, validate_config
+from ub.run.config import (
+    PRESETS_DIR,
+    apply_overrides,
+    load_config,
+    preset_names,
+    validate_config,
+)
 
 MINIMAL = {"envs": [{"env_id": "TicTacToe-v0-train"}]}
 
@@ -15,10 +21,17 @@ MINIMAL = {"envs": [{"env_id": "TicTacToe-v0-train"}]}
 def test_presets_validate(name):
     assert name in preset_names()
     config = load_config(name)
-    assert config.rounds >= 1 and config.envs
+    # What the preset file says is what a run of it gets.
+    raw = yaml.safe_load((PRESETS_DIR / f"{name}.yaml").read_text())
+    assert config.rounds == raw["rounds"]
+    assert [e.env_id for e in config.envs] == [e["env_id"] for e in raw["envs"]]
+    assert config.rollout.games_per_round == raw["rollout"]["games_per_round"]
     # The nested sections are the same validated settings `ub batch` / `ub learn` take.
-    assert config.batch_config().batch_size >= 1
-    assert config.learner_config("base").lora.rank <= config.engine.max_lora_rank
+    assert config.batch_config().batch_size == raw["batch"]["batch_size"]
+    lora = config.learner_config("base").lora
+    assert (lora.rank, lora.alpha) == (raw["learner"]["lora"]["rank"],
+                                       raw["learner"]["lora"]["alpha"])
+    assert lora.rank <= config.engine.max_lora_rank
 
 
 def test_seeds_example_preset_matches_the_seeds():

@@ -94,11 +94,10 @@ def test_two_rounds_commit_shards_checkpoints_ratings_and_evals(reference_run):
     assert {g["env_id"] for g in games} == {"TicTacToe-v0-train", "Nim-v0-train"}
     for update in (0, 1, 2):
         assert is_checkpoint(paths.checkpoint(update))
-    for round_ in (0, 1):
-        assert paths.ratings(round_).exists()
-        assert paths.final_rewards_state(round_).exists()
-    # Checkpoints 0 and 2 were evaluated against the random player, seats balanced.
     manifests = [json.loads(paths.manifest(r).read_text()) for r in (0, 1)]
+    for round_, manifest in enumerate(manifests):
+        _assert_manifest_counts_its_shards(paths, round_, manifest)
+    # Checkpoints 0 and 2 were evaluated against the random player, seats balanced.
     assert set(manifests[0]["evals"]) == {"0"} and set(manifests[1]["evals"]) == {"2"}
     row = manifests[1]["evals"]["2"][0]
     assert row["opponent"] == "random" and row["games"] == 8
@@ -124,15 +123,57 @@ def test_two_rounds_commit_shards_checkpoints_ratings_and_evals(reference_run):
     assert "ckpt-000002 vs random on TicTacToe-v0-train: 8 games" in (
         logs / "eval.log").read_text()
     assert "ratings after round 1" in (logs / "pool.log").read_text()
-    # Ratings are a function of the games: a rebuild from the shards equals the snapshot.
+    # Ratings are a function of the games: a rebuild from the shards equals each snapshot.
     from ub.run.rounds import Run, rebuild_ratings, resolve_run_config
 
     run = Run(paths, resolve_run_config(paths, None)[0], "unused")
-    assert rebuild_ratings(run, 1).snapshot() == json.loads(paths.ratings(1).read_text())
+    for round_ in (0, 1):
+        assert rebuild_ratings(run, round_).snapshot() == json.loads(
+            paths.ratings(round_).read_text())
     board = manifests[1]["leaderboard"]
     assert {m["name"] for m in board} == {"ckpt-000000", "ckpt-000001", "ckpt-000002", "random"}
     assert [m["conservative"] for m in board] == sorted((m["conservative"] for m in board),
                                                         reverse=True)
+
+
+def _assert_manifest_counts_its_shards(paths: RunPaths, round_: int, manifest: dict) -> None:
+    """A round's manifest, its batch and its final-reward state agree with a plain DuckDB query
+    over the round's Parquet files (and the config's games per round)."""
+    import duckdb
+
+    per_round = TEST_CONFIG["rollout"]["games_per_round"]
+    games = f"read_parquet('{paths.root}/games/round-{round_:06d}/shard-*.parquet')"
+    steps = f"read_parquet('{paths.root}/steps/round-{round_:06d}/shard-*.parquet')"
+    assert duckdb.execute(f"SELECT count(*) FROM {games}").fetchone()[0] == per_round
+    assert manifest["games"] == per_round
+    assert manifest["outcomes"] == dict(
+        duckdb.execute(f"SELECT outcome, count(*) FROM {games} GROUP BY outcome").fetchall())
+    decisions, model, invalid, tokens = duckdb.execute(
+        "SELECT count(*), count(*) FILTER (actor_kind = 'model'), "
+        "count(*) FILTER (actor_kind = 'model' AND invalid_move), "
+        f"sum(num_completion_tokens) FILTER (actor_kind = 'model') FROM {steps}").fetchone()
+    assert model == decisions  # mirror self-play: every decision is the checkpoint's
+    assert (manifest["decisions"], manifest["model_decisions"], manifest["invalid_moves"],
+            manifest["generated_tokens"]) == (decisions, model, invalid, tokens)
+    # The learner's batch: batch_size of the round's decisions (all of them if fewer).
+    assert manifest["batch"]["size"] == min(TEST_CONFIG["batch"]["batch_size"], decisions)
+    # The final-reward state saved after the round has folded in every game so far, and the
+    # role baselines count each finished game's seats.
+    state = json.loads(paths.final_rewards_state(round_).read_text())
+    assert state["games"] == (round_ + 1) * per_round
+    seats = duckdb.execute(
+        "SELECT env_id, role, count(*) FROM (SELECT env_id, unnest(roles) AS role FROM "
+        f"read_parquet('{paths.root}/games/round-*/shard-*.parquet') "
+        f"WHERE outcome <> 'error' AND round <= {round_}) GROUP BY ALL").fetchall()
+    counts = {t["name"]: t["state"] for t in state["transforms"]}["role_advantage"]["counts"]
+    assert counts == _nested(seats)
+
+
+def _nested(rows: list[tuple]) -> dict:
+    out: dict = {}
+    for env, role, n in rows:
+        out.setdefault(env, {})[role] = n
+    return out
 
 
 def _artifacts(*keys: str) -> list:

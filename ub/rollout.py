@@ -8,6 +8,8 @@ instantly. New games start as soon as others finish, up to ``concurrency`` at on
 stays full.
 
 The result is two Arrow tables in the ``steps`` and ``games`` schemas (:mod:`ub.data.schema`).
+:func:`play_games` plays a list of assignments with a :class:`RolloutRunner`, which holds the
+rollout's state (games in flight, requests they wait on, rows so far) between engine steps.
 """
 
 from __future__ import annotations
@@ -93,6 +95,8 @@ class Rollout:
 
 @dataclass
 class _Live:
+    """A game in flight: its assignment, its state, and its scripted seats' players."""
+
     assignment: GameAssignment
     game: Game
     players: dict[int, Any]
@@ -112,8 +116,19 @@ def play_games(
     game_id_prefix: str | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> Rollout:
-    """Play every assignment and return the ``steps`` and ``games`` tables.
+    """Play every assignment and return the ``steps`` and ``games`` tables
+    (:class:`RolloutRunner`'s parameters; one runner, played once)."""
+    return RolloutRunner(
+        assignments, engine=engine, run=run, round_=round_, shard=shard, base_seed=base_seed,
+        concurrency=concurrency, sampling=sampling, seed_round=seed_round,
+        game_id_prefix=game_id_prefix, progress=progress,
+    ).play()
 
+
+class RolloutRunner:
+    """One batched rollout: :meth:`play` plays every assignment around one engine, once.
+
+    :param assignments: the games, started in this order.
     :param engine: a :class:`ub.inference.VLLMEngine`; needed only if a model sits in some seat.
     :param run: the run name stored in every row.
     :param round_: the round number stored in every row and mixed into every sampling seed.
@@ -128,67 +143,108 @@ def play_games(
     :param progress: called with (games finished, games in all) as each game ends, e.g. a
         :func:`ub.run.progress.progress_bar`.
     """
-    from ub.actors.scripted import make_scripted_player
 
-    if engine is None and any(a.kind == "model" for g in assignments for a in g.actors):
-        raise ValueError("a model actor needs an engine")
-    tokenizer = engine.tokenizer if engine is not None else None
-    max_prompt = (engine.config.max_model_len - 1) if engine is not None else 0
-    step_rows: list[dict] = []
-    game_rows: list[dict] = []
-    stats = RolloutStats()
-    queue = deque(assignments)
-    live: dict[str, _Live] = {}
-    waiting: dict[str, tuple[_Live, dict]] = {}  # request id -> game waiting on it
-    started = time.perf_counter()
+    def __init__(
+        self,
+        assignments: list[GameAssignment],
+        *,
+        engine: Any = None,
+        run: str = "",
+        round_: int = 0,
+        shard: int = 0,
+        base_seed: int = 0,
+        concurrency: int = 128,
+        sampling: Any = None,
+        seed_round: int | str | None = None,
+        game_id_prefix: str | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        if engine is None and any(a.kind == "model" for g in assignments for a in g.actors):
+            raise ValueError("a model actor needs an engine")
+        self.assignments = list(assignments)
+        self.engine = engine
+        self.run, self.round, self.shard, self.base_seed = run, round_, shard, base_seed
+        self.concurrency = concurrency
+        self.sampling = sampling
+        self.seed_scope = round_ if seed_round is None else seed_round
+        self.prefix = game_id_prefix or f"{run or 'play'}-r{round_:06d}"
+        self.progress = progress
+        self.stats = RolloutStats()
+        self._tokenizer = engine.tokenizer if engine is not None else None
+        self._max_prompt = (engine.config.max_model_len - 1) if engine is not None else 0
+        self._step_rows: list[dict] = []
+        self._game_rows: list[dict] = []
+        self._queue = deque(self.assignments)
+        self._live: dict[str, _Live] = {}
+        self._waiting: dict[str, tuple[_Live, dict]] = {}  # request id -> game waiting on it
+        self._hosted_clients: dict[str, Any] = {}
+        self._hosted_waiting: dict[Any, tuple[_Live, dict]] = {}  # future -> game waiting on it
+        self._played = False
 
-    seed_scope = round_ if seed_round is None else seed_round
-    prefix = game_id_prefix or f"{run or 'play'}-r{round_:06d}"
+    def game_id(self, assignment: GameAssignment) -> str:
+        """The id of ``assignment``'s game in this rollout's rows."""
+        return f"{self.prefix}-g{assignment.game_index:06d}"
 
-    def game_id(a: GameAssignment) -> str:
-        return f"{prefix}-g{a.game_index:06d}"
+    def play(self) -> Rollout:
+        """Play every assignment; return the tables, rows ordered by game then turn."""
+        if self._played:
+            raise RuntimeError("a RolloutRunner plays once")
+        self._played = True
+        started = time.perf_counter()
+        try:
+            self._start_more()
+            while self._live or self._queue:
+                if not self._waiting and not self._hosted_waiting:
+                    self._start_more()
+                    if not self._waiting and not self._hosted_waiting:
+                        if not self._live and not self._queue:
+                            break
+                        raise RuntimeError("live games wait on nothing: a rollout bug")
+                if self._hosted_waiting:
+                    self._receive_hosted(block=not self._waiting)
+                    self._start_more()
+                if not self._waiting:
+                    continue
+                fault_point("rollout.step")
+                self._receive_model()
+                self._start_more()
+        finally:
+            self._release()
+        self.stats.seconds = time.perf_counter() - started
+        self.stats.decisions = len(self._step_rows)
+        # Rows are ordered by game then turn whatever order games finished in: shards are
+        # byte-for-byte reproducible.
+        self._step_rows.sort(key=lambda r: (r["game_id"], r["turn"]))
+        self._game_rows.sort(key=lambda r: r["game_index"])
+        return Rollout(
+            pa.Table.from_pylist(self._step_rows, schema=STEPS_SCHEMA),
+            pa.Table.from_pylist(self._game_rows, schema=GAMES_SCHEMA),
+            self.stats,
+        )
 
-    def finish(item: _Live) -> None:
-        a, g = item.assignment, item.game
-        result = g.result
-        stats.games += 1
-        stats.errored_games += result.outcome == "error"
-        stats.outcomes[result.outcome] = stats.outcomes.get(result.outcome, 0) + 1
-        for d in g.decisions:
-            actor = a.actors[d.seat]
-            det = d.details
-            step_rows.append({
-                "run": run, "round": round_, "shard": shard, "game_id": g.game_id,
-                "env_id": a.spec.env_id, "turn": d.turn, "seat": d.seat,
-                "role": result.roles[d.seat], "actor": actor.name, "actor_kind": actor.kind,
-                "checkpoint": actor.checkpoint, "template": det.get("template"),
-                "observation": d.observation, "prompt": det.get("prompt"),
-                "completion": det.get("completion"),
-                "prompt_token_ids": det.get("prompt_token_ids"),
-                "completion_token_ids": det.get("completion_token_ids"),
-                "completion_logprobs": det.get("completion_logprobs"),
-                "num_prompt_tokens": det.get("num_prompt_tokens"),
-                "num_completion_tokens": det.get("num_completion_tokens"),
-                "action": d.action, "format_ok": d.format_ok, "invalid_move": d.invalid_move,
-                "step_reward": 0.0,
-                "final_reward": None if result.rewards is None else result.rewards[d.seat],
-                "finish_reason": det.get("finish_reason"),
-                "sampling_seed": det.get("sampling_seed"),
-                "gen_seconds": det.get("gen_seconds"), "env_seconds": d.env_seconds,
-            })
-        game_rows.append({
-            "run": run, "round": round_, "shard": shard, "game_id": g.game_id,
-            "game_index": a.game_index, "env_id": a.spec.env_id, "seed": a.seed,
-            "num_players": a.spec.num_players, "actors": [x.name for x in a.actors],
-            "roles": result.roles, "rewards": result.rewards, "results": result.results,
-            "invalid_moves": result.invalid_moves, "outcome": result.outcome,
-            "winner": result.winner, "num_turns": g.turn, "reason": result.reason,
-            "error": result.error, "seconds": result.seconds,
-        })
-        if progress is not None:
-            progress(stats.games, len(assignments))
+    def _release(self) -> None:
+        for client in self._hosted_clients.values():
+            client.close()
+        if self._waiting:  # failed midway: nothing of this rollout may surface in the next one
+            self.engine.abort(list(self._waiting))
 
-    def advance(item: _Live) -> None:
+    def _start_more(self) -> None:
+        """Start queued games until ``concurrency`` are in flight."""
+        from ub.actors.scripted import make_scripted_player
+
+        while self._queue and len(self._live) < self.concurrency:
+            a = self._queue.popleft()
+            game = Game(a.spec, a.seed, self.game_id(a))
+            players = {
+                seat: make_scripted_player(actor.name, derive_seed(
+                    self.base_seed, self.seed_scope, a.game_index, seat, "player"))
+                for seat, actor in enumerate(a.actors) if actor.kind == "scripted"
+            }
+            item = _Live(a, game, players)
+            self._live[game.game_id] = item
+            self._advance(item)
+
+    def _advance(self, item: _Live) -> None:
         """Move scripted seats until the game ends or waits for the model or a hosted seat."""
         g = item.game
         while not g.done:
@@ -198,66 +254,90 @@ def play_games(
                 try:
                     action = g.act_with(player.act)
                 except Exception as exc:  # a broken scripted player must not stop the rollout
-                    g._fail(exc)
+                    g.fail(exc)
                     break
                 g.apply(action, format_ok=True)
                 continue
-            if (submit_hosted if actor.kind == "hosted" else submit)(item, actor):
+            submit = self._submit_hosted if actor.kind == "hosted" else self._submit_model
+            if submit(item, actor):
                 return
-        finish(item)
-        del live[g.game_id]
+        self._finish(item)
+        del self._live[g.game_id]
 
-    def submit(item: _Live, actor: ActorSpec) -> bool:
+    def _submit_model(self, item: _Live, actor: ActorSpec) -> bool:
         """Queue the model's move; False (and the game failed) if the prompt cannot fit."""
-        g, spec = item.game, item.assignment.spec
-        template = get_template(spec.template)
-        prompt = template.render(g.observation, tokenizer)
-        ids = tokenizer.encode(prompt)
-        if len(ids) > max_prompt:
-            g._fail(ValueError(
-                f"prompt of {len(ids)} tokens does not fit engine.max_model_len "
-                f"{engine.config.max_model_len}"
-            ))
-            return False
         from ub.inference.vllm_engine import GenerationRequest
 
-        seed = derive_seed(base_seed, seed_scope, item.assignment.game_index, g.turn, "sample")
+        g, spec = item.game, item.assignment.spec
+        template = get_template(spec.template)
+        prompt = template.render(g.observation, self._tokenizer)
+        ids = self._tokenizer.encode(prompt)
+        if len(ids) > self._max_prompt:
+            g.fail(ValueError(
+                f"prompt of {len(ids)} tokens does not fit engine.max_model_len "
+                f"{self.engine.config.max_model_len}"
+            ))
+            return False
+        seed = derive_seed(self.base_seed, self.seed_scope, item.assignment.game_index, g.turn,
+                           "sample")
         request_id = f"{g.game_id}-t{g.turn}"
-        engine.submit(GenerationRequest(request_id, ids, seed, actor.adapter, sampling))
-        waiting[request_id] = (item, {
+        self.engine.submit(GenerationRequest(request_id, ids, seed, actor.adapter, self.sampling))
+        self._waiting[request_id] = (item, {
             "template": template.name, "prompt": prompt, "prompt_token_ids": ids,
             "sampling_seed": seed, "submitted": time.perf_counter(),
         })
         return True
 
-    def submit_hosted(item: _Live, actor: ActorSpec) -> bool:
+    def _receive_model(self) -> None:
+        """One engine step: apply every finished completion to its game, in the engine's order."""
+        for gen in self.engine.step():
+            item, det = self._waiting.pop(gen.request_id)
+            action, format_ok = get_extractor(item.assignment.spec.extractor_name)(gen.text)
+            self.stats.model_decisions += 1
+            self.stats.prompt_tokens += len(det["prompt_token_ids"])
+            self.stats.generated_tokens += len(gen.completion_token_ids)
+            det.update(
+                completion=gen.text,
+                completion_token_ids=list(gen.completion_token_ids),
+                completion_logprobs=list(gen.completion_logprobs),
+                num_prompt_tokens=len(det["prompt_token_ids"]),
+                num_completion_tokens=len(gen.completion_token_ids),
+                finish_reason=gen.finish_reason,
+                gen_seconds=time.perf_counter() - det.pop("submitted"),
+            )
+            item.game.apply(action, format_ok=format_ok, **det)
+            self._advance(item)
+
+    def _submit_hosted(self, item: _Live, actor: ActorSpec) -> bool:
         """Ask the hosted endpoint for the move (in its client's thread pool)."""
         from ub.actors.hosted import HostedClient, parse_hosted
 
-        client = hosted_clients.get(actor.name)
+        client = self._hosted_clients.get(actor.name)
         if client is None:
-            client = hosted_clients[actor.name] = HostedClient(parse_hosted(actor.name))
+            client = self._hosted_clients[actor.name] = HostedClient(parse_hosted(actor.name))
         template = get_template(item.assignment.spec.template)
         # A chat endpoint applies its own chat template: send it the observation itself.
         prompt = (item.game.observation if template.name == "chat"
                   else template.render(item.game.observation, None))
-        hosted_waiting[client.submit(prompt)] = (item, {
+        self._hosted_waiting[client.submit(prompt)] = (item, {
             "template": template.name, "prompt": prompt, "submitted": time.perf_counter(),
         })
         return True
 
-    def receive_hosted(block: bool) -> None:
+    def _receive_hosted(self, block: bool) -> None:
+        """Apply the hosted moves that are done (waiting for one if ``block``), in game order."""
         from concurrent.futures import FIRST_COMPLETED
         from concurrent.futures import wait as wait_futures
 
         from ub.actors.hosted import HostedFailure, parse_hosted
 
-        done = [f for f in hosted_waiting if f.done()]
+        pending = self._hosted_waiting
+        done = [f for f in pending if f.done()]
         if not done and block:
-            done = list(wait_futures(list(hosted_waiting), return_when=FIRST_COMPLETED).done)
+            done = list(wait_futures(list(pending), return_when=FIRST_COMPLETED).done)
         # Apply in game order, not completion order: the rows do not depend on timing.
-        for future in sorted(done, key=lambda f: hosted_waiting[f][0].game.game_id):
-            item, det = hosted_waiting.pop(future)
+        for future in sorted(done, key=lambda f: pending[f][0].game.game_id):
+            item, det = pending.pop(future)
             g = item.game
             try:
                 text = future.result()
@@ -265,77 +345,67 @@ def play_games(
                 actor = item.assignment.actors[g.current_seat]
                 if parse_hosted(actor.name).on_failure == "error":
                     raise
-                g._fail(exc)  # on_failure=skip: the game is recorded as errored, with why
-                advance(item)
+                g.fail(exc)  # on_failure=skip: the game is recorded as errored, with why
+                self._advance(item)
                 continue
             action, format_ok = get_extractor(item.assignment.spec.extractor_name)(text)
             det.update(completion=text, gen_seconds=time.perf_counter() - det.pop("submitted"))
             g.apply(action, format_ok=format_ok, **det)
-            advance(item)
+            self._advance(item)
 
-    def start_more() -> None:
-        while queue and len(live) < concurrency:
-            a = queue.popleft()
-            game = Game(a.spec, a.seed, game_id(a))
-            players = {
-                seat: make_scripted_player(actor.name, derive_seed(base_seed, seed_scope,
-                                                                    a.game_index, seat, "player"))
-                for seat, actor in enumerate(a.actors) if actor.kind == "scripted"
-            }
-            item = _Live(a, game, players)
-            live[game.game_id] = item
-            advance(item)
+    def _finish(self, item: _Live) -> None:
+        """Count a finished game and add its rows."""
+        result = item.game.result
+        self.stats.games += 1
+        self.stats.errored_games += result.outcome == "error"
+        self.stats.outcomes[result.outcome] = self.stats.outcomes.get(result.outcome, 0) + 1
+        where = {"run": self.run, "round": self.round, "shard": self.shard}
+        self._step_rows.extend(_step_rows(item, where))
+        self._game_rows.append(_game_row(item, where))
+        if self.progress is not None:
+            self.progress(self.stats.games, len(self.assignments))
 
-    hosted_clients: dict[str, Any] = {}
-    hosted_waiting: dict[Any, tuple[_Live, dict]] = {}  # future -> game waiting on it
-    try:
-        start_more()
-        while live or queue:
-            if not waiting and not hosted_waiting:
-                start_more()
-                if not waiting and not hosted_waiting:
-                    if not live and not queue:
-                        break
-                    raise RuntimeError("live games wait on nothing: a rollout bug")
-            if hosted_waiting:
-                receive_hosted(block=not waiting)
-                start_more()
-            if not waiting:
-                continue
-            fault_point("rollout.step")
-            for gen in engine.step():
-                item, det = waiting.pop(gen.request_id)
-                g = item.game
-                extract = get_extractor(item.assignment.spec.extractor_name)
-                action, format_ok = extract(gen.text)
-                stats.model_decisions += 1
-                stats.prompt_tokens += len(det["prompt_token_ids"])
-                stats.generated_tokens += len(gen.completion_token_ids)
-                det.update(
-                    completion=gen.text,
-                    completion_token_ids=list(gen.completion_token_ids),
-                    completion_logprobs=list(gen.completion_logprobs),
-                    num_prompt_tokens=len(det["prompt_token_ids"]),
-                    num_completion_tokens=len(gen.completion_token_ids),
-                    finish_reason=gen.finish_reason,
-                    gen_seconds=time.perf_counter() - det.pop("submitted"),
-                )
-                g.apply(action, format_ok=format_ok, **det)
-                advance(item)
-            start_more()
-    finally:
-        for client in hosted_clients.values():
-            client.close()
-        if waiting:  # failed midway: nothing of this rollout may surface in the next one
-            engine.abort(list(waiting))
-    stats.seconds = time.perf_counter() - started
-    stats.decisions = len(step_rows)
-    # Rows are ordered by game then turn whatever order games finished in: shards are
-    # byte-for-byte reproducible.
-    step_rows.sort(key=lambda r: (r["game_id"], r["turn"]))
-    game_rows.sort(key=lambda r: r["game_index"])
-    return Rollout(
-        pa.Table.from_pylist(step_rows, schema=STEPS_SCHEMA),
-        pa.Table.from_pylist(game_rows, schema=GAMES_SCHEMA),
-        stats,
-    )
+
+def _step_rows(item: _Live, where: dict[str, Any]) -> list[dict]:
+    """The ``steps`` rows of a finished game, one per decision."""
+    a, g = item.assignment, item.game
+    result = g.result
+    rows = []
+    for d in g.decisions:
+        actor = a.actors[d.seat]
+        det = d.details
+        rows.append({
+            **where, "game_id": g.game_id,
+            "env_id": a.spec.env_id, "turn": d.turn, "seat": d.seat,
+            "role": result.roles[d.seat], "actor": actor.name, "actor_kind": actor.kind,
+            "checkpoint": actor.checkpoint, "template": det.get("template"),
+            "observation": d.observation, "prompt": det.get("prompt"),
+            "completion": det.get("completion"),
+            "prompt_token_ids": det.get("prompt_token_ids"),
+            "completion_token_ids": det.get("completion_token_ids"),
+            "completion_logprobs": det.get("completion_logprobs"),
+            "num_prompt_tokens": det.get("num_prompt_tokens"),
+            "num_completion_tokens": det.get("num_completion_tokens"),
+            "action": d.action, "format_ok": d.format_ok, "invalid_move": d.invalid_move,
+            "step_reward": 0.0,
+            "final_reward": None if result.rewards is None else result.rewards[d.seat],
+            "finish_reason": det.get("finish_reason"),
+            "sampling_seed": det.get("sampling_seed"),
+            "gen_seconds": det.get("gen_seconds"), "env_seconds": d.env_seconds,
+        })
+    return rows
+
+
+def _game_row(item: _Live, where: dict[str, Any]) -> dict:
+    """The ``games`` row of a finished game."""
+    a, g = item.assignment, item.game
+    result = g.result
+    return {
+        **where, "game_id": g.game_id,
+        "game_index": a.game_index, "env_id": a.spec.env_id, "seed": a.seed,
+        "num_players": a.spec.num_players, "actors": [x.name for x in a.actors],
+        "roles": result.roles, "rewards": result.rewards, "results": result.results,
+        "invalid_moves": result.invalid_moves, "outcome": result.outcome,
+        "winner": result.winner, "num_turns": g.turn, "reason": result.reason,
+        "error": result.error, "seconds": result.seconds,
+    }

@@ -102,7 +102,7 @@ class Game:
             self._set_invalid_move_retries(spec.invalid_move_retries)
             self._observe()
         except Exception as exc:
-            self._fail(exc)
+            self.fail(exc)
 
     @property
     def done(self) -> bool:
@@ -154,12 +154,12 @@ class Game:
             if done:
                 self._close(decision)
             elif self.turn >= self.spec.max_turns:
-                self._fail(RuntimeError(f"turn limit {self.spec.max_turns} reached"))
+                self.fail(RuntimeError(f"turn limit {self.spec.max_turns} reached"))
             else:
                 self._observe()
         except Exception as exc:
             decision.env_seconds = time.perf_counter() - t0
-            self._fail(exc)
+            self.fail(exc)
         return decision
 
     def _close(self, last: Decision) -> None:
@@ -180,8 +180,10 @@ class Game:
             seconds=time.perf_counter() - self._started,
         )
 
-    def _fail(self, exc: BaseException) -> None:
-        """Record the game as errored; the rollout goes on with the other games."""
+    def fail(self, exc: BaseException) -> None:
+        """End the game as errored, with ``exc`` as the reason (e.g. a broken scripted player, a
+        prompt too long for the engine, a hosted seat that gave up); the rollout goes on with
+        the other games."""
         n = self.spec.num_players
         self.result = GameResult(
             rewards=None,

@@ -21,6 +21,9 @@ def build_random_model(path: str | Path, hidden_size: int = 128, num_layers: int
                        corpus: list[str] | None = None) -> Path:
     """Write a tiny random Qwen3 model and its tokenizer to ``path``; return ``path``.
 
+    The same builder as the tiny CPU default (:mod:`ub.model.builder`), without its
+    pre-training, chat tokens or rounded-up vocabulary.
+
     :param hidden_size: residual width (4 heads of ``hidden_size // 4``, 2 KV heads).
     :param num_layers: transformer blocks.
     :param vocab_size: BPE vocabulary upper bound (``<|endoftext|>`` is eos and pad).
@@ -30,12 +33,16 @@ def build_random_model(path: str | Path, hidden_size: int = 128, num_layers: int
         tokenize into few tokens: BPE may merge across spaces within a line); ``None``: random
         words.
     """
-    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+    from ub.model.builder import (
+        LINE_SPLIT_PATTERN,
+        Qwen3Shape,
+        init_model,
+        save_model,
+        train_tokenizer,
+    )
 
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
-    tokenizer = Tokenizer(models.BPE())
     if corpus is None:
         rng = random.Random(seed)
         letters = "abcdefghijklmnopqrstuvwxyz"
@@ -44,34 +51,18 @@ def build_random_model(path: str | Path, hidden_size: int = 128, num_layers: int
         words += ["[0]", "[1]", "[4]", "[8]", "X", "O", "move", "board", "player", "pass"]
         lines = [" ".join(rng.choice(words) for _ in range(rng.randint(4, 16)))
                  for _ in range(4000)]
-        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        split_pattern = None  # the byte-level pre-tokenizer's word regex
     else:
         # Digits alone, any other run of text up to a line end: recurring sentences of a game's
         # text become single tokens, as in ub's tiny model.
-        lines = list(corpus)
-        tokenizer.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(r"\p{N}|[^\p{N}\r\n]+[\r\n]*|[\r\n]+"),
-                                 behavior="isolated"),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-                                  show_progress=False)
-    tokenizer.train_from_iterator(lines, trainer)
-    hf_tokenizer = PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>",
-                                           pad_token="<|endoftext|>")
-    hf_tokenizer.save_pretrained(path)
-
-    eos = hf_tokenizer.eos_token_id
-    config = Qwen3Config(
-        vocab_size=len(hf_tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-        num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
-        head_dim=hidden_size // 4, max_position_embeddings=2048, tie_word_embeddings=True,
-        initializer_range=0.2, eos_token_id=eos, pad_token_id=eos, bos_token_id=eos,
-    )
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        Qwen3ForCausalLM(config).to(torch.float32).save_pretrained(path)
+        lines, split_pattern = list(corpus), LINE_SPLIT_PATTERN
+    tokenizer = train_tokenizer(lines, vocab_size, split_pattern=split_pattern, min_frequency=0,
+                                chat=False)
+    shape = Qwen3Shape(hidden_size=hidden_size, num_layers=num_layers, num_heads=4,
+                       num_kv_heads=2, head_dim=hidden_size // 4,
+                       intermediate_size=2 * hidden_size, initializer_range=0.2,
+                       vocab_multiple=1)
+    save_model(init_model(tokenizer, shape, seed), tokenizer, path)
     return path
 
 

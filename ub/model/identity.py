@@ -47,11 +47,11 @@ def tiny_identity(path: str | os.PathLike[str]) -> dict[str, Any] | None:
 def current_tiny_identity(seed: int = 0) -> dict[str, Any]:
     """The identity of what ``build_tiny_model(seed=seed)`` builds with this ub and textarena
     (computed: nothing is built)."""
-    from ub.model.tiny import RECIPE_VERSION, TinyModelConfig, _textarena_version, cache_key
+    from ub.model.tiny import RECIPE_VERSION, TinyModelConfig, cache_key, textarena_version
 
     config = TinyModelConfig()
     return {"kind": "tiny", "key": cache_key(seed, config), "seed": seed,
-            "recipe_version": RECIPE_VERSION, "textarena": _textarena_version(),
+            "recipe_version": RECIPE_VERSION, "textarena": textarena_version(),
             # (as JSON has it: tuples become lists, like in a build's manifest)
             "config": json.loads(json.dumps(dataclasses.asdict(config)))}
 
@@ -98,10 +98,10 @@ def resolve_tiny_build(identity: dict[str, Any], *, verbose: bool = True) -> Pat
     """
     from ub.model.tiny import (
         TinyModelConfig,
-        _is_complete,
         build_tiny_model,
         cache_dir,
         cache_key,
+        is_complete,
         read_manifest,
     )
 
@@ -110,7 +110,7 @@ def resolve_tiny_build(identity: dict[str, Any], *, verbose: bool = True) -> Pat
         raise UbError(f"tiny build key {key!r} is not 12 or 64 hex digits")
     folder = cache_dir() / "models" / f"tiny-{key[:12]}"
     found = read_manifest(folder)
-    if found is not None and str(found.get("key", "")).startswith(key) and _is_complete(
+    if found is not None and str(found.get("key", "")).startswith(key) and is_complete(
             folder, found["key"]):
         return folder
     seed = int(identity.get("seed") or 0)
