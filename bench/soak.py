@@ -106,11 +106,16 @@ def adapter_churn(root: Path, every: int = 10) -> dict:
 
 
 def soak_config(rounds: int, games: int) -> dict:
-    """``tiny-cpu`` with small rounds, a lagged opponent and an evaluation every 50 rounds."""
+    """``tiny-cpu`` with small rounds, one optimizer step each, a lagged opponent and an
+    evaluation every 50 rounds."""
     config = read_config_data("tiny-cpu")[0]
     config.update(rounds=rounds,
                   rollout={**config["rollout"], "games_per_round": games},
                   batch={**config["batch"], "batch_size": 8 * games},
+                  # One optimizer step a round: four on rounds this small (16 rows a step)
+                  # collapsed the policy to invalid moves by round ~100, and a policy whose
+                  # games end at their first move no longer exercises the engine.
+                  learner={**config["learner"], "minibatches": 1},
                   opponents=[{"mode": "mirror", "weight": 0.8},
                              {"mode": "lagged", "k": 8, "weight": 0.2}],
                   eval={**config["eval"], "every": 50, "games": 40})
@@ -162,7 +167,8 @@ def main() -> None:
         m = manifests[r]
         return {"round": r, "seconds": round(m["timings"]["round"], 2),
                 "other_seconds": round(m["timings"]["other"], 3),
-                "decisions": m["decisions"], "generated_tokens": m["generated_tokens"]}
+                "decisions": m["decisions"], "invalid_moves": m["invalid_moves"],
+                "generated_tokens": m["generated_tokens"]}
 
     adapters = adapter_churn(root)
     print(json.dumps({
