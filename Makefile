@@ -1,6 +1,6 @@
 # Two entry points, each creating .venv on a fresh machine first:
 #   make demo   - the CPU demo end to end
-#   make test   - lint + the test suite
+#   make test   - lint (ruff), type check (mypy) + the test suite
 VENV := .venv
 STAMP := $(VENV)/.ub-installed
 UB := $(VENV)/bin/ub
@@ -23,6 +23,7 @@ lint: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/python -m mypy
 	$(VENV)/bin/python -m pytest -q
 
 clean-demo:

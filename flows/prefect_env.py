@@ -83,7 +83,7 @@ def start_tied_server() -> str | None:
     class _TiedServer(prefect_server.SubprocessASGIServer):
         def _run_uvicorn_command(self) -> subprocess.Popen:
             module_subprocess = prefect_server.subprocess
-            prefect_server.subprocess = _Subprocess()  # type: ignore[assignment]
+            prefect_server.subprocess = _Subprocess()
             try:
                 return super()._run_uvicorn_command()
             finally:

@@ -149,7 +149,8 @@ def gather(root: Path, cache: dict | None = None) -> DashboardState:
         raise UbError(f"{root} is not a ub run (no config.yaml or rounds/): give a run "
                       "directory, e.g. runs/demo")
     try:
-        total = int((yaml.safe_load((root / "config.yaml").read_text()) or {}).get("rounds"))
+        rounds_setting = (yaml.safe_load((root / "config.yaml").read_text()) or {}).get("rounds")
+        total: int | None = None if rounds_setting is None else int(rounds_setting)
     except (OSError, ValueError, TypeError, yaml.YAMLError):
         total = None
     views = RunViews(root, cache)

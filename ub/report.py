@@ -69,8 +69,8 @@ def _ratings(t: dict[str, list[dict]], fig) -> bool:
     if not members:
         return False
     latest, over_time = fig.subplots(1, 2, gridspec_kw={"width_ratios": [1, 1]})
-    checkpoints = sorted((checkpoint_update(n), n) for n in members
-                         if checkpoint_update(n) is not None)
+    checkpoints = sorted((update, n) for n in members
+                         if (update := checkpoint_update(n)) is not None)
     fixed = sorted(n for n in members if checkpoint_update(n) is None)
     last = {n: max(rows, key=lambda r: r["round"]) for n, rows in members.items()}
     if checkpoints:
@@ -93,11 +93,11 @@ def _ratings(t: dict[str, list[dict]], fig) -> bool:
     top = max((u for u, _ in checkpoints), default=1) or 1
     for update, name in checkpoints:
         rows = sorted(members[name], key=lambda r: r["round"])
-        newest = name == checkpoints[-1][1]  # (often one point: made by the last round)
+        is_newest = name == checkpoints[-1][1]  # (often one point: made by the last round)
         over_time.plot([r["round"] for r in rows], [r["mu"] for r in rows],
-                       marker="o" if newest else ".", markersize=8 if newest else 4,
-                       color=cmap(update / top), lw=2.5 if newest else 1,
-                       label=_short(name) if newest else None)
+                       marker="o" if is_newest else ".", markersize=8 if is_newest else 4,
+                       color=cmap(update / top), lw=2.5 if is_newest else 1,
+                       label=_short(name) if is_newest else None)
     for i, name in enumerate(fixed):
         rows = sorted(members[name], key=lambda r: r["round"])
         over_time.plot([r["round"] for r in rows], [r["mu"] for r in rows], ls="--",

@@ -61,11 +61,13 @@ def make_plan(root: Path, config: BatchConfig) -> Plan:
 
 
 def _ranges(values: Sequence[int]) -> str:
-    out, start, prev = [], None, None
+    out: list[str] = []
+    start: int | None = None
+    prev: int | None = None
     for v in [*values, None]:
         if start is None:
             start = prev = v
-        elif v is not None and v == prev + 1:
+        elif v is not None and prev is not None and v == prev + 1:
             prev = v
         else:
             out.append(f"{start}" if start == prev else f"{start}-{prev}")
@@ -73,7 +75,8 @@ def _ranges(values: Sequence[int]) -> str:
     return ", ".join(out)
 
 
-def quote(text: str) -> str:
+def quote(text: str | Path) -> str:
+    """``text`` as a DuckDB SQL string literal."""
     return "'" + str(text).replace("'", "''") + "'"
 
 

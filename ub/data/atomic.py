@@ -27,7 +27,7 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, write: Callable[[BinaryIO], None]) -> Path:
+def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> Path:
     """Call ``write(handle)`` on a temporary sibling of ``path``, then move it into place.
 
     :raises UbError: the folder cannot be created or the file cannot be written (disk full,

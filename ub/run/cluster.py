@@ -56,8 +56,8 @@ def on_worker(run: Any, role: str, index: int, step: Callable[..., T], *args: An
         return step(*args, worker=worker)
     import ray
 
-    worker = ray.get_actor(worker_name(run, role, index), namespace=NAMESPACE)
-    return ray.get(worker.call.remote(step, *args))
+    actor = ray.get_actor(worker_name(run, role, index), namespace=NAMESPACE)
+    return ray.get(actor.call.remote(step, *args))
 
 
 def on_learners(run: Any, step: Callable[..., T], *args: Any, worker: Worker) -> T:

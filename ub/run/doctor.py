@@ -253,7 +253,9 @@ def repair(exam: Examination) -> list[tuple[Path, Path]]:
             if update > first or folder in broken:
                 move(folder)
     for finding in exam.findings:
-        if finding.derived and (first is None or finding.breaks_round < first):
+        # (a derived finding always names the round that rewrites it)
+        if (finding.derived and finding.breaks_round is not None
+                and (first is None or finding.breaks_round < first)):
             _rewrite_metrics(paths, finding.breaks_round)
     return moved
 
@@ -261,9 +263,7 @@ def repair(exam: Examination) -> list[tuple[Path, Path]]:
 def _round_files(paths: RunPaths) -> list[tuple[Path, int]]:
     """Every per-round file and shard folder of the run with the round that made it, named by
     the layout's own path functions (so a change of folder naming carries over)."""
-    from types import SimpleNamespace
-
-    from ub.run.tracking import metrics_path
+    from ub.run.tracking import metrics_file
 
     shard_rounds = [sid.round for root in (paths.train_data, paths.eval_data)
                     for sid in committed_shards(root)]
@@ -277,7 +277,7 @@ def _round_files(paths: RunPaths) -> list[tuple[Path, int]]:
             found.append((shard_path(paths.eval_data, table, ShardId(number, 0)).parent,
                           max(number - 1, 0)))
         found += [(paths.ratings(number), number), (paths.final_rewards_state(number), number),
-                  (metrics_path(SimpleNamespace(paths=paths), number), number)]
+                  (metrics_file(paths, number), number)]
     return found
 
 

@@ -42,7 +42,7 @@ def run_logs(folder: Path) -> Iterator[dict[str, Path]]:
                 logger.setLevel(logging.INFO)
         yield {name: folder / file_name for name, file_name in COMPONENTS.items()}
     finally:
-        for logger, handler, level in attached:
-            logger.removeHandler(handler)
-            logger.setLevel(level)
-            handler.close()
+        for attached_logger, attached_handler, level in attached:
+            attached_logger.removeHandler(attached_handler)
+            attached_logger.setLevel(level)
+            attached_handler.close()

@@ -238,7 +238,7 @@ def round_summary_markdown(run: Run, round_: int, m: dict[str, Any]) -> str:
 
 def learning_curve(run: Run) -> list[tuple[int, dict[str, Any]]]:
     """Every evaluation of the run, in checkpoint order: ``(update, row)``."""
-    out = []
+    out: list[tuple[int, dict[str, Any]]] = []
     for round_ in run.paths.committed_rounds():
         manifest = read_json(run.paths.manifest(round_))
         for update, rows in sorted(manifest.get("evals", {}).items(), key=lambda kv: int(kv[0])):

@@ -404,8 +404,8 @@ def rollout_sampling(config: TrainConfig, *, evaluation: bool = False) -> Sampli
 
     s = config.sampling
     if evaluation:
-        return SamplingConfig(config.eval.temperature, 1.0, s.max_tokens, s.stop)
-    return SamplingConfig(s.temperature, s.top_p, s.max_tokens, s.stop)
+        return SamplingConfig(config.eval.temperature, 1.0, s.max_tokens, tuple(s.stop))
+    return SamplingConfig(s.temperature, s.top_p, s.max_tokens, tuple(s.stop))
 
 
 # --------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ import copy
 import dataclasses
 import logging
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -29,8 +29,10 @@ from ub.errors import UbError
 
 log = logging.getLogger("ub.config")
 
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-ATTENTION = ("auto", "sdpa", "eager", "flash_attention_2")
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+Attention = Literal["auto", "sdpa", "eager", "flash_attention_2"]
+DTYPES: tuple[str, ...] = get_args(Dtype)
+ATTENTION: tuple[str, ...] = get_args(Attention)
 ALL_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 OPPONENT_MODES = ("mirror", "lagged", "random", "fixed", "match-quality", "ts-dist", "exploration")
 LAGGED_K = 4
@@ -105,6 +107,11 @@ def check_types(section: type[BaseModel], data: Mapping[str, Any], name: str) ->
 TransformSpec = str | dict[str, Any]
 
 
+def _specs(*specs: TransformSpec) -> list[TransformSpec]:
+    """A fresh list of transform specs (a default factory's value)."""
+    return list(specs)
+
+
 class BatchSection(Section):
     """What goes into a training batch (``ub batch`` and every ``ub train`` round)."""
 
@@ -120,14 +127,14 @@ class BatchSection(Section):
                                           "checkpoints; null: any (ub train: the behaviour "
                                           "policy's).")
     final: list[TransformSpec] = Field(
-        default_factory=lambda: [{"name": "win_draw_loss"}, {"name": "role_advantage",
-                                                             "ema": 0.95}],
+        default_factory=lambda: _specs({"name": "win_draw_loss"},
+                                       {"name": "role_advantage", "ema": 0.95}),
         description="Final-stage reward transforms, in order (names or {name, **params}; see "
                     "docs/rewards.md).")
     step: list[TransformSpec] = Field(default_factory=list, description="Step-stage reward "
                                       "transforms (per-decision shaping), in order.")
     sampling: list[TransformSpec] = Field(
-        default_factory=lambda: [{"name": "normalize_per_env"}],
+        default_factory=lambda: _specs({"name": "normalize_per_env"}),
         description="Sampling-stage transforms (on the sampled rows), in order.")
     drop_zero_reward: bool = Field(False, description="Drop decisions whose reward after the "
                                    "final and step stages is 0 (|r| <= 1e-9) before sampling "
@@ -160,9 +167,9 @@ class LearnerSection(Section):
     """How the learner trains (``ub learn`` and every ``ub train`` round); see
     docs/algorithms.md."""
 
-    dtype: Literal[DTYPES] = Field("auto", description="Base weights' dtype; auto: bfloat16 on "
+    dtype: Dtype = Field("auto", description="Base weights' dtype; auto: bfloat16 on "
                                    "a GPU, float32 on the CPU.")
-    attn_implementation: Literal[ATTENTION] = Field(
+    attn_implementation: Attention = Field(
         "auto", description="auto: flash_attention_2 on a GPU with a 16-bit dtype when "
         "installed, else sdpa.")
     device: str = Field("auto", description="auto: cuda if available, else cpu; or a torch "

@@ -42,7 +42,12 @@ from ub.run.views import METRICS_SCHEMA
 
 
 def metrics_path(run: Run, round_: int) -> Path:
-    return run.paths.root / "metrics" / f"round-{round_:06d}.parquet"
+    return metrics_file(run.paths, round_)
+
+
+def metrics_file(paths: RunPaths, round_: int) -> Path:
+    """Round ``round_``'s metrics file in the run at ``paths``."""
+    return paths.root / "metrics" / f"round-{round_:06d}.parquet"
 
 
 def _collection(run: Run, round_: int) -> dict[str, float]:
@@ -186,12 +191,12 @@ def wandb_rows(round_: int, metrics: dict[str, float],
         for r in results:
             base = f"eval/{r['env_id']}/{r['opponent']}"
             games = max(r["games"], 1)
-            figures = {"win_rate": r["win_rate"], "win_low": r["win_low"],
-                       "win_high": r["win_high"], "draw_rate": r["draws"] / games,
-                       "loss_rate": r["losses"] / games,
-                       "invalid_move_rate": r["invalid_move_rate"],
-                       "baseline_win_rate": r.get("baseline_win_rate")}
-            row.update({f"{base}/{k}": float(v) for k, v in figures.items()
+            rates = {"win_rate": r["win_rate"], "win_low": r["win_low"],
+                     "win_high": r["win_high"], "draw_rate": r["draws"] / games,
+                     "loss_rate": r["losses"] / games,
+                     "invalid_move_rate": r["invalid_move_rate"],
+                     "baseline_win_rate": r.get("baseline_win_rate")}
+            row.update({f"{base}/{k}": float(v) for k, v in rates.items()
                         if isinstance(v, int | float) and math.isfinite(v)})
         rows.append((2 * int(update), row))
     return sorted(rows, key=lambda step_row: step_row[0])
@@ -210,8 +215,11 @@ def log_wandb(run: Run, round_: int, metrics: dict[str, float],
         os.environ.setdefault("WANDB_SILENT", "true")
         import wandb
 
+        # WANDB_MODE passes through as W&B reads it; wandb.init's annotation of mode omits
+        # the legacy "dryrun" and "run" that its settings still accept.
         wb = wandb.init(project=run.config.tracking.project, name=run.name,
-                        id=wandb_run_id(run.paths), dir=str(run.paths.root), mode=mode,
+                        id=wandb_run_id(run.paths), dir=str(run.paths.root),
+                        mode=mode,  # type: ignore[arg-type]
                         resume="allow", config=run.config.model_dump(mode="json"))
         # Every metric's x-axis: a round's figures against the round, an evaluation's against
         # the checkpoint it measured (checkpoint u is evaluated in round u - 1).
