@@ -270,8 +270,10 @@ class RolloutRunner:
 
         g, spec = item.game, item.assignment.spec
         template = get_template(spec.template)
-        prompt = template.render(g.observation, self._tokenizer)
-        ids = self._tokenizer.encode(prompt)
+        tokenizer = self._tokenizer
+        assert tokenizer is not None  # a model seat has an engine (checked in __init__)
+        prompt = template.render(g.observation, tokenizer)
+        ids = tokenizer.encode(prompt)
         if len(ids) > self._max_prompt:
             g.fail(ValueError(
                 f"prompt of {len(ids)} tokens does not fit engine.max_model_len "
@@ -355,7 +357,7 @@ class RolloutRunner:
 
     def _finish(self, item: _Live) -> None:
         """Count a finished game and add its rows."""
-        result = item.game.result
+        result = item.game.final
         self.stats.games += 1
         self.stats.errored_games += result.outcome == "error"
         self.stats.outcomes[result.outcome] = self.stats.outcomes.get(result.outcome, 0) + 1
@@ -369,7 +371,7 @@ class RolloutRunner:
 def _step_rows(item: _Live, where: dict[str, Any]) -> list[dict]:
     """The ``steps`` rows of a finished game, one per decision."""
     a, g = item.assignment, item.game
-    result = g.result
+    result = g.final
     rows = []
     for d in g.decisions:
         actor = a.actors[d.seat]
@@ -399,7 +401,7 @@ def _step_rows(item: _Live, where: dict[str, Any]) -> list[dict]:
 def _game_row(item: _Live, where: dict[str, Any]) -> dict:
     """The ``games`` row of a finished game."""
     a, g = item.assignment, item.game
-    result = g.result
+    result = g.final
     return {
         **where, "game_id": g.game_id,
         "game_index": a.game_index, "env_id": a.spec.env_id, "seed": a.seed,

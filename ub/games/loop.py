@@ -95,10 +95,10 @@ class Game:
         self.observation: str = ""
         self._rng_state = random.Random(seed).getstate()
         self._started = time.perf_counter()
-        self.env = None
+        self.env: Any = None  # a TextArena env (untyped); None if making it failed
         try:
-            self.env = make_env(spec.env_id)
-            self._isolated(lambda: self.env.reset(num_players=spec.num_players, seed=seed))
+            env = self.env = make_env(spec.env_id)
+            self._isolated(lambda: env.reset(num_players=spec.num_players, seed=seed))
             self._set_invalid_move_retries(spec.invalid_move_retries)
             self._observe()
         except Exception as exc:
@@ -127,6 +127,13 @@ class Game:
         finally:
             self._rng_state = random.getstate()
             random.setstate(outer)
+
+    @property
+    def final(self) -> GameResult:
+        """The result of a finished game (an error before it has finished)."""
+        if self.result is None:
+            raise RuntimeError(f"game {self.game_id} has not finished")
+        return self.result
 
     def _observe(self) -> None:
         seat, observation = self._isolated(self.env.get_observation)

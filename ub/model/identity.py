@@ -118,9 +118,10 @@ def resolve_tiny_build(identity: dict[str, Any], *, verbose: bool = True) -> Pat
     recorded = identity.get("config")
     if isinstance(recorded, dict) and set(recorded) == {
             f.name for f in dataclasses.fields(TinyModelConfig)}:
+        fields: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in recorded.items()}
         with contextlib.suppress(UbError, TypeError, ValueError):
-            candidates.append(TinyModelConfig(**{
-                k: tuple(v) if isinstance(v, list) else v for k, v in recorded.items()}))
+            candidates.append(TinyModelConfig(**fields))
     candidates.append(TinyModelConfig())
     for config in candidates:
         if cache_key(seed, config).startswith(key):

@@ -117,7 +117,10 @@ def _batch_loss(model: Any, examples: Sequence[Example], prompt_weight: float) -
         ids[row, : len(ex.ids)] = torch.tensor(ex.ids)
     hidden = model.model(input_ids=ids).last_hidden_state
 
-    rows, cols, tok_index, tok_prob = [], [], [], []
+    rows: list[int] = []
+    cols: list[int] = []
+    tok_index: list[tuple[int, int]] = []
+    tok_prob: list[float] = []
     for row, ex in enumerate(examples):
         for j, dist in enumerate(ex.targets):
             position = len(rows)
