@@ -18,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -30,6 +30,9 @@ from ub.games.loop import Game
 from ub.games.specs import GameSpec
 from ub.games.templates import get_template
 from ub.seeding import derive_seed
+
+if TYPE_CHECKING:
+    from ub.inference.protocols import InferenceEngine
 
 
 @dataclass(frozen=True)
@@ -102,27 +105,10 @@ class _Live:
     players: dict[int, Any]
 
 
-def play_games(
-    assignments: list[GameAssignment],
-    *,
-    engine: Any = None,
-    run: str = "",
-    round_: int = 0,
-    shard: int = 0,
-    base_seed: int = 0,
-    concurrency: int = 128,
-    sampling: Any = None,
-    seed_round: int | str | None = None,
-    game_id_prefix: str | None = None,
-    progress: Callable[[int, int], None] | None = None,
-) -> Rollout:
+def play_games(assignments: list[GameAssignment], **options: Any) -> Rollout:
     """Play every assignment and return the ``steps`` and ``games`` tables
-    (:class:`RolloutRunner`'s parameters; one runner, played once)."""
-    return RolloutRunner(
-        assignments, engine=engine, run=run, round_=round_, shard=shard, base_seed=base_seed,
-        concurrency=concurrency, sampling=sampling, seed_round=seed_round,
-        game_id_prefix=game_id_prefix, progress=progress,
-    ).play()
+    (``options``: :class:`RolloutRunner`'s keyword parameters; one runner, played once)."""
+    return RolloutRunner(assignments, **options).play()
 
 
 class RolloutRunner:
@@ -148,7 +134,7 @@ class RolloutRunner:
         self,
         assignments: list[GameAssignment],
         *,
-        engine: Any = None,
+        engine: InferenceEngine | None = None,
         run: str = "",
         round_: int = 0,
         shard: int = 0,
@@ -170,7 +156,6 @@ class RolloutRunner:
         self.prefix = game_id_prefix or f"{run or 'play'}-r{round_:06d}"
         self.progress = progress
         self.stats = RolloutStats()
-        self._tokenizer = engine.tokenizer if engine is not None else None
         self._max_prompt = (engine.config.max_model_len - 1) if engine is not None else 0
         self._step_rows: list[dict] = []
         self._game_rows: list[dict] = []
@@ -222,11 +207,16 @@ class RolloutRunner:
             self.stats,
         )
 
+    def _model_engine(self) -> InferenceEngine:
+        """The engine, for model seats (``__init__`` refused model seats without one)."""
+        assert self.engine is not None
+        return self.engine
+
     def _release(self) -> None:
         for client in self._hosted_clients.values():
             client.close()
         if self._waiting:  # failed midway: nothing of this rollout may surface in the next one
-            self.engine.abort(list(self._waiting))
+            self._model_engine().abort(list(self._waiting))
 
     def _start_more(self) -> None:
         """Start queued games until ``concurrency`` are in flight."""
@@ -270,20 +260,20 @@ class RolloutRunner:
 
         g, spec = item.game, item.assignment.spec
         template = get_template(spec.template)
-        tokenizer = self._tokenizer
-        assert tokenizer is not None  # a model seat has an engine (checked in __init__)
+        tokenizer = self._model_engine().tokenizer
         prompt = template.render(g.observation, tokenizer)
         ids = tokenizer.encode(prompt)
         if len(ids) > self._max_prompt:
             g.fail(ValueError(
                 f"prompt of {len(ids)} tokens does not fit engine.max_model_len "
-                f"{self.engine.config.max_model_len}"
+                f"{self._model_engine().config.max_model_len}"
             ))
             return False
         seed = derive_seed(self.base_seed, self.seed_scope, item.assignment.game_index, g.turn,
                            "sample")
         request_id = f"{g.game_id}-t{g.turn}"
-        self.engine.submit(GenerationRequest(request_id, ids, seed, actor.adapter, self.sampling))
+        request = GenerationRequest(request_id, ids, seed, actor.adapter, self.sampling)
+        self._model_engine().submit(request)
         self._waiting[request_id] = (item, {
             "template": template.name, "prompt": prompt, "prompt_token_ids": ids,
             "sampling_seed": seed, "submitted": time.perf_counter(),
@@ -292,7 +282,7 @@ class RolloutRunner:
 
     def _receive_model(self) -> None:
         """One engine step: apply every finished completion to its game, in the engine's order."""
-        for gen in self.engine.step():
+        for gen in self._model_engine().step():
             item, det = self._waiting.pop(gen.request_id)
             action, format_ok = get_extractor(item.assignment.spec.extractor_name)(gen.text)
             self.stats.model_decisions += 1
