@@ -83,9 +83,10 @@ def test_dashboard_state_is_the_runs_data(run_dir):
 
     games_files, steps_files = (f"read_parquet('{run_dir}/{kind}/round-000001/shard-*.parquet')"
                                 for kind in ("games", "steps"))
-    [games] = duckdb.execute(f"SELECT count(*) FROM {games_files}").fetchone()
-    [tokens] = duckdb.execute(f"SELECT sum(num_completion_tokens) FROM {steps_files} "
-                              "WHERE actor_kind = 'model'").fetchone()
+    db = duckdb.connect()  # not the process-wide default: fetchone() leaves a result open
+    [games] = db.execute(f"SELECT count(*) FROM {games_files}").fetchone()
+    [tokens] = db.execute(f"SELECT sum(num_completion_tokens) FROM {steps_files} "
+                          "WHERE actor_kind = 'model'").fetchone()
     assert games == CONFIG["rollout"]["games_per_round"]
     seconds = json.loads((run_dir / "rounds" / "round-000001.json").read_text())["timings"][
         "rollout"]

@@ -141,14 +141,17 @@ def _assert_manifest_counts_its_shards(paths: RunPaths, round_: int, manifest: d
     over the round's Parquet files (and the config's games per round)."""
     import duckdb
 
+    # Its own connection: fetchone() leaves a result open, which would make the process-wide
+    # default connection refuse the next test's query.
+    db = duckdb.connect()
     per_round = TEST_CONFIG["rollout"]["games_per_round"]
     games = f"read_parquet('{paths.root}/games/round-{round_:06d}/shard-*.parquet')"
     steps = f"read_parquet('{paths.root}/steps/round-{round_:06d}/shard-*.parquet')"
-    assert duckdb.execute(f"SELECT count(*) FROM {games}").fetchone()[0] == per_round
+    assert db.execute(f"SELECT count(*) FROM {games}").fetchone()[0] == per_round
     assert manifest["games"] == per_round
     assert manifest["outcomes"] == dict(
-        duckdb.execute(f"SELECT outcome, count(*) FROM {games} GROUP BY outcome").fetchall())
-    decisions, model, invalid, tokens = duckdb.execute(
+        db.execute(f"SELECT outcome, count(*) FROM {games} GROUP BY outcome").fetchall())
+    decisions, model, invalid, tokens = db.execute(
         "SELECT count(*), count(*) FILTER (actor_kind = 'model'), "
         "count(*) FILTER (actor_kind = 'model' AND invalid_move), "
         f"sum(num_completion_tokens) FILTER (actor_kind = 'model') FROM {steps}").fetchone()
@@ -161,7 +164,7 @@ def _assert_manifest_counts_its_shards(paths: RunPaths, round_: int, manifest: d
     # role baselines count each finished game's seats.
     state = json.loads(paths.final_rewards_state(round_).read_text())
     assert state["games"] == (round_ + 1) * per_round
-    seats = duckdb.execute(
+    seats = db.execute(
         "SELECT env_id, role, count(*) FROM (SELECT env_id, unnest(roles) AS role FROM "
         f"read_parquet('{paths.root}/games/round-*/shard-*.parquet') "
         f"WHERE outcome <> 'error' AND round <= {round_}) GROUP BY ALL").fetchall()
