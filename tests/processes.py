@@ -2,7 +2,20 @@
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
+
+
+def as_from_a_terminal() -> None:
+    """``preexec_fn`` for a command that a test stops with SIGINT or SIGTERM. A child inherits
+    its parent's ignored signals and its spawning thread's blocked ones: a shell starts a
+    background job (``make test &``) with SIGINT ignored, and libraries loaded by earlier tests
+    in the same pytest process may block signals. Either way the command would never see the
+    signal the test sends; give it what a terminal gives it."""
+    stops = {signal.SIGINT, signal.SIGTERM}
+    for number in stops:
+        signal.signal(number, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
 
 
 def descendants(pid: int) -> list[int]:

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
+from processes import as_from_a_terminal
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFECT = [sys.executable, "-m", "prefect"]
@@ -156,7 +157,7 @@ def test_deployment_runs_log_ub_lines_and_continue_a_run_started_with_overrides(
     worker = subprocess.Popen([*PREFECT, "worker", "start", "--pool", "ub-process"], cwd=ROOT,
                               env={**env, "PREFECT_WORKER_QUERY_SECONDS": "2"},
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              start_new_session=True)
+                              start_new_session=True, preexec_fn=as_from_a_terminal)
 
     def run_to_the_end(run_id: str) -> None:
         def finished() -> dict | None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from processes import descendants
+from processes import as_from_a_terminal, descendants
 
 from flows.cli import main
 from ub.run.layout import RunPaths
@@ -102,7 +102,8 @@ class Served:
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "flows.cli", "serve", RUN, "--root", str(paths.root.parent),
              "--port", str(self.port), *args],
-            stdout=subprocess.PIPE, stderr=self.log, text=True, env=_user_env())
+            stdout=subprocess.PIPE, stderr=self.log, text=True, env=_user_env(),
+            preexec_fn=as_from_a_terminal)
         self.lines: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
 
