@@ -194,7 +194,7 @@ def show(config: TrainConfig, label: str) -> str:
 
 def load_any(what: str, overrides: list[str] | None = None) -> tuple[TrainConfig, str]:
     """A preset name, a YAML file or a run folder (its ``config.yaml``), validated."""
-    from ub.run.config import apply_overrides, load_config, load_yaml, read_text, validate_config
+    from ub.run.config import apply_overrides, load_config, read_config_data, validate_config
 
     path = Path(what).expanduser()
     if path.is_dir():
@@ -202,13 +202,8 @@ def load_any(what: str, overrides: list[str] | None = None) -> tuple[TrainConfig
         if not stored.is_file():
             raise UbError(f"{path} is a folder without config.yaml: give a run folder, a preset "
                           "or a YAML file")
-        try:
-            data = load_yaml(read_text(stored, "run config")) or {}
-        except yaml.YAMLError as exc:
-            raise UbError(f"{stored} is not valid YAML: {exc}".replace("\n", " ")) from None
-        if not isinstance(data, dict):
-            raise UbError(f"{stored} must be a YAML mapping of settings")
-        return validate_config(apply_overrides(data, overrides or []), str(stored)), str(stored)
+        data, label = read_config_data(str(stored))
+        return validate_config(apply_overrides(data, overrides or []), label), label
     config = load_config(what, overrides)
     return config, (str(path) if path.suffix in (".yaml", ".yml") else f"preset {what}")
 
