@@ -19,10 +19,11 @@ from tasks.track import artifact_key
 from ub.errors import UbError
 from ub.evaluation import EvalRow
 from ub.learner.checkpoint import latest_checkpoint
+from ub.run.base_model import resolve_base_model
 from ub.run.layout import RunPaths, checkpoint_name
 from ub.run.lock import RunLock
 from ub.run.logs import run_logs
-from ub.run.rounds import Run, resolve_base_model, resolve_run_config
+from ub.run.rounds import Run, resolve_run_config
 from ub.run.store import fetch_checkpoint, sync
 
 log = logging.getLogger("ub.flow")

@@ -6,7 +6,7 @@ due, ratings absorb the round's games, and the round manifest commits it. Starti
 on the same run continues after the last committed round.
 
 On a Ray cluster the same tasks run through prefect-ray (:mod:`flows.ray_runner`); the steps
-themselves are the library's (:mod:`ub.run.rounds`, through :mod:`tasks`).
+themselves are the library's (:mod:`ub.run.rounds` names their modules; through :mod:`tasks`).
 """
 
 from __future__ import annotations
@@ -31,13 +31,16 @@ from tasks import (
     start_checkpoint,
     track,
 )
+from ub.run.base_model import resolve_base_model
 from ub.run.config import load_config
+from ub.run.evaluate import eval_due
 from ub.run.layout import RunPaths, remove_orphans
 from ub.run.lock import RunLock
 from ub.run.logs import run_logs
 from ub.run.manifest import GcClock, round_manifest, timed
+from ub.run.play import ShardResult
 from ub.run.progress import Progress
-from ub.run.rounds import Run, ShardResult, eval_due, open_run, resolve_base_model
+from ub.run.rounds import Run, open_run
 from ub.run.store import publish, sync
 from ub.run.tracking import finish_wandb, wandb_run_id
 

@@ -60,10 +60,11 @@ def _check_manifests(paths) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from flows.prefect_env import configure_prefect
+    from ub.run.base_model import check_base_model
     from ub.run.config import load_config
     from ub.run.layout import RunPaths
     from ub.run.lock import RunLock
-    from ub.run.rounds import check_base_model, resolve_run_config
+    from ub.run.rounds import resolve_run_config
 
     if args.resume and args.config:
         raise UbError("give a CONFIG to start (or continue) a run, or --resume NAME to continue "

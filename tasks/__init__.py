@@ -1,4 +1,5 @@
-"""Prefect tasks: thin wrappers over :mod:`ub.run.rounds`, one module per step of a round.
+"""Prefect tasks: thin wrappers over the steps of a round (:mod:`ub.run.rounds` names their
+modules), one module per step.
 
 Each declares its retries and returns small things (paths, counts, metrics). Engines and the
 learner's base model live in the process's worker (:func:`ub.run.worker.process_worker`, which

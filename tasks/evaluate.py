@@ -8,7 +8,8 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from ub.run.cluster import on_worker
-from ub.run.rounds import Run, evaluate_checkpoint
+from ub.run.evaluate import evaluate_checkpoint
+from ub.run.rounds import Run
 from ub.run.worker import process_worker
 
 

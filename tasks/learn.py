@@ -8,7 +8,8 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from ub.run.cluster import on_learners, on_worker
-from ub.run.rounds import Run, initial_checkpoint, learn_round
+from ub.run.learn import initial_checkpoint, learn_round
+from ub.run.rounds import Run
 from ub.run.worker import process_worker
 
 

@@ -6,7 +6,9 @@ from prefect import task
 from prefect.cache_policies import NONE
 
 from ub.run.cluster import on_worker, rollout_worker
-from ub.run.rounds import PlannedGame, Run, ShardResult, rollout_shard
+from ub.run.plan import PlannedGame
+from ub.run.play import ShardResult, rollout_shard
+from ub.run.rounds import Run
 from ub.run.worker import process_worker
 
 

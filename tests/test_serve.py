@@ -49,22 +49,27 @@ READY_S = 300
 def served_run(tiny_model, tmp_path_factory) -> RunPaths:
     """Round 0 of a run, played, learned and evaluated (checkpoints 0 and 1, greedy) by ub's
     own steps in this process; the engine is shut down afterwards (one vLLM at a time)."""
-    from ub.run import rounds
+    from ub.run.base_model import resolve_base_model
     from ub.run.config import validate_config
+    from ub.run.evaluate import evaluate_checkpoint
+    from ub.run.learn import initial_checkpoint, learn_round
+    from ub.run.plan import plan_round
+    from ub.run.play import rollout_shard
+    from ub.run.rounds import Run, open_run
     from ub.run.worker import process_worker
 
     paths = RunPaths.of(tmp_path_factory.mktemp("runs"), RUN)
     config = validate_config(CONFIG, "test_serve")
-    rounds.open_run(paths, config)
-    run = rounds.Run(paths, config, rounds.resolve_base_model(config))
+    open_run(paths, config)
+    run = Run(paths, config, resolve_base_model(config))
     worker = process_worker()
     try:
-        rounds.initial_checkpoint(run, worker=worker)
-        for shard, games in enumerate(rounds.plan_round(run, 0)):
-            rounds.rollout_shard(run, 0, shard, games, worker=worker)
-        rounds.learn_round(run, 0, worker=worker)
+        initial_checkpoint(run, worker=worker)
+        for shard, games in enumerate(plan_round(run, 0)):
+            rollout_shard(run, 0, shard, games, worker=worker)
+        learn_round(run, 0, worker=worker)
         for update in (0, 1):
-            rounds.evaluate_checkpoint(run, update, worker=worker)
+            evaluate_checkpoint(run, update, worker=worker)
     finally:
         worker.close_engine()
     return paths

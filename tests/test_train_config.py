@@ -126,7 +126,7 @@ def test_bad_override_syntax():
 
 
 def test_stop_strings_reach_training_and_evaluation_sampling():
-    from ub.run.rounds import rollout_sampling
+    from ub.run.play import rollout_sampling
 
     config = load_config("tiny-cpu", ["sampling.stop=[']', ';']", "eval.temperature=0"])
     train, evaluation = rollout_sampling(config), rollout_sampling(config, evaluation=True)

@@ -124,7 +124,8 @@ def test_two_rounds_commit_shards_checkpoints_ratings_and_evals(reference_run):
         logs / "eval.log").read_text()
     assert "ratings after round 1" in (logs / "pool.log").read_text()
     # Ratings are a function of the games: a rebuild from the shards equals each snapshot.
-    from ub.run.rounds import Run, rebuild_ratings, resolve_run_config
+    from ub.run.rate import rebuild_ratings
+    from ub.run.rounds import Run, resolve_run_config
 
     run = Run(paths, resolve_run_config(paths, None)[0], "unused")
     for round_ in (0, 1):

@@ -104,7 +104,8 @@ def differences(run: Path, reference: Path) -> list[str]:
     from ub.learner.checkpoint import read_adapter, read_checkpoint
     from ub.run.doctor import examine
     from ub.run.layout import RunPaths
-    from ub.run.rounds import Run, rebuild_ratings, resolve_run_config
+    from ub.run.rate import rebuild_ratings
+    from ub.run.rounds import Run, resolve_run_config
 
     found = []
     paths, ref = RunPaths(run), RunPaths(reference)

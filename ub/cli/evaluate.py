@@ -26,16 +26,13 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     from ub.data.shards import next_free_shard
     from ub.learner.checkpoint import latest_checkpoint
+    from ub.run.base_model import resolve_base_model
+    from ub.run.evaluate import evaluate_checkpoint
     from ub.run.layout import RunPaths, checkpoint_name
     from ub.run.lock import RunLock
+    from ub.run.plan import actor_spec
     from ub.run.progress import baseline_cell, eval_cell
-    from ub.run.rounds import (
-        Run,
-        actor_spec,
-        evaluate_checkpoint,
-        resolve_base_model,
-        resolve_run_config,
-    )
+    from ub.run.rounds import Run, resolve_run_config
     from ub.run.store import fetch_checkpoint
     from ub.run.worker import process_worker
 

@@ -11,7 +11,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from ub.run.cluster import rollout_worker
-from ub.run.rounds import Run, ShardResult
+from ub.run.play import ShardResult
+from ub.run.rounds import Run
 
 
 def round_manifest(run: Run, shards: list[ShardResult], metrics: dict[str, Any],

@@ -3,7 +3,7 @@ progress bar for anything long (a round's games, an evaluation, the tiny model's
 
 Everything shown is read back from the round manifests, so a resumed run's summary covers the
 rounds of earlier processes too. This module imports nothing heavy: :mod:`ub.model.tiny` and
-:mod:`ub.run.rounds` use :func:`progress_bar` too.
+:mod:`ub.run.play` use :func:`progress_bar` too.
 """
 
 from __future__ import annotations

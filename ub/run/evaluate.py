@@ -1,0 +1,74 @@
+"""Evaluating a run's checkpoints against fixed opponents: when it is due, and the games."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import pyarrow.parquet as pq
+
+from ub.data.shards import ShardId, shard_path
+from ub.games.specs import GameSpec
+from ub.run.config import TrainConfig
+from ub.run.layout import checkpoint_name
+from ub.run.plan import actor_spec
+from ub.run.play import play_shard, rollout_sampling
+from ub.run.rounds import Run
+from ub.seeding import derive_seed
+
+if TYPE_CHECKING:
+    from ub.run.worker import Worker
+
+log_eval = logging.getLogger("ub.eval")
+
+
+def eval_due(config: TrainConfig, update: int) -> bool:
+    """Checkpoints evaluated: the start (0), every ``eval.every`` updates, and the last."""
+    every = config.eval.every
+    return every > 0 and (update == 0 or update % every == 0 or update == config.rounds)
+
+
+def evaluate_checkpoint(run: Run, update: int, *, opponents: list[str] | None = None,
+                        envs: list[str] | None = None, games: int | None = None,
+                        shard: int = 0, worker: Worker) -> dict[str, Any]:
+    """Checkpoint ``update`` vs each opponent on each env, seats balanced: ``{"rows": [per
+    (env, opponent) results with Wilson intervals], "seconds": play time, "reused": bool,
+    "shard": path}``.
+
+    Shard 0 of eval round ``update`` is the run's own evaluation (the ``eval`` settings; rated,
+    and reused if it exists); ad-hoc evaluations (``ub eval`` with other opponents, envs or
+    game counts) go to later shards of the same round and are not rated.
+
+    The games run on ``worker``'s engine.
+    """
+    from ub.evaluation import eval_assignments, random_baseline, summarize, with_baseline
+
+    config = run.config
+    actor = actor_spec(run, checkpoint_name(update))
+    rivals = [actor_spec(run, n) for n in (opponents or config.eval.opponents)]
+    env_ids = envs or config.eval.envs or [e.env_id for e in config.envs]
+    by_id = {e.env_id: e for e in config.envs}
+    specs = [GameSpec(i, by_id[i].num_players, by_id[i].template, by_id[i].extractor,
+                      by_id[i].max_turns) if i in by_id else GameSpec(i) for i in env_ids]
+    assignments = eval_assignments(actor, rivals, specs, games or config.eval.games,
+                                   derive_seed(config.seed, "eval"))
+    sampling = rollout_sampling(config, evaluation=True)
+    sid = ShardId(update, shard)
+    played = play_shard(worker, run, run.paths.eval_data, sid, assignments, sampling=sampling,
+                         kind="eval")
+    games_table = pq.read_table(shard_path(run.paths.eval_data, "games", sid))
+    steps = pq.read_table(shard_path(run.paths.eval_data, "steps", sid),
+                          columns=["game_id", "env_id", "actor", "invalid_move", "format_ok"])
+    summary = summarize(games_table, steps, actor.name)
+    if all(r.kind == "scripted" for r in rivals):  # the bar to clear: random on the same seeds
+        baseline = random_baseline(assignments, actor.name, config.seed)
+        summary = with_baseline(summary, baseline)
+    rows = [row.to_dict() for row in summary]
+    for row in rows:
+        log_eval.info("%s vs %s on %s: %d games, win %.3f [%.3f, %.3f], invalid %.3f "
+                      "(random in its seats: %s)", actor.name, row["opponent"], row["env_id"],
+                      row["games"], row["win_rate"], row["win_low"], row["win_high"],
+                      row["invalid_move_rate"], "n/a" if row["baseline_win_rate"] is None
+                      else f"{row['baseline_win_rate']:.3f}")
+    return {"rows": rows, "seconds": 0.0 if played.reused else played.seconds,
+            "reused": played.reused, "shard": played.games_path}

@@ -1,0 +1,158 @@
+"""Playing a round's games: the run's engine and sampling, and one shard of games played and
+committed (training rollouts here; evaluation shards through :mod:`ub.run.evaluate`)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ub.actors.spec import ActorSpec
+from ub.data.shards import ShardId, is_committed, read_metadata, shard_path, write_shard
+from ub.run.config import TrainConfig
+from ub.run.plan import PlannedGame, actor_spec, game_specs
+from ub.run.rounds import Run
+from ub.run.store import fetch_checkpoint, publish
+from ub.seeding import derive_seed
+
+if TYPE_CHECKING:
+    from ub.inference.protocols import InferenceEngine
+    from ub.inference.types import EngineConfig, SamplingConfig
+    from ub.run.worker import Worker
+
+log_rollout = logging.getLogger("ub.rollout")
+log_eval = logging.getLogger("ub.eval")
+
+
+def run_engine_config(run: Run) -> EngineConfig:
+    """The run's vLLM engine settings (its ``engine:`` section on its base model)."""
+    from ub.inference.types import EngineConfig
+
+    e = run.config.engine
+    return EngineConfig(
+        model=run.base_model, dtype=e.dtype, max_model_len=e.max_model_len,
+        max_num_seqs=e.max_num_seqs, max_lora_rank=e.max_lora_rank, max_loras=e.max_loras,
+        kv_cache_gib=e.kv_cache_gib, gpu_memory_utilization=e.gpu_memory_utilization,
+        seed=run.config.seed)
+
+
+def run_engine(worker: Worker, run: Run, sampling: SamplingConfig) -> InferenceEngine:
+    """The worker's vLLM engine for this run (started once, kept across rounds), sampling with
+    ``sampling`` unless a request says otherwise."""
+    from ub.inference.environment import configure_vllm_environment
+
+    configure_vllm_environment()
+    return worker.engine(run_engine_config(run), sampling)
+
+
+def rollout_sampling(config: TrainConfig, *, evaluation: bool = False) -> SamplingConfig:
+    """How the run's model seats sample: ``sampling`` for training games; for evaluation the
+    same budget and stop strings at ``eval.temperature`` (no top-p)."""
+    from ub.inference.types import SamplingConfig
+
+    s = config.sampling
+    if evaluation:
+        return SamplingConfig(config.eval.temperature, 1.0, s.max_tokens, tuple(s.stop))
+    return SamplingConfig(s.temperature, s.top_p, s.max_tokens, tuple(s.stop))
+
+
+# --------------------------------------------------------------------------------------------
+# Steps
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass
+class ShardResult:
+    """What a rollout or eval task returns: the shard's paths and a few counts."""
+
+    games_path: str
+    games: int
+    decisions: int
+    model_decisions: int
+    generated_tokens: int
+    seconds: float
+    reused: bool
+    invalid_moves: int = 0
+    """Invalid moves among the model's decisions."""
+    outcomes: dict[str, int] = field(default_factory=dict)
+
+
+def eval_game_id_prefix(run_name: str, sid: ShardId) -> str:
+    """Eval game ids ``RUN-eval-cNNNNNN-sNNNN-gNNNNNN``: never equal to a training game's id
+    (``RUN-rNNNNNN-gNNNNNN``), so a join on ``game_id`` cannot mix the two."""
+    return f"{run_name}-eval-c{sid.round:06d}-s{sid.shard:04d}"
+
+
+def play_shard(worker: Worker, run: Run, root: Path, sid: ShardId, assignments: list, *,
+                sampling: SamplingConfig, kind: str) -> ShardResult:
+    from ub.rollout import play_games
+    from ub.run.progress import progress_bar
+
+    games_path = shard_path(root, "games", sid)
+    logger = log_eval if kind == "eval" else log_rollout
+    if is_committed(root, sid):
+        logger.info("%s shard %s/%s already committed: reused", kind, sid.round, sid.shard)
+        meta = read_metadata(games_path)
+        return ShardResult(str(games_path), pq.read_metadata(games_path).num_rows,
+                           meta.get("decisions", 0), meta.get("model_decisions", 0),
+                           meta.get("generated_tokens", 0), meta.get("seconds", 0.0), True,
+                           meta.get("invalid_moves", 0), meta.get("outcomes", {}))
+    from ub.actors.hosted import check_hosted
+
+    for name in sorted({a.name for g in assignments for a in g.actors if a.kind == "hosted"}):
+        check_hosted(name)  # unreachable or keyless: say so before any game starts
+    checkpoints = run.paths.root / "checkpoints"
+    for adapter in sorted({a.adapter for g in assignments for a in g.actors if a.adapter}):
+        if Path(adapter).parent == checkpoints:
+            fetch_checkpoint(run.paths, Path(adapter))  # a worker without the run's files
+    needs_engine = any(a.kind == "model" for g in assignments for a in g.actors)
+    engine = run_engine(worker, run, sampling) if needs_engine else None
+    logger.info("%s shard %s/%s: playing %d games", kind, sid.round, sid.shard, len(assignments))
+    try:
+        # Eval games are paired: every checkpoint meets the same seeds (env, opponent, sampling).
+        paired = {"seed_round": "eval", "game_id_prefix": eval_game_id_prefix(run.name, sid)}
+        what = (f"eval ckpt {sid.round}" if kind == "eval" else f"round {sid.round}") + (
+            f" shard {sid.shard}" if sid.shard else "")
+        with progress_bar(what, len(assignments), logger=logger) as progress:
+            rollout = play_games(assignments, engine=engine, run=run.name, round_=sid.round,
+                                 shard=sid.shard, base_seed=run.config.seed,
+                                 concurrency=run.config.rollout.concurrency, sampling=sampling,
+                                 progress=progress, **(paired if kind == "eval" else {}))
+    except Exception:
+        # Nothing of the shard was written; the task's retry (or a resume) replays it.
+        logger.exception("%s shard %s/%s failed", kind, sid.round, sid.shard)
+        raise
+    st = rollout.stats
+    model_rows = rollout.steps.filter(pc.equal(rollout.steps["actor_kind"], "model"))
+    invalid = int(pc.sum(model_rows["invalid_move"].cast(pa.int64())).as_py() or 0)
+    extra = {"kind": kind, "model": run.base_model, "decisions": st.decisions,
+             "model_decisions": st.model_decisions, "generated_tokens": st.generated_tokens,
+             "seconds": st.seconds, "invalid_moves": invalid, "outcomes": st.outcomes}
+    publish(run.paths, *write_shard(root, sid, run.name, rollout.steps, rollout.games, extra))
+    logger.info("%s shard %s/%s committed: %d games (%s), %d model decisions, %d invalid, "
+                "%d tokens in %.1f s -> %s", kind, sid.round, sid.shard, st.games, st.outcomes,
+                st.model_decisions, invalid, st.generated_tokens, st.seconds, games_path)
+    return ShardResult(str(games_path), st.games, st.decisions, st.model_decisions,
+                       st.generated_tokens, st.seconds, False, invalid, dict(st.outcomes))
+
+
+def rollout_shard(run: Run, round_: int, shard: int, games: list[PlannedGame], *,
+                  worker: Worker) -> ShardResult:
+    """Play one shard of round ``round_`` (or return it if already committed) on ``worker``'s
+    engine."""
+    from ub.rollout import GameAssignment
+
+    specs = game_specs(run.config)
+    actors: dict[str, ActorSpec] = {}
+    assignments = []
+    for g in games:
+        seated = tuple(actors.setdefault(n, actor_spec(run, n)) for n in g.actors)
+        env_seed = derive_seed(run.config.seed, round_, g.game_index, "env")
+        assignments.append(GameAssignment(specs[g.env], g.game_index, env_seed, seated))
+    return play_shard(worker, run, run.paths.train_data, ShardId(round_, shard), assignments,
+                       sampling=rollout_sampling(run.config), kind="train")
