@@ -108,7 +108,8 @@ def _components(root: Path) -> dict:
     from ub.actors.spec import parse_actor
     from ub.data.shards import ShardId, write_shard
     from ub.games.specs import GameSpec
-    from ub.learner.checkpoint import CheckpointState, write_checkpoint
+    from ub.learner.checkpoint import CheckpointState
+    from ub.learner.checkpoint_writer import write_checkpoint
     from ub.model.lora import LoraSettings, new_adapter
     from ub.model.tiny import build_tiny_model
     from ub.rollout import assign_games, play_games

@@ -37,8 +37,8 @@ from ub.learner.checkpoint import (
     OPTIMIZER_STATE,
     RNG_STATE,
     read_checkpoint,
-    write_checkpoint,
 )
+from ub.learner.checkpoint_writer import write_checkpoint
 from ub.learner.testing import build_random_model, synthetic_batch
 from ub.model.lora import LoraSettings, new_adapter
 from ub.run.worker import process_worker

@@ -22,6 +22,7 @@ from flows.cli import main
 from ub.errors import UbError
 from ub.inference.vllm_engine import validate_adapter_dir
 from ub.learner import Learner, LearnerConfig
+from ub.learner.base_identity import resolve_checkpoint_base
 from ub.learner.checkpoint import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
@@ -29,9 +30,8 @@ from ub.learner.checkpoint import (
     OPTIMIZER_STATE,
     RNG_STATE,
     read_checkpoint,
-    resolve_checkpoint_base,
-    write_checkpoint,
 )
+from ub.learner.checkpoint_writer import write_checkpoint
 from ub.learner.testing import synthetic_batch
 from ub.model.identity import resolve_tiny_build
 from ub.model.lora import LoraSettings

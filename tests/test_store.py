@@ -20,8 +20,8 @@ from ub.learner.checkpoint import (
     MANIFEST,
     OPTIMIZER_STATE,
     CheckpointState,
-    write_checkpoint,
 )
+from ub.learner.checkpoint_writer import write_checkpoint
 from ub.model.lora import LoraSettings
 from ub.rollout import assign_games, play_games
 from ub.run.layout import RunPaths, write_json_atomic

@@ -64,7 +64,7 @@ def learner_config(args: argparse.Namespace):
     if not data.get("base_model") and start:
         # The base model the checkpoint records (its own tiny build, not whatever `tiny`
         # builds now), found or built on this machine.
-        from ub.learner.checkpoint import resolve_checkpoint_base
+        from ub.learner.base_identity import resolve_checkpoint_base
 
         data["base_model"] = resolve_checkpoint_base(start)
     if not data.get("base_model"):

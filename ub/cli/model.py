@@ -37,7 +37,7 @@ def cmd_model_tiny(args: argparse.Namespace) -> int:
 
 def _tiny_build_of(checkpoint: str, args: argparse.Namespace) -> str:
     """The folder of the tiny build a checkpoint records (plain PEFT loads its base from it)."""
-    from ub.learner.checkpoint import checkpoint_base
+    from ub.learner.base_identity import checkpoint_base
     from ub.model.identity import portable_name, resolve_tiny_build
 
     if args.out or args.seed:

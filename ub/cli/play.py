@@ -120,7 +120,7 @@ def _engine_from_args(args: argparse.Namespace, adapters: list[str] | None = Non
 def _adapters_base(adapters: list[str]) -> str:
     """The base model the adapters were trained on, found on this machine (a tiny build by its
     recorded key, built here if need be; a hub id; a folder), when no --model is given."""
-    from ub.learner.checkpoint import checkpoint_base, resolve_checkpoint_base
+    from ub.learner.base_identity import checkpoint_base, resolve_checkpoint_base
     from ub.model.identity import portable_name
 
     names = {portable_name(checkpoint_base(a)): a for a in adapters}

@@ -16,12 +16,12 @@ from ub.learner.algorithms import (
     make_algorithm,
     register_algorithm,
 )
+from ub.learner.base_identity import model_identity
 from ub.learner.batching import TrainBatch, plan_micro_batches
 from ub.learner.checkpoint import (
     CheckpointState,
     is_checkpoint,
     latest_checkpoint,
-    model_identity,
     read_checkpoint,
     read_manifest,
     read_metrics,

@@ -16,8 +16,8 @@ import torch
 
 from ub.errors import UbError
 from ub.learner.algorithms import Algorithm, make_algorithm
+from ub.learner.base_identity import model_identity
 from ub.learner.batching import TrainBatch
-from ub.learner.checkpoint import model_identity
 from ub.learner.config import LearnerConfig
 from ub.model.lora import LoraSettings
 

@@ -19,13 +19,9 @@ from typing import Any
 import torch
 
 from ub.errors import UbError
-from ub.learner.checkpoint import (
-    CheckpointState,
-    check_compatible,
-    read_adapter,
-    read_checkpoint,
-    write_checkpoint,
-)
+from ub.learner.base_identity import check_compatible
+from ub.learner.checkpoint import CheckpointState, read_adapter, read_checkpoint
+from ub.learner.checkpoint_writer import write_checkpoint
 from ub.learner.model import ADAPTER_NAME, LearnerModel
 from ub.model.lora import LoraSettings
 

@@ -26,7 +26,8 @@ def recorded_base_model(paths: RunPaths) -> dict[str, Any] | None:
     """The tiny build a run trains on (:func:`ub.model.identity.tiny_identity`), as recorded in
     its ``ub-run.json`` when it started; for a run from before that record, what its latest
     checkpoint names. ``None``: nothing recorded (a new run, or not a tiny base model)."""
-    from ub.learner.checkpoint import identity_source, latest_checkpoint
+    from ub.learner.base_identity import identity_source
+    from ub.learner.checkpoint import latest_checkpoint
     from ub.learner.checkpoint import read_manifest as read_checkpoint_manifest
 
     marker = paths.root / "ub-run.json"
