@@ -32,12 +32,8 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     args = parser.parse_args()
 
-    from ub.inference.vllm_engine import (
-        EngineConfig,
-        GenerationRequest,
-        SamplingConfig,
-        configure_vllm_environment,
-    )
+    from ub.inference.environment import configure_vllm_environment
+    from ub.inference.types import EngineConfig, GenerationRequest, SamplingConfig
     from ub.run.worker import Worker
 
     configure_vllm_environment()

@@ -96,12 +96,8 @@ def _learner(world: int, threads: int, root: Path, args: argparse.Namespace) -> 
 
 def _components(root: Path) -> dict:
     """Adapter hot-load, shard write and run-store rates, in this process."""
-    from ub.inference.vllm_engine import (
-        EngineConfig,
-        GenerationRequest,
-        SamplingConfig,
-        configure_vllm_environment,
-    )
+    from ub.inference.environment import configure_vllm_environment
+    from ub.inference.types import EngineConfig, GenerationRequest, SamplingConfig
     from ub.run.worker import Worker
 
     configure_vllm_environment()

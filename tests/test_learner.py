@@ -19,12 +19,8 @@ from ub.actors.spec import parse_actor
 from ub.batch import BatchConfig, collate
 from ub.data.shards import ShardId, write_shard
 from ub.games.specs import GameSpec
-from ub.inference.vllm_engine import (
-    EngineConfig,
-    GenerationRequest,
-    SamplingConfig,
-    configure_vllm_environment,
-)
+from ub.inference.environment import configure_vllm_environment
+from ub.inference.types import EngineConfig, GenerationRequest, SamplingConfig
 from ub.learner import (
     Learner,
     LearnerConfig,

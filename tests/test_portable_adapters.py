@@ -20,7 +20,7 @@ import torch
 
 from flows.cli import main
 from ub.errors import UbError
-from ub.inference.vllm_engine import validate_adapter_dir
+from ub.inference.validation import validate_adapter_dir
 from ub.learner import Learner, LearnerConfig
 from ub.learner.base_identity import resolve_checkpoint_base
 from ub.learner.checkpoint import (

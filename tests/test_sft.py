@@ -65,7 +65,7 @@ def test_sft_raises_the_likelihood_of_the_winners_moves(shards, tiny_model, tmp_
     assert float(after) > float(before) + 0.01
 
     # An ordinary checkpoint: vLLM serves it as a LoRA adapter.
-    from ub.inference.vllm_engine import GenerationRequest
+    from ub.inference.types import GenerationRequest
 
     [out] = engine.generate([GenerationRequest("w", batch.input_ids[0, :5].tolist(), 1,
                                                str(tmp_path / "warm"))])

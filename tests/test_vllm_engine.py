@@ -18,15 +18,11 @@ from pathlib import Path
 import pytest
 
 from ub.errors import UbError
-from ub.inference.vllm_engine import (
-    EngineConfig,
-    EngineHandle,
-    GenerationRequest,
-    SamplingConfig,
-    VLLMEngine,
-    configure_vllm_environment,
-    validate_adapter_dir,
-)
+from ub.inference.engine import VLLMEngine
+from ub.inference.environment import configure_vllm_environment
+from ub.inference.handle import EngineHandle
+from ub.inference.types import EngineConfig, GenerationRequest, SamplingConfig
+from ub.inference.validation import validate_adapter_dir
 from ub.run.worker import Worker, process_worker
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

@@ -256,7 +256,7 @@ class RolloutRunner:
 
     def _submit_model(self, item: _Live, actor: ActorSpec) -> bool:
         """Queue the model's move; False (and the game failed) if the prompt cannot fit."""
-        from ub.inference.vllm_engine import GenerationRequest
+        from ub.inference.types import GenerationRequest
 
         g, spec = item.game, item.assignment.spec
         template = get_template(spec.template)

@@ -88,11 +88,8 @@ def cmd_play(args: argparse.Namespace) -> int:
 
 
 def _engine_from_args(args: argparse.Namespace, adapters: list[str] | None = None):
-    from ub.inference.vllm_engine import (
-        EngineConfig,
-        SamplingConfig,
-        configure_vllm_environment,
-    )
+    from ub.inference.environment import configure_vllm_environment
+    from ub.inference.types import EngineConfig, SamplingConfig
     from ub.run.worker import process_worker
 
     configure_vllm_environment()
@@ -133,7 +130,7 @@ def _adapters_base(adapters: list[str]) -> str:
 def _check_context(model: str, max_model_len: int, max_tokens: int) -> None:
     """Refuse a context the model cannot hold before vLLM starts (it refuses with a long
     traceback), and completions that leave no room for a prompt."""
-    from ub.inference.vllm_engine import validate_model_dir
+    from ub.inference.validation import validate_model_dir
 
     limit = (validate_model_dir(model) or {}).get("max_position_embeddings")
     if isinstance(limit, int) and max_model_len > limit:

@@ -165,7 +165,7 @@ def validate_config(data: dict[str, Any], source: str = "") -> TrainConfig:
 
 def _check_sections(config: TrainConfig, source: str) -> None:
     from ub.games.specs import GameSpec, check_env_id
-    from ub.inference.vllm_engine import VLLM_LORA_RANKS
+    from ub.inference.types import VLLM_LORA_RANKS
 
     def fail(field: str, message: str) -> UbError:
         return UbError(f"invalid config {source}: {field}: {message}")
