@@ -140,19 +140,13 @@ def log_step(line: str) -> str:
 def gather(root: Path, cache: dict | None = None) -> DashboardState:
     """Read the run at ``root`` into a :class:`DashboardState`; pass the same ``cache`` dict on
     every refresh to parse only the files written since the last one."""
-    import psutil
     import pyarrow.compute as pc
-    import yaml
 
     root = Path(root)
     if not root.is_dir() or not is_run(root):
         raise UbError(f"{root} is not a ub run (no config.yaml or rounds/): give a run "
                       "directory, e.g. runs/demo")
-    try:
-        rounds_setting = (yaml.safe_load((root / "config.yaml").read_text()) or {}).get("rounds")
-        total: int | None = None if rounds_setting is None else int(rounds_setting)
-    except (OSError, ValueError, TypeError, yaml.YAMLError):
-        total = None
+    total = _rounds_setting(root)
     views = RunViews(root, cache)
     rounds = views.rounds().to_pylist()
     learner = views.learner().to_pylist()
@@ -160,32 +154,65 @@ def gather(root: Path, cache: dict | None = None) -> DashboardState:
     metrics = views.metrics()
     collection = metrics.filter(pc.starts_with(metrics["metric"], "collection/")).to_pylist()
     activity = latest_activity(root)
+    state = DashboardState(root.name, str(root), _phase(root, activity, len(rounds), total),
+                           len(rounds), total)
+    state.activity = activity
+
+    if rounds:
+        state.throughput = _throughput(rounds[-1], learner)
+    snapshot = views.last_ratings()
+    mirrors = mirror_records(root, len(rounds), cache)
+    state.ladder, state.matches = _ladder(snapshot, mirrors)
+    state.series = _series(rounds, learner, evals, collection)
+    state.host = _host_load()
+    state.warnings = views.warnings
+    return state
+
+
+def _rounds_setting(root: Path) -> int | None:
+    """The run's ``rounds`` (its total) from its ``config.yaml``; ``None``: unreadable."""
+    import yaml
+
+    try:
+        rounds_setting = (yaml.safe_load((root / "config.yaml").read_text()) or {}).get("rounds")
+        total: int | None = None if rounds_setting is None else int(rounds_setting)
+    except (OSError, ValueError, TypeError, yaml.YAMLError):
+        total = None
+    return total
+
+
+def _phase(root: Path, activity: str, done: int, total: int | None) -> str:
+    """What the run is doing: running (and its step), finished, stopped or waiting."""
     age = log_age(activity)
     phase = run_phase(root)
     if phase == "idle":
-        if total is not None and len(rounds) >= total:
+        if total is not None and done >= total:
             phase = "finished"
         elif age is not None and age < LIVE_LOG_SECONDS:
             # No lock visible here, but its logs move: a deployment's worker drives it.
             phase = f"running (log {age:.0f} s ago)"
         else:
-            phase = "waiting for the first round" if not rounds else "stopped"
+            phase = "waiting for the first round" if not done else "stopped"
     if phase.startswith("running") and log_step(activity):
         phase += f": {log_step(activity)}"
-    state = DashboardState(root.name, str(root), phase, len(rounds), total)
-    state.activity = activity
+    return phase
 
-    if rounds:
-        last = rounds[-1]
-        play = last["rollout_seconds"] or 0.0
-        state.throughput = {
-            "games/s": last["games"] / play if play else 0.0,
-            "generated tokens/s": last["generated_tokens"] / play if play else 0.0,
-            "learner tokens/s": (learner[-1]["tokens_per_second"] or 0.0) if learner else 0.0,
-            "round seconds": last["round_seconds"] or 0.0,
-        }
-    snapshot = views.last_ratings()
-    mirrors = mirror_records(root, len(rounds), cache)
+
+def _throughput(last: dict[str, Any], learner: list[dict[str, Any]]) -> dict[str, float]:
+    """The last round's rates (``last``: its round manifest row)."""
+    play = last["rollout_seconds"] or 0.0
+    return {
+        "games/s": last["games"] / play if play else 0.0,
+        "generated tokens/s": last["generated_tokens"] / play if play else 0.0,
+        "learner tokens/s": (learner[-1]["tokens_per_second"] or 0.0) if learner else 0.0,
+        "round seconds": last["round_seconds"] or 0.0,
+    }
+
+
+def _ladder(snapshot: dict[str, Any], mirrors: dict[str, list[int]]
+            ) -> tuple[list[dict[str, Any]], dict[str, dict[str, list[int]]]]:
+    """The leaderboard (best conservative rating first) and the match matrix, mirror games
+    included."""
     members = []
     for m in snapshot.get("members", []):
         m = {**m, "conservative": m["mu"] - 3 * m["sigma"]}
@@ -193,11 +220,17 @@ def gather(root: Path, cache: dict | None = None) -> DashboardState:
         for i, key in enumerate(("wins", "draws", "losses")):
             m[key] = m[key] + mirrors.get(m["name"], [0, 0, 0])[i]
         members.append(m)
-    state.ladder = sorted(members, key=lambda m: (-m["conservative"], m["name"]))
-    state.matches = {a: dict(row) for a, row in snapshot.get("matches", {}).items()}
+    ladder = sorted(members, key=lambda m: (-m["conservative"], m["name"]))
+    matches = {a: dict(row) for a, row in snapshot.get("matches", {}).items()}
     for name, wdl in mirrors.items():
-        state.matches.setdefault(name, {})[name] = wdl
+        matches.setdefault(name, {})[name] = wdl
+    return ladder, matches
 
+
+def _series(rounds: list[dict[str, Any]], learner: list[dict[str, Any]],
+            evals: list[dict[str, Any]], collection: list[dict[str, Any]]) -> list[Series]:
+    """The curves, one value a round: win rates per eval opponent, then the collection and
+    learner figures."""
     n = len(rounds)
     by_round: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for m in sorted(collection, key=lambda m: m["metric"]):  # (envs in one order per key)
@@ -233,8 +266,8 @@ def gather(root: Path, cache: dict | None = None) -> DashboardState:
         if e["round"] < n:
             curves[label][e["round"]] = e["win_rate"]
     rate = (0.0, 1.0)
-    state.series = [Series(label, values, rate) for label, values in sorted(curves.items())]
-    state.series += [
+    series = [Series(label, values, rate) for label, values in sorted(curves.items())]
+    series += [
         Series("invalid-move rate", per_decision("invalid_moves"), rate),
         Series("format success", mean_series("format_rate"), rate),
         Series("response tokens", per_decision("generated_tokens")),
@@ -242,20 +275,26 @@ def gather(root: Path, cache: dict | None = None) -> DashboardState:
         Series("learner loss", [r["loss"] for r in learner]),
         Series("gradient norm", [r["grad_norm"] for r in learner]),
     ]
+    return series
+
+
+def _host_load() -> dict[str, float]:
+    """This machine's CPU, memory and (where NVIDIA's library is installed) GPU load."""
+    import psutil
+
     memory = psutil.virtual_memory()
-    state.host = {"cpu %": psutil.cpu_percent(interval=None), "memory %": memory.percent,
-                  "memory used GB": memory.used / 1e9}
+    host = {"cpu %": psutil.cpu_percent(interval=None), "memory %": memory.percent,
+            "memory used GB": memory.used / 1e9}
     try:
         import pynvml  # only where NVIDIA's library is installed
 
         pynvml.nvmlInit()
         for i in range(pynvml.nvmlDeviceGetCount()):
             util = pynvml.nvmlDeviceGetUtilizationRates(pynvml.nvmlDeviceGetHandleByIndex(i))
-            state.host[f"gpu{i} %"] = float(util.gpu)
+            host[f"gpu{i} %"] = float(util.gpu)
     except Exception:  # no GPU, no driver or no pynvml: nothing to show
         pass
-    state.warnings = views.warnings
-    return state
+    return host
 
 
 def mirror_records(root: Path, rounds: int, cache: dict | None = None
