@@ -1,4 +1,5 @@
-"""Benchmark: one refresh of ``ub dashboard`` (:func:`ub.dashboard.gather` + render) on a long run.
+"""Benchmark: one refresh of ``ub dashboard`` (:func:`ub.dashboard_state.gather` + render)
+on a long run.
 
 Not a test. Run it with ``.venv/bin/python bench/dashboard.py`` (``--help`` for options).
 
@@ -30,7 +31,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ub.dashboard import gather, render
+from ub.dashboard import render
+from ub.dashboard_state import gather
 from ub.run.views import METRICS_SCHEMA
 
 ENV = "TicTacToe-v0-train"

@@ -13,7 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ub.dashboard import gather, sparkline
+from ub.dashboard import sparkline
+from ub.dashboard_state import gather
 from ub.errors import UbError
 from ub.run.layout import RunPaths
 
