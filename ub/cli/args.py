@@ -30,6 +30,36 @@ positive_int = int_at_least(1)
 non_negative_int = int_at_least(0)
 
 
+def add_batch_options(parser: argparse.ArgumentParser, *, rounds: bool = True) -> None:
+    """The batch settings ``ub batch``, ``ub learn`` and ``ub sft`` take over their
+    ``--config``: ``--batch-size``, ``--rounds`` (unless ``rounds`` is false), ``--seed`` and
+    ``--max-train-len``."""
+    parser.add_argument("--batch-size", type=positive_int)
+    if rounds:
+        parser.add_argument("--rounds", help="window of rounds, A:B inclusive (A: or :B open)")
+    parser.add_argument("--seed", type=int)
+    parser.add_argument("--max-train-len", type=positive_int)
+
+
+def add_learner_options(parser: argparse.ArgumentParser, *, records: str,
+                        init_adapter_help: str) -> None:
+    """The learner settings ``ub learn`` and ``ub sft`` take over their ``--config``:
+    ``--learning-rate``, ``--base-model`` (by default the one ``records`` names) and
+    ``--init-adapter``."""
+    parser.add_argument("--learning-rate", type=non_negative_float)
+    parser.add_argument("--base-model", help=f"base model directory (default: the one {records} "
+                        "records, else the tiny model)")
+    parser.add_argument("--init-adapter", help=init_adapter_help)
+
+
+def add_checkpoint_io(parser: argparse.ArgumentParser) -> None:
+    """What ``ub learn`` and ``ub sft`` read and write: ``--shards``, ``--out``,
+    ``--overwrite``."""
+    parser.add_argument("--shards", required=True, help="data folder with the decisions")
+    parser.add_argument("--out", required=True, help="checkpoint folder to write")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+
+
 def game_count(text: str) -> int:
     from ub.run.config import MAX_GAMES
 

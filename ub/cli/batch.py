@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ub.cli.args import positive_int, yaml_section
+from ub.cli.args import add_batch_options, yaml_section
 from ub.errors import UbError
 
 
@@ -13,10 +13,7 @@ def add_parser(sub) -> None:
     batch = sub.add_parser("batch", help="show the training batch a config would assemble")
     batch.add_argument("root", help="a data folder or run directory")
     batch.add_argument("--config", help="YAML file of batch settings (or with a `batch:` key)")
-    batch.add_argument("--batch-size", type=positive_int)
-    batch.add_argument("--rounds", help="window of rounds, A:B inclusive (A: or :B open)")
-    batch.add_argument("--seed", type=int)
-    batch.add_argument("--max-train-len", type=positive_int)
+    add_batch_options(batch)
     batch.add_argument("--explain", action="store_true", help="print the plan and SQL only")
     batch.set_defaults(func=cmd_batch)
 

@@ -5,28 +5,27 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ub.cli.args import check_writable, non_negative_float, positive_int, yaml_section
+from ub.cli.args import (
+    add_batch_options,
+    add_checkpoint_io,
+    add_learner_options,
+    check_writable,
+    yaml_section,
+)
 from ub.cli.batch import batch_config
 from ub.errors import UbError
 
 
 def add_parser(sub) -> None:
     learn = sub.add_parser("learn", help="one learner update: shards -> new LoRA checkpoint")
-    learn.add_argument("--shards", required=True, help="data folder with the decisions")
+    add_checkpoint_io(learn)
     learn.add_argument("--from", dest="from_checkpoint", help="checkpoint to continue from "
                        "(default: a cold start from --init-adapter or a fresh adapter)")
-    learn.add_argument("--out", required=True, help="checkpoint folder to write")
     learn.add_argument("--config", help="YAML with `batch:` and `learner:` sections")
-    learn.add_argument("--base-model", help="base model directory (default: the one --from or "
-                       "--init-adapter records, else the tiny model)")
-    learn.add_argument("--init-adapter", help="PEFT adapter to start a cold start from")
     learn.add_argument("--algorithm", help="reinforce (default) or ppo")
-    learn.add_argument("--learning-rate", type=non_negative_float)
-    learn.add_argument("--batch-size", type=positive_int)
-    learn.add_argument("--rounds", help="window of rounds, A:B inclusive")
-    learn.add_argument("--seed", type=int)
-    learn.add_argument("--max-train-len", type=positive_int)
-    learn.add_argument("--overwrite", action="store_true", help="redo an existing --out")
+    add_learner_options(learn, records="--from or --init-adapter",
+                        init_adapter_help="PEFT adapter to start a cold start from")
+    add_batch_options(learn)
     learn.set_defaults(func=cmd_learn)
 
 

@@ -5,27 +5,28 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ub.cli.args import check_writable, non_negative_float, positive_int, yaml_section
+from ub.cli.args import (
+    add_batch_options,
+    add_checkpoint_io,
+    add_learner_options,
+    check_writable,
+    positive_int,
+    yaml_section,
+)
 from ub.cli.learn import learner_config
 from ub.errors import UbError
 
 
 def add_parser(sub) -> None:
     sft = sub.add_parser("sft", help="warm start: fine-tune an adapter on SQL-selected moves")
-    sft.add_argument("--shards", required=True, help="data folder with the decisions")
-    sft.add_argument("--out", required=True, help="checkpoint folder to write")
+    add_checkpoint_io(sft)
     sft.add_argument("--where", help="DuckDB condition over s (steps) and g (games); default: "
                      "the winners' legal moves")
     sft.add_argument("--config", help="YAML with `sft:` and `learner:` sections")
     sft.add_argument("--epochs", type=positive_int)
-    sft.add_argument("--batch-size", type=positive_int)
-    sft.add_argument("--max-train-len", type=positive_int)
-    sft.add_argument("--seed", type=int)
-    sft.add_argument("--learning-rate", type=non_negative_float)
-    sft.add_argument("--base-model", help="base model directory (default: the one "
-                     "--init-adapter records, else the tiny model)")
-    sft.add_argument("--init-adapter", help="PEFT adapter to start from")
-    sft.add_argument("--overwrite", action="store_true", help="replace an existing --out")
+    add_learner_options(sft, records="--init-adapter",
+                        init_adapter_help="PEFT adapter to start from")
+    add_batch_options(sft, rounds=False)
     sft.set_defaults(func=cmd_sft)
 
 
