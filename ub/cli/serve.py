@@ -21,6 +21,7 @@ def add_parser(sub) -> None:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from ub.serve import plan_server, serve
+    from ub.serve import serve
+    from ub.serve_plan import plan_server
 
     return serve(plan_server(run_dir(args), args.checkpoint, host=args.host, port=args.port))
