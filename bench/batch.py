@@ -36,7 +36,7 @@ from ub.data.schema import GAMES_SCHEMA, STEPS_SCHEMA
 from ub.data.shards import ShardId, write_shard
 
 ENVS = ("TicTacToe-v0-train", "Nim-v0-train", "KuhnPoker-v0-train")
-STORE_VERSION = 1  # bump when the generator changes, so a cached store is rebuilt
+STORE_VERSION = 2  # bump when the generator changes, so a cached store is rebuilt
 
 
 def _lists(lengths: np.ndarray, values: np.ndarray, type_: pa.DataType) -> pa.ListArray:
@@ -132,7 +132,7 @@ def synthetic_shard(
         "action": pa.array(["[3]"] * n),
         "format_ok": rng.random(n) < 0.9, "invalid_move": rng.random(n) < 0.05,
         "step_reward": np.zeros(n, np.float32),
-        "final_reward": pa.array(final, mask=np.isnan(final), type=pa.float32()),
+        "env_reward": pa.array(final, mask=np.isnan(final), type=pa.float32()),
         "finish_reason": pa.array(np.where(model, "stop", None)),
         "sampling_seed": pa.array(np.where(model, np.arange(n), None)),
         "gen_seconds": pa.nulls(n, pa.float32()), "env_seconds": np.zeros(n, np.float32),

@@ -49,7 +49,7 @@ def modelize(steps: pa.Table, games: pa.Table, checkpoint: str, model_seats: set
     rows = steps.to_pylist()
     for r in rows:
         if r["game_id"] in errored:
-            r["final_reward"] = None
+            r["env_reward"] = None
         if r["seat"] not in model_seats:
             continue
         n_prompt, n_completion = int(rng.integers(100, 301)), int(rng.integers(2, 31))

@@ -184,3 +184,176 @@ def test_sql_is_read_only(tmp_path, rollout):
     # Even a write hidden behind a SELECT cannot reach the file system.
     with pytest.raises(UbError, match="SQL error"):
         query(tmp_path, f"SELECT * FROM read_csv('{outside}')")
+
+
+# ------------------------------------------------------------------ schema versions (history)
+
+
+def _round_of(rollout, round_: int) -> tuple[pa.Table, pa.Table]:
+    """The rollout's games as round ``round_``'s (own game ids), every decision a model's."""
+    steps, games = rollout.steps, rollout.games
+    n = steps.num_rows
+
+    def relabel(table: pa.Table, columns: dict) -> pa.Table:
+        for name, values in columns.items():
+            table = table.set_column(table.schema.get_field_index(name), name, values)
+        return table
+
+    def ids(table: pa.Table) -> pa.Array:
+        return pa.array([g.replace("-r000000-", f"-r{round_:06d}-")
+                         for g in table["game_id"].to_pylist()])
+
+    steps = relabel(steps, {
+        "round": pa.array([round_] * n, pa.int32()), "game_id": ids(steps),
+        "actor": pa.array(["model"] * n), "actor_kind": pa.array(["model"] * n),
+        "checkpoint": pa.array([f"ckpt-{round_:06d}"] * n),
+        "prompt_token_ids": pa.array([[1, 2, 3 + t] for t in range(n)], pa.list_(pa.int32())),
+        "completion_token_ids": pa.array([[7, t] for t in range(n)], pa.list_(pa.int32())),
+        "completion_logprobs": pa.array([[-0.5, -0.25]] * n, pa.list_(pa.float32())),
+        "num_prompt_tokens": pa.array([3] * n, pa.int32()),
+        "num_completion_tokens": pa.array([2] * n, pa.int32())})
+    games = relabel(games, {"round": pa.array([round_] * games.num_rows, pa.int32()),
+                            "game_id": ids(games),
+                            "actors": pa.array([["model", "model"]] * games.num_rows)})
+    return steps, games
+
+
+def _write_schema_1_shard(root: Path, sid: ShardId, steps: pa.Table, games: pa.Table) -> None:
+    """A shard exactly as ub wrote it before schema version 2, with plain pyarrow: the steps
+    column ``env_reward`` still called ``final_reward``, ``ub.*`` JSON metadata saying
+    ``schema_version`` 1, zstd."""
+    import json
+
+    steps = steps.cast(STEPS_SCHEMA).rename_columns(
+        ["final_reward" if name == "env_reward" else name for name in STEPS_SCHEMA.names])
+    for table, data in (("steps", steps), ("games", games.cast(GAMES_SCHEMA))):
+        meta = {"schema_version": 1, "table": table, "ub_version": "0.1.0", "run": "unit",
+                "round": sid.round, "shard": sid.shard, "created_at": "2026-01-01T00:00:00Z",
+                "host": "old"}
+        path = shard_path(root, table, sid)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(data.replace_schema_metadata(
+            {f"ub.{k}".encode(): json.dumps(v).encode() for k, v in meta.items()}),
+            path, compression="zstd")
+
+
+@pytest.fixture(scope="module")
+def versioned_roots(rollout, tmp_path_factory):
+    """Rounds 0-3 of the same games three times: written by this ub (schema 2), by an older
+    ub (schema 1), and by an older ub then resumed by this one (rounds 0-1 schema 1, 2-3
+    schema 2)."""
+    roots = {name: tmp_path_factory.mktemp(name) for name in ("v2", "v1", "mixed")}
+    for round_ in range(4):
+        steps, games = _round_of(rollout, round_)
+        sid = ShardId(round_, 0)
+        write_shard(roots["v2"], sid, "unit", steps, games)
+        _write_schema_1_shard(roots["v1"], sid, steps, games)
+        if round_ < 2:
+            _write_schema_1_shard(roots["mixed"], sid, steps, games)
+        else:
+            write_shard(roots["mixed"], sid, "unit", steps, games)
+    assert read_metadata(shard_path(roots["mixed"], "steps", ShardId(0, 0)))["schema_version"] == 1
+    assert "final_reward" in pq.read_schema(shard_path(roots["v1"], "steps", ShardId(3, 0))).names
+    return roots
+
+
+def test_schema_versions_1_and_2_are_read_newer_refused(tmp_path, versioned_roots):
+    assert SCHEMA_VERSION == 2
+    assert check_shard_schema(shard_path(versioned_roots["v1"], "steps", ShardId(0, 0)),
+                              "steps") == 1
+    assert check_shard_schema(shard_path(versioned_roots["v2"], "steps", ShardId(0, 0)),
+                              "steps") == 2
+    newer = tmp_path / "newer.parquet"
+    write_parquet_atomic(pq.read_table(shard_path(versioned_roots["v2"], "steps",
+                                                  ShardId(0, 0))), newer, {"schema_version": 3})
+    with pytest.raises(UbError, match="schema version 3, newer than this ub's 2: upgrade ub"):
+        check_shard_schema(newer, "steps")
+
+
+def test_old_and_mixed_runs_show_env_reward_in_ub_sql(versioned_roots, capsys):
+    """``ub sql`` (a data folder, a run in a store) and ub's views show schema 1's
+    ``final_reward`` as ``env_reward``, the same rows as a run written by this ub."""
+    from flows.cli import main
+    from ub.data.sql import table_dataset
+
+    everything = "SELECT * FROM steps ORDER BY round, game_id, turn"
+    expected = query(versioned_roots["v2"], everything)
+    assert expected.column_names == STEPS_SCHEMA.names
+    assert expected["env_reward"].null_count < expected.num_rows
+    for name in ("v1", "mixed"):
+        got = query(versioned_roots[name], everything)
+        assert got.column_names == STEPS_SCHEMA.names, name
+        assert got.equals(expected), name
+    summary = "SELECT round, sum(env_reward) AS total, count(env_reward) AS n FROM steps " \
+              "GROUP BY round ORDER BY round"
+    outputs = []
+    for where in (str(versioned_roots["v2"]), str(versioned_roots["mixed"]),
+                  f"file://{versioned_roots['mixed']}"):  # (a store: read in place)
+        assert main(["sql", where, summary, "--format", "csv"]) == 0
+        outputs.append(capsys.readouterr().out)
+    assert outputs[0] == outputs[1] == outputs[2] and len(outputs[0].splitlines()) == 5
+    # docs/data.md's plain-DuckDB query for a run of both versions, as written there.
+    import duckdb
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "data.md").read_text()
+    [plain] = [block.split("```")[0] for block in doc.split("```sql")[1:]
+               if "read_parquet('runs/old/steps" in block]
+    plain = plain.replace("runs/old", str(versioned_roots["mixed"])).rstrip().rstrip(";")
+    got = duckdb.sql(f"SELECT * FROM ({plain}) ORDER BY round, game_id, turn").to_arrow_table()
+    assert sorted(got.column_names) == sorted(STEPS_SCHEMA.names)  # (in another order)
+    assert got["env_reward"].equals(expected["env_reward"])
+    # One round's files (what the per-round metrics read) in the current names too.
+    folder = shard_path(versioned_roots["v1"], "steps", ShardId(1, 0)).parent
+    one = query(versioned_roots["v1"], "SELECT sum(env_reward) AS s FROM r",
+                {"r": table_dataset(folder, "steps", sorted(folder.glob("shard-*.parquet")))})
+    assert one["s"].to_pylist() == query(
+        versioned_roots["v2"], "SELECT sum(env_reward) AS s FROM steps WHERE round = 1"
+    )["s"].to_pylist()
+
+
+def test_old_and_mixed_runs_assemble_the_same_batch(versioned_roots):
+    from ub.batch import BatchConfig, assemble_batch, batch_sql
+
+    config = BatchConfig(batch_size=48, seed=5, first_round=1, final=["win_draw_loss"],
+                         step=[{"name": "invalid_move_penalty", "penalty": -1.0}],
+                         sampling=["normalize"])
+    batches = {name: assemble_batch(root, config) for name, root in versioned_roots.items()}
+    expected = batches["v2"]
+    assert len(expected) == 48
+    for name in ("v1", "mixed"):
+        batch = batches[name]
+        assert batch.rows.equals(expected.rows), name
+        for tensor in ("input_ids", "attention_mask", "completion_mask", "behaviour_logprobs",
+                       "advantages", "lengths"):
+            assert torch_equal(getattr(batch, tensor), getattr(expected, tensor)), tensor
+        assert batch.final_state == expected.final_state
+    assert "union_by_name" in batch_sql(versioned_roots["mixed"], config)
+    assert "union_by_name" not in batch_sql(versioned_roots["v2"], config)
+
+
+def torch_equal(a, b) -> bool:
+    return a.shape == b.shape and bool((a == b).all())
+
+
+def test_doctor_names_the_schema_versions_of_a_runs_rounds(versioned_roots, tmp_path, capsys):
+    import json
+    import shutil
+
+    from flows.cli import main
+    from ub.run.doctor import examine
+
+    run = tmp_path / "run"
+    shutil.copytree(versioned_roots["mixed"], run)
+    (run / "rounds").mkdir()
+    for round_ in range(4):
+        shard = f"games/round-{round_:06d}/shard-0000.parquet"
+        (run / "rounds" / f"round-{round_:06d}.json").write_text(json.dumps({"shards": [shard]}))
+    line = ("data schema v1: rounds 0-1; v2: rounds 2-3 (v1 older, read in the current column "
+            "names)")
+    assert examine(run).format_line.splitlines()[1] == line
+    main(["doctor", str(run)])  # (the bare run has problems: no config, no checkpoints)
+    assert line in capsys.readouterr().out.splitlines()
+    (run / "rounds" / "round-000002.json").unlink()
+    (run / "rounds" / "round-000003.json").unlink()
+    assert examine(run).format_line.splitlines()[1] == line.split(";")[0] + \
+        " (v1 older, read in the current column names)"

@@ -380,7 +380,7 @@ def _step_rows(item: _Live, where: dict[str, Any]) -> list[dict]:
             "num_completion_tokens": det.get("num_completion_tokens"),
             "action": d.action, "format_ok": d.format_ok, "invalid_move": d.invalid_move,
             "step_reward": 0.0,
-            "final_reward": None if result.rewards is None else result.rewards[d.seat],
+            "env_reward": None if result.rewards is None else result.rewards[d.seat],
             "finish_reason": det.get("finish_reason"),
             "sampling_seed": det.get("sampling_seed"),
             "gen_seconds": det.get("gen_seconds"), "env_seconds": d.env_seconds,

@@ -23,7 +23,8 @@ def test_a_healthy_run_is_ok(reference, capsys):
     ref, _ = reference
     assert main(["doctor", str(ref)]) == 0
     assert capsys.readouterr().out.strip().splitlines() == [
-        "run: 2 committed round(s), ok", "run format 2: shard folders round-NNNNNN"]
+        "run: 2 committed round(s), ok", "run format 2: shard folders round-NNNNNN",
+        "data schema v2: rounds 0-1"]
 
 
 def test_a_format_1_run_still_reads_and_says_its_format(reference, fault_config, prefect_api,

@@ -137,7 +137,7 @@ def select_rows(root: Path, config: BatchConfig,
         if sampled.num_rows == 0:
             raise explain_empty(con, plan, config, sql)
         lap("select")
-        rows = attach_tokens(sampled, run_sql(con, fetch_sql(plan.root, sampled)), plan.root)
+        rows = attach_tokens(sampled, run_sql(con, fetch_sql(plan, sampled)), plan.root)
         lap("fetch")
     finally:
         con.close()

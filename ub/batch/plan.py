@@ -13,7 +13,14 @@ import pyarrow.compute as pc
 
 from ub.batch.config import BatchConfig
 from ub.data.schema import GAMES_SCHEMA
-from ub.data.shards import ShardId, check_shard_schema, committed_shards, shard_path
+from ub.data.shards import (
+    ShardId,
+    check_shard_schema,
+    committed_shards,
+    round_ranges,
+    shard_path,
+)
+from ub.data.sql import quote, read_parquet_sql
 from ub.errors import UbError
 from ub.rewards import FinalRewardChain, games_after
 
@@ -29,15 +36,21 @@ class Plan:
     last_round: int
     window: list[ShardId]  # steps shards to sample from
     shards: list[ShardId]  # every committed shard through last_round (for the final stage)
+    versions: dict[ShardId, int]  # the schema version of each window shard's steps file
+
+    def steps_sql(self, shards: Sequence[ShardId], options: str) -> str:
+        """The steps rows of ``shards`` (of the window) in the current column names."""
+        return read_parquet_sql("steps", [(shard_path(self.root, "steps", s), self.versions[s])
+                                          for s in shards], options)
 
 
-def check_file(path: Path, table: str) -> None:
+def check_file(path: Path, table: str) -> int:
     """Refuse a shard file that vanished or holds another schema (a footer read, ~0.5 ms: cheap
-    next to reading the file, so it is not cached)."""
+    next to reading the file, so it is not cached); returns its schema version."""
     if not path.is_file():
         raise UbError(f"cannot read {path}: it is gone; was the run directory changed "
                       "while reading?")
-    check_shard_schema(path, table)
+    return check_shard_schema(path, table)
 
 
 def make_plan(root: Path, config: BatchConfig) -> Plan:
@@ -54,30 +67,9 @@ def make_plan(root: Path, config: BatchConfig) -> Plan:
     window = [s for s in shards if first <= s.round <= last]
     if not window:
         raise UbError(f"no committed shards in rounds [{first}, {last}] under {root}: the "
-                      f"committed rounds are {_ranges(rounds)}; change first_round/last_round")
-    for sid in window:
-        check_file(shard_path(root, "steps", sid), "steps")
-    return Plan(root, first, last, window, [s for s in shards if s.round <= last])
-
-
-def _ranges(values: Sequence[int]) -> str:
-    out: list[str] = []
-    start: int | None = None
-    prev: int | None = None
-    for v in [*values, None]:
-        if start is None:
-            start = prev = v
-        elif v is not None and prev is not None and v == prev + 1:
-            prev = v
-        else:
-            out.append(f"{start}" if start == prev else f"{start}-{prev}")
-            start = prev = v
-    return ", ".join(out)
-
-
-def quote(text: str | Path) -> str:
-    """``text`` as a DuckDB SQL string literal."""
-    return "'" + str(text).replace("'", "''") + "'"
+                      f"committed rounds are {round_ranges(rounds)}; change first_round/last_round")
+    versions = {sid: check_file(shard_path(root, "steps", sid), "steps") for sid in window}
+    return Plan(root, first, last, window, [s for s in shards if s.round <= last], versions)
 
 
 # --------------------------------------------------------------------------------------------

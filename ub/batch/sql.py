@@ -10,7 +10,7 @@ import pyarrow as pa
 
 from ub.batch.config import BatchConfig
 from ub.batch.plan import Plan, make_plan, quote, run_sql
-from ub.data.shards import ShardId, shard_path
+from ub.data.shards import ShardId
 from ub.errors import UbError
 from ub.rewards import FinalRewardChain, build_transforms, step_reward_sql
 
@@ -21,16 +21,17 @@ DECISION_COLUMNS = ["round", "shard", "game_id", "turn", "seat", "env_id", "role
                     "checkpoint", "format_ok", "invalid_move", "step_reward",
                     "num_prompt_tokens", "num_completion_tokens"]
 TOKEN_COLUMNS = ["prompt_token_ids", "completion_token_ids", "completion_logprobs"]
+# How both phases read the steps files (``file_row_number`` matches phase 2's rows to phase 1's).
+READ_OPTIONS = "file_row_number = true, hive_partitioning = false"
 
 
 def source_sql(plan: Plan) -> str:
-    """The window's steps shards, as an explicit file list (no globbing, no other rounds).
+    """The window's steps shards, as an explicit file list (no globbing, no other rounds), in
+    the current column names (shards of older schema versions included).
 
     Hive partitioning is off: ``round=NNNNNN`` in the path would shadow the ``round`` column.
     """
-    files = ",\n        ".join(quote(shard_path(plan.root, "steps", s)) for s in plan.window)
-    return (f"read_parquet([\n        {files}\n    ], file_row_number = true, "
-            "hive_partitioning = false)")
+    return plan.steps_sql(plan.window, READ_OPTIONS)
 
 
 def select_sql(plan: Plan, config: BatchConfig) -> str:
@@ -88,7 +89,7 @@ FROM {prev}
 ORDER BY sample_key, game_id, turn"""
 
 
-def fetch_sql(root: Path, rows: pa.Table) -> str:
+def fetch_sql(plan: Plan, rows: pa.Table) -> str:
     """Phase 2: the token lists of the given (round, shard, file_row_number) rows only.
 
     One branch per shard file, each filtered by row number, so DuckDB decodes the lists of those
@@ -100,8 +101,7 @@ def fetch_sql(root: Path, rows: pa.Table) -> str:
         by_file.setdefault((r, s), []).append(n)
     parts = [
         f"SELECT round, shard, file_row_number, game_id, turn, {', '.join(TOKEN_COLUMNS)}\n"
-        f"FROM read_parquet({quote(shard_path(root, 'steps', ShardId(r, s)))}, "
-        "file_row_number = true, hive_partitioning = false)\n"
+        f"FROM {plan.steps_sql([ShardId(r, s)], READ_OPTIONS)}\n"
         f"WHERE file_row_number IN ({', '.join(map(str, sorted(numbers)))})"
         for (r, s), numbers in sorted(by_file.items())
     ]
@@ -144,7 +144,7 @@ def explain(root: Path, config: BatchConfig) -> str:
     """A readable account of what :func:`assemble_batch` will do: plan and both queries."""
     config.validate()
     plan = make_plan(root, config)
-    fetch_example = fetch_sql(plan.root, pa.table({
+    fetch_example = fetch_sql(plan, pa.table({
         "round": [plan.window[0].round], "shard": [plan.window[0].shard],
         "file_row_number": [0]}))
     return "\n".join([

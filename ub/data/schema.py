@@ -1,13 +1,23 @@
 """The Parquet schemas of a run's data: ``steps`` (one row per decision) and ``games`` (one row per
 game). Users write SQL against these column names, so they change only with a new
-``SCHEMA_VERSION`` (and a note in ``docs/data.md``).
+``SCHEMA_VERSION`` (and a note in ``docs/data.md``, "Format history").
+
+Every shard file carries the version it was written with (``ub.schema_version`` in its Parquet
+metadata), and ub reads every version up to its own in the current column names
+(:func:`ub.data.sql.current_names_sql`), so a run resumed by a newer ub may mix versions:
+
+- version 1: ``steps.env_reward`` was called ``final_reward``;
+- version 2: ``steps.final_reward`` renamed ``env_reward`` (the raw env reward of the seat; in
+  a training batch, ``final_reward`` is the reward after the final-stage transforms).
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+OLDEST_SCHEMA_VERSION = 1
+"""The oldest schema version this ub still reads."""
 
 STEPS_SCHEMA = pa.schema(
     [
@@ -35,7 +45,7 @@ STEPS_SCHEMA = pa.schema(
         pa.field("format_ok", pa.bool_(), nullable=False),
         pa.field("invalid_move", pa.bool_(), nullable=False),
         pa.field("step_reward", pa.float32(), nullable=False),
-        pa.field("final_reward", pa.float32()),
+        pa.field("env_reward", pa.float32()),  # "final_reward" in version 1
         pa.field("finish_reason", pa.string()),
         pa.field("sampling_seed", pa.int64()),
         pa.field("gen_seconds", pa.float32()),
@@ -68,6 +78,34 @@ GAMES_SCHEMA = pa.schema(
 )
 
 TABLES: dict[str, pa.Schema] = {"steps": STEPS_SCHEMA, "games": GAMES_SCHEMA}
+
+RENAMED: dict[str, dict[str, tuple[str, int]]] = {
+    "steps": {"final_reward": ("env_reward", 2)},
+}
+"""The columns renamed since version 1, by table: former name -> (current name, the version that
+renamed it)."""
+
+
+READING_TABLE = b"ub.reading_table"
+"""The schema metadata key of a :func:`reading_schema`: the table it reads."""
+
+
+def column_names(table: str, version: int = SCHEMA_VERSION) -> list[str]:
+    """``table``'s columns as a shard of schema ``version`` names them (in schema order)."""
+    former = {new: old for old, (new, since) in RENAMED.get(table, {}).items()
+              if version < since}
+    return [former.get(name, name) for name in TABLES[table].names]
+
+
+def reading_schema(table: str) -> pa.Schema:
+    """``table``'s schema plus the former names of its renamed columns (at the end): one Arrow
+    dataset over shards of any versions reads each file's column under its own name, and the
+    other name as NULL. Its metadata (:data:`READING_TABLE`) marks it for
+    :func:`ub.data.sql.connect_tables`, which exposes it in the current names."""
+    schema = TABLES[table]
+    for old, (new, _) in RENAMED.get(table, {}).items():
+        schema = schema.append(schema.field(new).with_name(old))
+    return schema.with_metadata({READING_TABLE: table.encode()})
 
 # Outcomes: ``decisive`` (one seat scored strictly best), ``draw`` (all seats equal),
 # ``error`` (the env raised or the game hit ub's turn limit; rewards are null).

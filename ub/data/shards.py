@@ -24,6 +24,7 @@ import json
 import re
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,7 +34,7 @@ import pyarrow.parquet as pq
 
 import ub
 from ub.data.atomic import write_atomic
-from ub.data.schema import SCHEMA_VERSION, TABLES
+from ub.data.schema import OLDEST_SCHEMA_VERSION, SCHEMA_VERSION, TABLES, column_names
 from ub.errors import UbError
 from ub.faults import fault_point
 
@@ -165,6 +166,22 @@ def committed_shards(root: Path) -> list[ShardId]:
     return sorted(found)
 
 
+def round_ranges(rounds: Sequence[int]) -> str:
+    """Sorted round numbers for a person: ``0-3, 5, 7-8``."""
+    out: list[str] = []
+    start: int | None = None
+    prev: int | None = None
+    for v in [*rounds, None]:
+        if start is None:
+            start = prev = v
+        elif v is not None and prev is not None and v == prev + 1:
+            prev = v
+        else:
+            out.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = prev = v
+    return ", ".join(out)
+
+
 def next_free_shard(root: Path, round_: int) -> ShardId:
     """The lowest shard index of ``round_`` with no committed or half-written files."""
     index = 0
@@ -188,8 +205,10 @@ def read_metadata(path: Path) -> dict[str, Any]:
     }
 
 
-def check_shard_schema(path: Path, table: str) -> None:
-    """Refuse a shard of another schema version or with missing columns, naming the file."""
+def check_shard_schema(path: Path, table: str) -> int:
+    """Refuse a shard of an unknown schema version or with missing columns, naming the file;
+    returns its schema version (every version from :data:`OLDEST_SCHEMA_VERSION` on is read,
+    in the current column names: see :mod:`ub.data.schema`)."""
     meta = read_metadata(path)
     version = meta.get("schema_version")
     if version is None:
@@ -203,7 +222,11 @@ def check_shard_schema(path: Path, table: str) -> None:
             f"{path} has schema version {version}, newer than this ub's {SCHEMA_VERSION}: "
             "upgrade ub to read it"
         )
+    if version < OLDEST_SCHEMA_VERSION:
+        raise UbError(f"{path} has schema version {version}, older than any this ub reads "
+                      f"({OLDEST_SCHEMA_VERSION} to {SCHEMA_VERSION})")
     columns = set(pq.read_schema(path).names)
-    missing = [f.name for f in TABLES[table] if f.name not in columns]
+    missing = [name for name in column_names(table, version) if name not in columns]
     if missing:
         raise UbError(f"{path} is missing columns {', '.join(missing)} of table {table!r}")
+    return int(version)

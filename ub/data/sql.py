@@ -3,35 +3,109 @@
 The views are Arrow datasets registered in DuckDB (filters and projections are pushed down to
 the Parquet files), after which DuckDB's external access is switched off and the configuration
 locked: a query can read the run's data and nothing else, and cannot write files.
+
+Shards of every schema version ub reads are shown in the current column names
+(:func:`current_names_sql`, the one place that maps a former name to its current one): a run
+resumed by a newer ub mixes versions, e.g. ``steps.env_reward`` was ``final_reward`` in version
+1 (:mod:`ub.data.schema`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from pathlib import Path
+from typing import Any
 
 import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
 
-from ub.data.schema import TABLES
+from ub.data.schema import (
+    READING_TABLE,
+    RENAMED,
+    SCHEMA_VERSION,
+    TABLES,
+    column_names,
+    reading_schema,
+)
 from ub.data.shards import check_shard_schema, committed_shards, shard_path
 from ub.errors import UbError
 
 
-def table_dataset(root: Path, table: str) -> ds.Dataset:
-    """An Arrow dataset over ``table``'s committed shard files (empty when there are none).
+def current_names_sql(table: str, source: str, columns: Collection[str]) -> str:
+    """``table``'s rows of ``source`` in the current column names, as a SQL table expression:
+    ``source`` itself when its columns are already the current ones, else a subquery over it.
+
+    ``source`` is a SQL table expression over shards of any schema versions (a
+    ``read_parquet(...)`` call, a registered name) and ``columns`` the names it has. A column
+    renamed since version 1 (:data:`ub.data.schema.RENAMED`) is renamed when only its former
+    name is there; when both are (shards of both sides of the rename, read by name), each row
+    holds it under one name and NULL under the other, and the current name takes the
+    non-NULL one. Every reader of ``steps`` shards in ub goes through this function (through
+    :func:`read_parquet_sql` or :func:`connect_tables`), except those that read only columns
+    no version renamed.
+    """
+    exclude, replace, rename = [], [], []
+    for old, (new, _) in RENAMED.get(table, {}).items():
+        if old not in columns:
+            continue
+        if new in columns:
+            exclude.append(old)
+            replace.append(f"coalesce({new}, {old}) AS {new}")
+        else:
+            rename.append(f"{old} AS {new}")
+    if not (exclude or rename):
+        return source
+    star = "*"
+    for keyword, items in (("EXCLUDE", exclude), ("REPLACE", replace), ("RENAME", rename)):
+        if items:
+            star += f" {keyword} ({', '.join(items)})"
+    return f"(SELECT {star} FROM {source})"
+
+
+def read_parquet_sql(table: str, files: Sequence[tuple[Path, int]], options: str) -> str:
+    """DuckDB SQL for ``table``'s rows in ``files`` (path, schema version) in the current column
+    names, read with ``read_parquet``'s ``options`` (e.g. ``"hive_partitioning = false"``):
+    files of mixed versions are read by name (``union_by_name``)."""
+    versions = {version for _, version in files}
+    if len(versions) > 1:
+        options += ", union_by_name = true"
+    listing = (quote(files[0][0]) if len(files) == 1 else
+               "[\n        " + ",\n        ".join(quote(path) for path, _ in files) + "\n    ]")
+    columns = {name for version in versions for name in column_names(table, version)}
+    return current_names_sql(table, f"read_parquet({listing}, {options})", columns)
+
+
+def quote(text: str | Path) -> str:
+    """``text`` as a DuckDB SQL string literal."""
+    return "'" + str(text).replace("'", "''") + "'"
+
+
+def shards_dataset(table: str, files: Sequence[str], versions: Collection[int] | None = None,
+                   filesystem: Any = None) -> ds.Dataset:
+    """An Arrow dataset over ``table``'s shard ``files`` (empty when there are none), whose
+    schema versions are ``versions`` (``None``: not known). Files that may be older than this
+    ub's version are read with :func:`ub.data.schema.reading_schema` (every version's names),
+    which :func:`connect_tables` exposes in the current names."""
+    older = table in RENAMED and (versions is None or any(v != SCHEMA_VERSION for v in versions))
+    schema = reading_schema(table) if files and older else TABLES[table]
+    if not files:
+        return ds.dataset(pa.Table.from_batches([], schema=schema))
+    return ds.dataset(list(files), schema=schema, format="parquet", filesystem=filesystem)
+
+
+def table_dataset(root: Path, table: str, files: Sequence[Path] | None = None) -> ds.Dataset:
+    """An Arrow dataset over ``table``'s committed shard files (empty when there are none), or
+    over ``files`` (shard files of ``table`` under ``root``).
 
     Every file must carry ub's schema marker for ``table``: a Parquet file of another schema
     in a shard's place would otherwise read as NULL columns.
     """
-    schema = TABLES[table]
-    files = [str(shard_path(root, table, sid)) for sid in committed_shards(root)]
-    for file in files:
-        check_shard_schema(Path(file), table)
-    if not files:
-        return ds.dataset(pa.Table.from_batches([], schema=schema))
+    if files is None:
+        files = [shard_path(root, table, sid) for sid in committed_shards(root)]
+    versions = {check_shard_schema(Path(file), table) for file in files}
     try:
-        return ds.dataset(files, schema=schema, format="parquet")
+        return shards_dataset(table, [str(file) for file in files], versions)
     except (OSError, pa.ArrowInvalid) as exc:
         raise UbError(f"cannot read the {table} shards under {root}: {exc}") from None
 
@@ -48,10 +122,16 @@ def connect(root: Path, extra: dict[str, pa.Table | ds.Dataset] | None = None
 
 def connect_tables(tables: dict[str, pa.Table | ds.Dataset]) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with a read-only view per table, then external access
-    switched off (the views still read their files: Arrow scans them, not DuckDB)."""
+    switched off (the views still read their files: Arrow scans them, not DuckDB). A dataset
+    of shards read with :func:`ub.data.schema.reading_schema` shows the current column names."""
     con = duckdb.connect(":memory:")
     for name, table in tables.items():
-        con.register(name, table)
+        shards = (table.schema.metadata or {}).get(READING_TABLE)
+        if shards is None:
+            con.register(name, table)
+            continue
+        sql = current_names_sql(shards.decode(), "shards", table.schema.names)
+        con.from_arrow(table).query("shards", f"SELECT * FROM {sql}").create_view(name)
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
     return con

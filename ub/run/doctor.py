@@ -1,14 +1,16 @@
 """``ub doctor RUN [--repair]``: check a run directory's integrity, quarantine what is broken.
 
 A run is trustworthy when every committed round (a manifest in ``rounds/``) is whole: its shards
-exist, read, carry this ub's schema and hold the games and decisions the manifest counts; the
-checkpoint it played and the one it produced load; its rating snapshot, reward state and metrics
-read. :func:`examine` lists every problem as a :class:`Finding`; a finding that breaks round r
-breaks every later round too (each round learns from the ones before), so the repair
-(:func:`repair`) moves round r onwards, and whatever else cannot be trusted, into
-``RUN/quarantine/STAMP/`` (nothing is deleted) and leaves the run at round r. Resuming then
-replays the quarantined rounds, and since a run is a deterministic function of its seed, it
-produces them again as they were. Derived files (metrics) are rewritten in place instead.
+exist, read, carry a schema this ub reads (any version up to its own: a run resumed by a newer
+ub mixes them, and the doctor names the rounds of each) and hold the games and decisions the
+manifest counts; the checkpoint it played and the one it produced load; its rating snapshot,
+reward state and metrics read. :func:`examine` lists every problem as a :class:`Finding`; a
+finding that breaks round r breaks every later round too (each round learns from the ones
+before), so the repair (:func:`repair`) moves round r onwards, and whatever else cannot be
+trusted, into ``RUN/quarantine/STAMP/`` (nothing is deleted) and leaves the run at round r.
+Resuming then replays the quarantined rounds, and since a run is a deterministic function of
+its seed, it produces them again as they were. Derived files (metrics) are rewritten in place
+instead.
 """
 
 from __future__ import annotations
@@ -17,15 +19,15 @@ import json
 import shutil
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
-from ub.data.schema import TABLES
-from ub.data.shards import ShardId, check_shard_schema, committed_shards, shard_path
+from ub.data.schema import SCHEMA_VERSION, TABLES
+from ub.data.shards import ShardId, check_shard_schema, committed_shards, round_ranges, shard_path
 from ub.errors import UbError
 from ub.run.layout import (
     ORPHAN,
@@ -66,12 +68,24 @@ class Examination:
     findings: list[Finding]
     run_format: int = RUN_FORMAT
     """The run directory's format (:data:`ub.run.layout.RUN_FORMATS`)."""
+    schema_versions: dict[int, list[int]] = field(default_factory=dict)
+    """The committed rounds whose shards are of each data schema version (``ub.data.schema``)."""
 
     @property
     def format_line(self) -> str:
-        """Which format the run is in, for a user: old formats are read as they are."""
+        """Which formats the run is in, for a user: the run directory's, then (on a second
+        line) the data schema versions of its committed rounds' shards. Old formats are read
+        as they are."""
         note = "" if self.run_format == RUN_FORMAT else " (an older format, read as it is)"
-        return f"run format {self.run_format}: {RUN_FORMATS[self.run_format]}{note}"
+        line = f"run format {self.run_format}: {RUN_FORMATS[self.run_format]}{note}"
+        if not self.schema_versions:
+            return line
+        versions = "; ".join(f"v{v}: rounds {round_ranges(rounds)}"
+                             for v, rounds in sorted(self.schema_versions.items()))
+        older = [f"v{v}" for v in sorted(self.schema_versions) if v != SCHEMA_VERSION]
+        note = (f" ({', '.join(older)} older, read in the current column names)"
+                if older else "")
+        return f"{line}\ndata schema {versions}{note}"
 
     @property
     def first_broken_round(self) -> int | None:
@@ -94,20 +108,20 @@ def _check_json(path: Path, round_: int, what: str) -> Iterator[Finding]:
 
 
 def _check_shard(path: Path, table: str, round_: int | None, *, alone: bool = False
-                 ) -> tuple[int | None, list[Finding]]:
-    """Rows of a shard file, or the findings that make it untrustworthy."""
+                 ) -> tuple[int | None, int | None, list[Finding]]:
+    """Rows and schema version of a shard file, or the findings that make it untrustworthy."""
     if not path.exists():
-        return None, [Finding(path, f"missing {table} shard of a committed round", round_)]
+        return None, None, [Finding(path, f"missing {table} shard of a committed round", round_)]
     try:
-        check_shard_schema(path, table)
+        version = check_shard_schema(path, table)
         rows = pq.read_table(path).num_rows  # every page decoded: damage anywhere shows
     except UbError as exc:
         problem = str(exc).replace(f"{path} ", "").replace(str(path), "it")
         problem = problem.split("; run `ub doctor`")[0].split(" (move it out")[0]
-        return None, [Finding(path, problem, round_, alone=alone)]
+        return None, None, [Finding(path, problem, round_, alone=alone)]
     except (OSError, pa.ArrowException) as exc:
-        return None, [Finding(path, f"unreadable Parquet ({exc})", round_, alone=alone)]
-    return rows, []
+        return None, None, [Finding(path, f"unreadable Parquet ({exc})", round_, alone=alone)]
+    return rows, version, []
 
 
 def _check_eval_shards(paths: RunPaths, committed: int) -> list[Finding]:
@@ -121,7 +135,7 @@ def _check_eval_shards(paths: RunPaths, committed: int) -> list[Finding]:
         ours = sid.shard == 0 and owner < committed
         for table in TABLES:
             findings += _check_shard(shard_path(paths.eval_data, table, sid), table,
-                                     owner if ours else None, alone=not ours)[1]
+                                     owner if ours else None, alone=not ours)[2]
     return findings
 
 
@@ -139,7 +153,10 @@ def _check_metrics(paths: RunPaths, committed: int) -> list[Finding]:
     return findings
 
 
-def _check_round(paths: RunPaths, round_: int) -> list[Finding]:
+def _check_round(paths: RunPaths, round_: int, versions: dict[int, list[int]]
+                 ) -> list[Finding]:
+    """The findings of committed round ``round_``; adds it to ``versions`` under the schema
+    version of each of its shard files."""
     manifest_path = paths.manifest(round_)
     try:
         manifest = json.loads(manifest_path.read_text())
@@ -154,9 +171,11 @@ def _check_round(paths: RunPaths, round_: int) -> list[Finding]:
     for games_file in listed:
         steps_file = paths.root / "steps" / games_file.relative_to(paths.root / "games")
         for table, file in (("games", games_file), ("steps", steps_file)):
-            rows, problems = _check_shard(file, table, round_)
+            rows, version, problems = _check_shard(file, table, round_)
             findings += problems
             counted[table] += rows or 0
+            if version is not None and round_ not in versions.setdefault(version, []):
+                versions[version].append(round_)
     if not findings:
         for table, key in (("games", "games"), ("steps", "decisions")):
             if key in manifest and counted[table] != manifest[key]:
@@ -205,8 +224,9 @@ def examine(root: Path, *, live: bool = False) -> Examination:
             findings.append(Finding(paths.manifest(round_), f"round {expected} is missing "
                                     "before it", expected))
             break
+    versions: dict[int, list[int]] = {}
     for round_ in rounds:
-        findings += _check_round(paths, round_)
+        findings += _check_round(paths, round_, versions)
     findings += _check_eval_shards(paths, len(rounds))
     findings += _check_metrics(paths, len(rounds))
     # Round r plays checkpoint r and makes r + 1: a broken checkpoint u breaks round u - 1.
@@ -215,7 +235,7 @@ def examine(root: Path, *, live: bool = False) -> Examination:
     if not live:
         findings += [Finding(orphan, "temporary file left by an interrupted write")
                      for orphan in find_orphans(root)]
-    return Examination(root, rounds, findings, run_format)
+    return Examination(root, rounds, findings, run_format, versions)
 
 
 def repair(exam: Examination) -> list[tuple[Path, Path]]:

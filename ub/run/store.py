@@ -168,20 +168,17 @@ class RunStore:
         ``"eval"`` for the evaluation shards), read in place through fsspec, as DuckDB's views
         of a local run are (see :mod:`ub.data.sql`)."""
         import pyarrow as pa
-        import pyarrow.dataset as ds
         from pyarrow.fs import FSSpecHandler, PyFileSystem
 
-        from ub.data.schema import TABLES
+        from ub.data.sql import shards_dataset
 
         base = f"{prefix}/" if prefix else ""
         shards = [{k[len(f"{base}{t}/"):] for k in self.files(f"{base}{t}")
                    if _SHARD_KEY.match(k[len(f"{base}{t}/"):])} for t in ("steps", "games")]
         files = [self.path(f"{base}{table}/{rel}") for rel in sorted(shards[0] & shards[1])]
-        if not files:
-            return ds.dataset(pa.Table.from_batches([], schema=TABLES[table]))
         try:
-            return ds.dataset(files, schema=TABLES[table], format="parquet",
-                              filesystem=PyFileSystem(FSSpecHandler(self.fs)))
+            # (the files' schema versions are not read: a footer per file is slow in a store)
+            return shards_dataset(table, files, filesystem=PyFileSystem(FSSpecHandler(self.fs)))
         except (OSError, pa.ArrowInvalid) as exc:
             raise self._error(f"read the {base}{table} shards", exc) from None
 

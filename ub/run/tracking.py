@@ -51,9 +51,7 @@ def metrics_file(paths: RunPaths, round_: int) -> Path:
 
 
 def _collection(run: Run, round_: int) -> dict[str, float]:
-    import pyarrow.dataset as ds
-
-    from ub.data.sql import query
+    from ub.data.sql import query, table_dataset
 
     # A driver without the workers' files fetches them first.
     fetch_round(run.paths, run.paths.train_data, "steps", round_)
@@ -61,21 +59,21 @@ def _collection(run: Run, round_: int) -> dict[str, float]:
     steps, games = (round_dir(run.paths.train_data, t, round_) for t in ("steps", "games"))
     if not steps.is_dir() or not games.is_dir():
         return {}
-    # The round's shards as Arrow datasets (hidden temporary files are ignored).
-    extra = {"s_round": ds.dataset(str(steps), format="parquet"),
-             "g_round": ds.dataset(str(games), format="parquet")}
+    # The round's shards (not hidden temporary files), in the current column names.
+    extra = {"s_round": table_dataset(steps, "steps", sorted(steps.glob("shard-*.parquet"))),
+             "g_round": table_dataset(games, "games", sorted(games.glob("shard-*.parquet")))}
     per_env = query(run.paths.train_data, """
         WITH model AS (
           SELECT s.*, g.outcome, g.winner, g.num_turns, g.seconds AS game_seconds
           FROM s_round s JOIN g_round g USING (game_id) WHERE s.actor_kind = 'model'),
-        seats AS (SELECT DISTINCT env_id, game_id, seat, final_reward, outcome, winner
+        seats AS (SELECT DISTINCT env_id, game_id, seat, env_reward, outcome, winner
                   FROM model),
         diversity AS (
           SELECT env_id, avg(n) AS actions_per_state FROM (
             SELECT env_id, observation, count(DISTINCT action) AS n, count(*) AS visits
             FROM model GROUP BY ALL) WHERE visits > 1 GROUP BY env_id)
         SELECT m.env_id, count(*) AS decisions,
-               (SELECT avg(final_reward) FROM seats x WHERE x.env_id = m.env_id) AS reward,
+               (SELECT avg(env_reward) FROM seats x WHERE x.env_id = m.env_id) AS reward,
                (SELECT avg((outcome = 'decisive' AND winner = seat)::INT) FROM seats x
                  WHERE x.env_id = m.env_id) AS win_rate,
                (SELECT avg((outcome = 'draw')::INT) FROM seats x
