@@ -262,7 +262,7 @@ def test_rerun_changes_nothing_and_more_rounds_extend(reference_run, config_file
     assert is_checkpoint(copy.checkpoint(3))
 
 
-def test_ub_eval_adds_an_unrated_shard_and_leaves_the_run_alone(reference_run, capsys):
+def test_ub_eval_adds_an_unrated_shard_once_and_leaves_the_run_alone(reference_run, capsys):
     from flows.cli import main
 
     paths = reference_run
@@ -275,6 +275,15 @@ def test_ub_eval_adds_an_unrated_shard_and_leaves_the_run_alone(reference_run, c
     games = pq.read_table(shard, columns=["actors"]).to_pylist()
     assert len(games) == 4 and all("ckpt-000001" in g["actors"] for g in games)
     assert paths.ratings(1).read_text() == ratings
+    # The same evaluation again reads those games; another one gets its own shard.
+    assert main(["eval", "ref", "--root", str(paths.root.parent), "--checkpoint", "1",
+                 "--games", "4"]) == 0
+    assert "(stored earlier)" in capsys.readouterr().out
+    assert not shard.with_name("shard-0002.parquet").exists()
+    assert main(["eval", "ref", "--root", str(paths.root.parent), "--checkpoint", "1",
+                 "--games", "6"]) == 0
+    assert "(stored earlier)" not in capsys.readouterr().out
+    assert pq.read_table(shard.with_name("shard-0002.parquet")).num_rows == 6
     assert main(["eval", "ref", "--root", str(paths.root.parent), "--checkpoint", "9"]) == 2
 
 

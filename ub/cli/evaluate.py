@@ -24,7 +24,6 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from ub.data.shards import next_free_shard
     from ub.learner.checkpoint import latest_checkpoint
     from ub.run.base_model import resolve_base_model
     from ub.run.evaluate import evaluate_checkpoint
@@ -74,7 +73,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                 check_expert_supports(env_id)
     with RunLock(paths.lock):
         custom = opponents is not None or envs is not None or args.games is not None
-        shard = max(1, next_free_shard(paths.eval_data, update).shard) if custom else 0
+        shard = None if custom else 0  # None: the stored ad-hoc shard of these games or a new one
         result = evaluate_checkpoint(run, update, opponents=opponents, envs=envs,
                                      games=args.games, shard=shard, worker=process_worker())
     table = Table(title=f"{args.run}: {checkpoint_name(update)}")

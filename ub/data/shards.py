@@ -182,9 +182,10 @@ def round_ranges(rounds: Sequence[int]) -> str:
     return ", ".join(out)
 
 
-def next_free_shard(root: Path, round_: int) -> ShardId:
-    """The lowest shard index of ``round_`` with no committed or half-written files."""
-    index = 0
+def next_free_shard(root: Path, round_: int, start: int = 0) -> ShardId:
+    """The lowest shard index of ``round_``, from ``start``, with no committed or half-written
+    files."""
+    index = start
     while (
         shard_path(root, "games", ShardId(round_, index)).exists()
         or shard_path(root, "steps", ShardId(round_, index)).exists()

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 import pyarrow.parquet as pq
 
-from ub.data.shards import ShardId, shard_path
+from ub.data.shards import ShardId, committed_shards, next_free_shard, shard_path
 from ub.games.specs import GameSpec
 from ub.run.config import TrainConfig
 from ub.run.layout import checkpoint_name
@@ -17,6 +17,9 @@ from ub.run.rounds import Run
 from ub.seeding import derive_seed
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    from ub.rollout import GameAssignment
     from ub.run.worker import Worker
 
 log_eval = logging.getLogger("ub.eval")
@@ -30,14 +33,16 @@ def eval_due(config: TrainConfig, update: int) -> bool:
 
 def evaluate_checkpoint(run: Run, update: int, *, opponents: list[str] | None = None,
                         envs: list[str] | None = None, games: int | None = None,
-                        shard: int = 0, worker: Worker) -> dict[str, Any]:
+                        shard: int | None = 0, worker: Worker) -> dict[str, Any]:
     """Checkpoint ``update`` vs each opponent on each env, seats balanced: ``{"rows": [per
     (env, opponent) results with Wilson intervals], "seconds": play time, "reused": bool,
     "shard": path}``.
 
     Shard 0 of eval round ``update`` is the run's own evaluation (the ``eval`` settings; rated,
     and reused if it exists); ad-hoc evaluations (``ub eval`` with other opponents, envs or
-    game counts) go to later shards of the same round and are not rated.
+    game counts: ``shard=None``) go to later shards of the same round and are not rated. An
+    ad-hoc evaluation asked for again reads the shard that played the same games (it would
+    replay them move for move, and a second copy would count every game twice in a query).
 
     The games run on ``worker``'s engine.
     """
@@ -53,6 +58,10 @@ def evaluate_checkpoint(run: Run, update: int, *, opponents: list[str] | None = 
     assignments = eval_assignments(actor, rivals, specs, games or config.eval.games,
                                    derive_seed(config.seed, "eval"))
     sampling = rollout_sampling(config, evaluation=True)
+    if shard is None:
+        shard = stored_eval_shard(run.paths.eval_data, update, assignments)
+        shard = shard if shard is not None else next_free_shard(run.paths.eval_data, update,
+                                                                start=1).shard
     sid = ShardId(update, shard)
     played = play_shard(worker, run, run.paths.eval_data, sid, assignments, sampling=sampling,
                          kind="eval")
@@ -72,3 +81,18 @@ def evaluate_checkpoint(run: Run, update: int, *, opponents: list[str] | None = 
                       else f"{row['baseline_win_rate']:.3f}")
     return {"rows": rows, "seconds": 0.0 if played.reused else played.seconds,
             "reused": played.reused, "shard": played.games_path}
+
+
+def stored_eval_shard(root: Path, update: int, assignments: list[GameAssignment]) -> int | None:
+    """The committed ad-hoc evaluation shard (>= 1) of checkpoint ``update`` whose games are
+    exactly ``assignments`` (the same envs, seeds and seating), or None."""
+    wanted = sorted((a.game_index, a.spec.env_id, a.seed, [x.name for x in a.actors])
+                    for a in assignments)
+    for sid in committed_shards(root):
+        if sid.round != update or sid.shard < 1:
+            continue
+        games = pq.read_table(shard_path(root, "games", sid),
+                              columns=["game_index", "env_id", "seed", "actors"]).to_pylist()
+        if sorted((g["game_index"], g["env_id"], g["seed"], g["actors"]) for g in games) == wanted:
+            return sid.shard
+    return None
