@@ -18,6 +18,7 @@ import torch
 from ub.actors.spec import parse_actor
 from ub.batch import BatchConfig, collate
 from ub.data.shards import ShardId, write_shard
+from ub.errors import UbError
 from ub.games.specs import GameSpec
 from ub.inference.environment import configure_vllm_environment
 from ub.inference.types import EngineConfig, GenerationRequest, SamplingConfig
@@ -332,3 +333,19 @@ def test_warmup_ramps_the_learning_rate_over_optimizer_steps(learner: Learner,
     assert first["learning_rate"] == pytest.approx((0.25e-2 + 0.5e-2) / 2)
     learner.update(batch)
     assert learner.update(batch)["learning_rate"] == pytest.approx(1e-2)  # steps 4, 5
+
+
+def test_decay_lowers_the_learning_rate_linearly_to_its_floor(learner: Learner,
+                                                              model_dir: Path) -> None:
+    learner.configure(learner_config(model_dir, warmup_steps=2, decay_steps=6,
+                                     final_lr_fraction=0.2, learning_rate=1e-2))
+    learner.start(None)
+    batch = synthetic_batch(8, vocab_size=500, seed=3)
+    rates = [learner.update(batch)["learning_rate"] for _ in range(8)]
+    # Warm-up over steps 0-1, full rate at 2, down by a fifth of the way per step to 0.2 at 6.
+    assert rates == pytest.approx([0.5e-2, 1e-2, 1e-2, 0.8e-2, 0.6e-2, 0.4e-2, 0.2e-2, 0.2e-2])
+
+
+def test_decay_must_end_after_the_warmup(model_dir: Path) -> None:
+    with pytest.raises(UbError, match=r"decay_steps \(8\) must be larger than warmup_steps"):
+        learner_config(model_dir, warmup_steps=8, decay_steps=8).validate()

@@ -37,6 +37,7 @@ class LearnerConfig:
       on a sequence's length.
     - ``warmup_steps`` count from the cold start, so a resumed run continues the ramp: Adam's
       first steps move every weight by about the learning rate whatever the gradient's size.
+      ``decay_steps`` count the same way: a run extended past them goes on at the final rate.
     - ``micro_batch_tokens`` bounds activation memory; on a CPU 2048-4096 is also the fastest.
     """
 
@@ -64,6 +65,8 @@ class LearnerConfig:
     minibatches: int = field(default_factory=_schema("minibatches"))
     epochs: int = field(default_factory=_schema("epochs"))
     warmup_steps: int = field(default_factory=_schema("warmup_steps"))
+    decay_steps: int = field(default_factory=_schema("decay_steps"))
+    final_lr_fraction: float = field(default_factory=_schema("final_lr_fraction"))
 
     micro_batch_tokens: int | None = field(default_factory=_schema("micro_batch_tokens"))
     micro_batch_size: int | None = field(default_factory=_schema("micro_batch_size"))
@@ -122,9 +125,16 @@ class LearnerConfig:
             _positive_number("max_grad_norm", self.max_grad_norm)
         _positive_int("minibatches", self.minibatches)
         _positive_int("epochs", self.epochs)
-        if not isinstance(self.warmup_steps, int) or isinstance(self.warmup_steps, bool) \
-                or self.warmup_steps < 0:
-            raise UbError(f"warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
+        for key in ("warmup_steps", "decay_steps"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise UbError(f"{key} must be an integer >= 0, got {value!r}")
+        if self.decay_steps and self.decay_steps <= self.warmup_steps:
+            raise UbError(f"decay_steps ({self.decay_steps}) must be larger than warmup_steps "
+                          f"({self.warmup_steps}): the decay starts where the warm-up ends")
+        if not (isinstance(self.final_lr_fraction, int | float)
+                and 0 <= self.final_lr_fraction <= 1):
+            raise UbError(f"final_lr_fraction must be in [0, 1], got {self.final_lr_fraction!r}")
         for key in ("micro_batch_tokens", "micro_batch_size", "num_threads"):
             if getattr(self, key) is not None:
                 _positive_int(key, getattr(self, key))

@@ -278,8 +278,11 @@ class Learner(LearnerState):
 
     def _learning_rate(self, step: int) -> float:
         """The learning rate of optimizer step ``step`` (0-based, since the cold start)."""
-        warmup = self.config.warmup_steps
+        warmup, decay = self.config.warmup_steps, self.config.decay_steps
         scale = min(1.0, (step + 1) / warmup) if warmup else 1.0
+        if decay and step >= warmup:
+            done = min(1.0, (step - warmup) / (decay - warmup))
+            scale = 1.0 - (1.0 - self.config.final_lr_fraction) * done
         return self.config.learning_rate * scale
 
     def _step(self, batch: TrainBatch, step: int) -> dict[str, Any]:

@@ -199,6 +199,11 @@ class LearnerSection(Section):
     epochs: int = Field(1, description="Passes over the batch per update (positive).")
     warmup_steps: int = Field(0, description="Optimizer steps of linear learning-rate warm-up "
                               "(>= 0; 0: none).")
+    decay_steps: int = Field(0, description="After the warm-up, the learning rate falls linearly "
+                             "until this optimizer step (counted like warmup_steps) to "
+                             "final_lr_fraction of itself, then stays (0: constant).")
+    final_lr_fraction: float = Field(0.1, description="decay_steps only: the learning rate at "
+                                     "and after step decay_steps, as a fraction, in [0, 1].")
     micro_batch_tokens: int | None = Field(4096, description="Most tokens per micro-batch, "
                                            "padding included; null: no limit.")
     micro_batch_size: int | None = Field(None, description="Most rows per micro-batch; null: no "
