@@ -80,7 +80,7 @@ class Examination:
         line = f"run format {self.run_format}: {RUN_FORMATS[self.run_format]}{note}"
         if not self.schema_versions:
             return line
-        versions = "; ".join(f"v{v}: rounds {round_ranges(rounds)}"
+        versions = "; ".join(f"v{v}: round{'s' * (len(rounds) > 1)} {round_ranges(rounds)}"
                              for v, rounds in sorted(self.schema_versions.items()))
         older = [f"v{v}" for v in sorted(self.schema_versions) if v != SCHEMA_VERSION]
         note = (f" ({', '.join(older)} older, read in the current column names)"
