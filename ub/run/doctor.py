@@ -283,8 +283,6 @@ def repair(exam: Examination) -> list[tuple[Path, Path]]:
 def _round_files(paths: RunPaths) -> list[tuple[Path, int]]:
     """Every per-round file and shard folder of the run with the round that made it, named by
     the layout's own path functions (so a change of folder naming carries over)."""
-    from ub.run.tracking import metrics_file
-
     shard_rounds = [sid.round for root in (paths.train_data, paths.eval_data)
                     for sid in committed_shards(root)]
     last = max([*shard_rounds, *paths.committed_rounds(), 0]) + 2
@@ -297,7 +295,7 @@ def _round_files(paths: RunPaths) -> list[tuple[Path, int]]:
             found.append((shard_path(paths.eval_data, table, ShardId(number, 0)).parent,
                           max(number - 1, 0)))
         found += [(paths.ratings(number), number), (paths.final_rewards_state(number), number),
-                  (metrics_file(paths, number), number)]
+                  (paths.metrics(number), number)]
     return found
 
 

@@ -165,6 +165,9 @@ class RunPaths:
     def manifest(self, round_: int) -> Path:
         return self.root / "rounds" / f"round-{round_:06d}.json"
 
+    def metrics(self, round_: int) -> Path:
+        return self.root / "metrics" / f"round-{round_:06d}.parquet"
+
     def committed_rounds(self) -> list[int]:
         folder = self.root / "rounds"
         if not folder.is_dir():

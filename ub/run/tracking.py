@@ -41,15 +41,6 @@ from ub.run.store import fetch_round, publish
 from ub.run.views import METRICS_SCHEMA
 
 
-def metrics_path(run: Run, round_: int) -> Path:
-    return metrics_file(run.paths, round_)
-
-
-def metrics_file(paths: RunPaths, round_: int) -> Path:
-    """Round ``round_``'s metrics file in the run at ``paths``."""
-    return paths.root / "metrics" / f"round-{round_:06d}.parquet"
-
-
 def _collection(run: Run, round_: int) -> dict[str, float]:
     from ub.data.sql import query, table_dataset
 
@@ -137,7 +128,7 @@ def write_metrics(run: Run, round_: int, metrics: dict[str, float]) -> Path:
     names = sorted(metrics)
     table = pa.table({"round": [round_] * len(names), "metric": names,
                       "value": [metrics[n] for n in names]}, schema=METRICS_SCHEMA)
-    path = write_atomic(metrics_path(run, round_),
+    path = write_atomic(run.paths.metrics(round_),
                         lambda handle: pq.write_table(table, handle, compression="zstd"))
     publish(run.paths, path)
     return path
