@@ -260,20 +260,20 @@ class RolloutRunner:
 
         g, spec = item.game, item.assignment.spec
         template = get_template(spec.template)
-        tokenizer = self._model_engine().tokenizer
-        prompt = template.render(g.observation, tokenizer)
-        ids = tokenizer.encode(prompt)
+        engine = self._model_engine()
+        prompt = template.render(g.observation, engine.tokenizer)
+        ids = engine.tokenizer.encode(prompt)
         if len(ids) > self._max_prompt:
             g.fail(ValueError(
                 f"prompt of {len(ids)} tokens does not fit engine.max_model_len "
-                f"{self._model_engine().config.max_model_len}"
+                f"{engine.config.max_model_len}"
             ))
             return False
         seed = derive_seed(self.base_seed, self.seed_scope, item.assignment.game_index, g.turn,
                            "sample")
         request_id = f"{g.game_id}-t{g.turn}"
         request = GenerationRequest(request_id, ids, seed, actor.adapter, self.sampling)
-        self._model_engine().submit(request)
+        engine.submit(request)
         self._waiting[request_id] = (item, {
             "template": template.name, "prompt": prompt, "prompt_token_ids": ids,
             "sampling_seed": seed, "submitted": time.perf_counter(),
