@@ -24,7 +24,7 @@ lint: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m mypy
-	$(VENV)/bin/python -m pytest -q --durations=30
+	$(VENV)/bin/python -m pytest -q -n 2 --durations=30
 
 clean-demo:
 	rm -rf runs/$(DEMO_RUN)

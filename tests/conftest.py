@@ -23,6 +23,21 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[LEDGER] = Counter()
 
 
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """``make test`` runs on two workers (``-n 2``): each test module goes to one worker, and the
+    ``faults`` package as a whole, so module- and package-scoped fixtures (an engine, a Prefect
+    server, the faults' reference run) start once. (``--dist loadgroup`` would say this with
+    marks, but it renames node ids in a way pytest 9 ignores.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ByModule(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "tests/faults" if module.startswith("tests/faults/") else module
+
+    return ByModule(config, log)
+
+
 @pytest.fixture(scope="session")
 def ledger(request) -> Counter:
     """Counts the reliability suites report at the end of the run (see below)."""

@@ -71,6 +71,7 @@ from ub.inference.types import (
     SamplingConfig,
 )
 from ub.inference.validation import adapter_fingerprint, validate_adapter_dir, validate_model_dir
+from ub.inference.vllm_io import generation_from, sampling_params
 
 if TYPE_CHECKING:
     from vllm import LLM, SamplingParams
@@ -252,7 +253,7 @@ class VLLMEngine:
             raise UbError(f"request {request.request_id!r} has no sampling and the engine no "
                           "default: pass GenerationRequest.sampling")
         lora = self.lora_request(request.adapter)
-        params = self._sampling_params(sampling, request.seed)
+        params = sampling_params(sampling, request.seed)
         engine_input = self._renderer.render_cmpl([{"prompt_token_ids": prompt}])[0]
         return engine_input, params, lora
 
@@ -349,58 +350,9 @@ class VLLMEngine:
         if self._closed:
             raise UbError("the vLLM engine was shut down: get a new one (Worker.engine)")
 
-    def _sampling_params(self, sampling: SamplingConfig, seed: int) -> SamplingParams:
-        from vllm import SamplingParams
-        from vllm.sampling_params import RequestOutputKind
-
-        return SamplingParams(
-            temperature=sampling.temperature,
-            top_p=sampling.top_p,
-            max_tokens=sampling.max_tokens,
-            stop=list(sampling.stop) or None,
-            include_stop_str_in_output=True,
-            # vLLM only needs its incremental detokenizer to find stop strings; the text is decoded
-            # once per finished completion instead (see _to_generation).
-            detokenize=bool(sampling.stop),
-            # vLLM takes a seed in [0, 2**63) (-1 would mean "unseeded", 2**64 and up fail inside
-            # the engine); any int maps to one deterministically.
-            seed=seed % 2**63,
-            # logprobs=0 returns exactly the sampled token's logprob (1 would add the top-1).
-            logprobs=0,
-            flat_logprobs=True,
-            # Only the final output: no per-token RequestOutput objects for running requests.
-            output_kind=RequestOutputKind.FINAL_ONLY,
-        )
-
     def _to_generation(self, output: RequestOutput, now: float) -> Generation:
         pending = self._pending.pop(output.request_id)
-        completion = output.outputs[0]
-        token_ids = list(completion.token_ids)
-        logprobs = completion.logprobs
-        if logprobs is None or len(logprobs) != len(token_ids):
-            raise RuntimeError(
-                f"vLLM returned {0 if logprobs is None else len(logprobs)} logprobs for "
-                f"{len(token_ids)} tokens (request {output.request_id})"
-            )
-        values = [
-            position[token].logprob for position, token in zip(logprobs, token_ids, strict=True)
-        ]
-        # Decode the tokens ourselves so that text == decode(completion_token_ids) always: vLLM's
-        # incremental text drops a trailing partial UTF-8 character and is cut right after a stop
-        # string, which may end inside the last token.
-        text = self._tokenizer.decode(token_ids, skip_special_tokens=True)
-        self.stats.generated_tokens += len(token_ids)
-        request = pending.request
-        return Generation(
-            request_id=request.request_id,
-            prompt_token_ids=list(request.prompt_token_ids),
-            completion_token_ids=token_ids,
-            completion_logprobs=values,
-            text=text,
-            finish_reason=str(completion.finish_reason),
-            stop_reason=completion.stop_reason,
-            adapter=request.adapter,
-            lora_id=pending.lora_id,
-            seed=request.seed,
-            latency_s=now - pending.submitted_at,
-        )
+        gen = generation_from(output, pending.request, lora_id=pending.lora_id,
+                              tokenizer=self._tokenizer, latency_s=now - pending.submitted_at)
+        self.stats.generated_tokens += len(gen.completion_token_ids)
+        return gen
