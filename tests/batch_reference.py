@@ -82,7 +82,12 @@ def reference_rows(root: Path, config: BatchConfig,
             continue
         table = pq.read_table(shard_path(root, "steps", sid),
                               columns=[*DECISION_COLUMNS, "actor_kind", *TOKEN_COLUMNS])
-        for row in table.to_pylist():
+        rows = table.to_pylist()
+        turns: dict[tuple[str, int], list[int]] = {}
+        for row in rows:
+            if row["actor_kind"] == "model":
+                turns.setdefault((row["game_id"], row["seat"]), []).append(row["turn"])
+        for row in rows:
             if row["actor_kind"] != "model":
                 continue
             if config.actors is not None and row["actor"] not in config.actors:
@@ -94,6 +99,8 @@ def reference_rows(root: Path, config: BatchConfig,
                 continue
             row["raw_reward"], row["final_reward"] = got
             row["game_min_final_reward"] = game_min[row["game_id"]]
+            row["seat_moves_after"] = sum(
+                t > row["turn"] for t in turns[(row["game_id"], row["seat"])])
             reward = row["final_reward"] + row["step_reward"]
             for t in steps:
                 reward = t.apply_row(reward, row)

@@ -111,7 +111,7 @@ CONFIGS = {
     "shaped-window-filtered": BatchConfig(
         batch_size=40, seed=7, first_round=1, last_round=2,
         checkpoints=["ckpt-000002", "ckpt-000001"], final=["win_draw_loss"],
-        step=[{"name": "format_reward", "bonus": 0.5},
+        step=[{"name": "format_reward", "bonus": 0.5}, {"name": "discount", "gamma": 0.8},
               {"name": "invalid_move_penalty", "penalty": -1.0}],
         sampling=[{"name": "normalize", "scale": False}], drop_zero_reward=True),
     "drop-draws-two-normalizations": BatchConfig(
@@ -136,6 +136,22 @@ def test_batch_equals_python_reference(root, name):
         assert {r["round"] for r in reference} == {2}
 
 
+def test_discount_gives_a_seats_last_move_the_whole_reward(root):
+    """Each earlier move of the seat gets a factor gamma less, counted in its own moves only."""
+    config = BatchConfig(batch_size=100_000, seed=1, final=["win_draw_loss"],
+                         step=[{"name": "discount", "gamma": 0.5}], sampling=[])
+    by_seat: dict[tuple[str, int], list[dict]] = {}
+    for row in assemble_batch(root, config).rows.to_pylist():
+        by_seat.setdefault((row["game_id"], row["seat"]), []).append(row)
+    two_seated = 0
+    for rows in by_seat.values():
+        rows.sort(key=lambda r: r["turn"])
+        assert [r["reward"] for r in rows] == pytest.approx(
+            [rows[0]["final_reward"] * 0.5 ** k for k in reversed(range(len(rows)))])
+        two_seated += rows[0]["env_id"] == ENVS[0]  # TicTacToe: both seats are the model
+    assert two_seated > 10 and any(len(rows) > 2 for rows in by_seat.values())
+
+
 @pytest.fixture(scope="module")
 def sloppy_root(tmp_path_factory):
     """Real games whose model decisions are marked invalid at random (a third of them), in won,
@@ -158,6 +174,7 @@ def sloppy_root(tmp_path_factory):
 @pytest.mark.parametrize("step", [
     [{"name": "invalid_move_penalty", "penalty": -1.0}],
     [{"name": "format_reward", "bonus": 0.5}, {"name": "invalid_move_penalty", "penalty": 0.0}],
+    [{"name": "discount", "gamma": 0.5}, {"name": "invalid_move_penalty", "penalty": -1.0}],
 ])
 @pytest.mark.parametrize("sampling", [["normalize_per_env"], ["normalize"], []])
 def test_an_invalid_move_never_scores_above_a_valid_move_of_its_game(sloppy_root, step,

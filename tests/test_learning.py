@@ -96,3 +96,23 @@ def test_invalid_moves_fall(run):
 def test_both_checkpoints_faced_the_same_bar(run):
     rows = eval_rows(run)
     assert rows[0]["baseline_win_rate"] == rows[ROUNDS]["baseline_win_rate"] is not None
+
+
+def test_the_role_baselines_followed_every_model_seat(run):
+    """SPIRAL's role-conditioned advantage was on in this run: its baselines were updated once
+    per seat a checkpoint played, in each role (counted here with plain DuckDB on the run's
+    games), and the scripted opponent's seats left them alone."""
+    import duckdb
+
+    state = read_json(run.final_rewards_state(ROUNDS - 1))
+    (role_advantage,) = [t for t in state["transforms"] if t["name"] == "role_advantage"]
+    seats = duckdb.sql(f"""
+        SELECT env_id, role, count(*) AS n FROM (
+            SELECT env_id, unnest(actors) AS actor, unnest(roles) AS role
+            FROM read_parquet('{run.train_data}/games/*/*.parquet'))
+        WHERE actor LIKE 'ckpt-%' GROUP BY ALL""").fetchall()
+    assert role_advantage["state"]["counts"] == {
+        "TicTacToe-v0-train": {role: n for _, role, n in seats}}, seats
+    baselines = role_advantage["state"]["baselines"]["TicTacToe-v0-train"]
+    assert set(baselines) == {"Player 0", "Player 1"}
+    assert all(-1.0 <= b <= 1.0 and b != 0.0 for b in baselines.values()), baselines

@@ -66,7 +66,9 @@ game_floor AS (  -- each game's lowest final reward (invalid_move_penalty anchor
 ),
 joined AS (  -- final stage: the Arrow table `final_rewards`, one row per (game, seat);
              -- errored games have no row, so their decisions drop out here
-    SELECT d.*, f.raw_reward, f.reward AS final_reward, g.game_min_final_reward
+    SELECT d.*, f.raw_reward, f.reward AS final_reward, g.game_min_final_reward,
+           count(*) OVER (PARTITION BY game_id, seat ORDER BY turn ROWS BETWEEN 1 FOLLOWING
+                          AND UNBOUNDED FOLLOWING) AS seat_moves_after  -- (discount uses it)
     FROM decisions AS d JOIN final_rewards AS f USING (game_id, seat)
          JOIN game_floor AS g USING (game_id)
 ),

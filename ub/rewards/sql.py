@@ -32,6 +32,32 @@ class FormatReward(StepTransform):
 
 @register
 @dataclass
+class Discount(StepTransform):
+    """Multiply the reward by ``gamma ** seat_moves_after``: the seat's last move of a game keeps
+    all of it, each earlier move a factor ``gamma`` less.
+
+    A game's outcome is mostly decided by its last moves (the winning move, the move that did
+    not block it); an undiscounted final reward credits the opening as much as those.
+    ``gamma = 1`` changes nothing.
+    """
+
+    name: ClassVar[str] = "discount"
+    gamma: float = 0.9
+
+    def validate(self) -> None:
+        sql_float(self.gamma)
+        if not 0.0 < float(self.gamma) <= 1.0:
+            raise UbError(f"discount gamma must be in (0, 1], got {self.gamma}")
+
+    def sql(self, reward: str) -> str:
+        return f"({reward}) * pow({sql_float(self.gamma)}, seat_moves_after)"
+
+    def apply_row(self, reward: float, row: Mapping[str, Any]) -> float:
+        return reward * float(self.gamma) ** row["seat_moves_after"]
+
+
+@register
+@dataclass
 class InvalidMovePenalty(StepTransform):
     """An invalid move scores ``penalty`` (<= 0) below the lowest final reward of its game.
 
