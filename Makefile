@@ -24,6 +24,9 @@ lint: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m mypy
+	# The tiny model, built once and alone (cached): built inside a test, the other worker's
+	# tests would compete with it for the two cores.
+	$(UB) model tiny
 	$(VENV)/bin/python -m pytest -q -n 2 --durations=30
 
 clean-demo:

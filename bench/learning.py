@@ -11,7 +11,9 @@ RUN,...`` skips training and evaluates runs already in ``--root`` (e.g. ``runs/d
 plays the same seeds for every checkpoint (paired), seats balanced, greedy. Printed per seed,
 env, opponent and seat: win/draw rates with 95% Wilson intervals, the random player's win rate
 in the same seats on the same seeds (the bar to clear), the share of games lost by an invalid
-move, and the wall time of each part (rollout, learner, evaluation, other). Ends with one JSON
+move, how the first and last checkpoints played TicTacToe move by move (optimal moves, lines
+completed and stopped when they could be), and the wall time of each part (rollout, learner,
+evaluation, other). Ends with one JSON
 object (also written to ``ROOT/learning-LABEL.json``).
 """
 
@@ -64,6 +66,50 @@ def seat_rows(root: Path, run_name: str, update: int, env: str, opponent: str) -
                count(*) FILTER (WHERE coalesce(invalid_moves[seat + 1], false)) AS invalid_losses
         FROM g GROUP BY seat ORDER BY seat"""
     return duckdb.sql(sql).to_arrow_table().to_pylist()
+
+
+def tictactoe_tactics(root: Path, run_name: str, update: int) -> dict[str, float]:
+    """How checkpoint ``update`` played TicTacToe against the random player, move by move: the
+    share of its moves the minimax expert would also make (``optimal``), of the positions with
+    a line to complete where it completed one (``took_win``), and of those with none but an
+    opponent's line to stop where it stopped one (``blocked``)."""
+    import re
+
+    import duckdb
+
+    from ub.actors.expert import completing_cells, tictactoe_move_values
+    from ub.actors.names import checkpoint_actor
+    from ub.data.shards import ShardId, shard_path
+    from ub.run.layout import RunPaths
+
+    actor = checkpoint_actor(update)
+    eval_data = RunPaths.of(root, run_name).eval_data
+    steps, games = (shard_path(eval_data, kind, ShardId(update, 0)).parent
+                    for kind in ("steps", "games"))
+    rows = duckdb.sql(f"""
+        SELECT s.observation, s.action FROM read_parquet('{steps}/*.parquet') AS s
+        JOIN read_parquet('{games}/*.parquet') AS g USING (game_id)
+        WHERE s.actor = '{actor}' AND s.env_id = '{TICTACTOE}'
+          AND list_contains(g.actors, 'random')""").fetchall()
+    counts = dict.fromkeys(("moves", "optimal", "win_there", "took_win", "threat", "blocked"), 0)
+    for observation, action in rows:
+        board = observation.rsplit("Current Board:", 1)[1].split("Available Moves")[0]
+        cells = "".join(c.strip() or "." for line in board.splitlines() if "|" in line
+                        for c in line.split("|"))
+        cells = re.sub(r"\d", ".", cells)
+        me = re.search(r"you will be '(\w)'", observation).group(1)
+        move = int(action.strip("[]")) if action and action.strip("[]").isdigit() else -1
+        values = tictactoe_move_values(cells, me)
+        wins, threats = completing_cells(cells, me), completing_cells(cells, "XO"[me == "X"])
+        counts["moves"] += 1
+        counts["optimal"] += values.get(move) == max(values.values())
+        counts["win_there"] += bool(wins)
+        counts["took_win"] += move in wins
+        counts["threat"] += bool(threats) and not wins
+        counts["blocked"] += bool(threats) and not wins and move in threats
+    return {"moves": counts["moves"], "optimal": counts["optimal"] / max(1, counts["moves"]),
+            "took_win": counts["took_win"] / max(1, counts["win_there"]),
+            "blocked": counts["blocked"] / max(1, counts["threat"])}
 
 
 def baseline(config: dict, env: str, opponent: str, games: int) -> tuple[int, int]:
@@ -144,7 +190,8 @@ def main() -> None:
                         "random_baseline": wins_b / max(1, decided_b),
                         "random_baseline_ci": wilson_interval(wins_b, decided_b),
                     })
-        results.append({"seed": seed, "run": name, "rounds": last,
+        tactics = {update: tictactoe_tactics(root, name, update) for update in (0, last)}
+        results.append({"seed": seed, "run": name, "rounds": last, "tactics": tactics,
                          "train_wall_seconds": round(train_s, 1),
                          "extra_eval_wall_seconds": round(eval_s, 1),
                          "timings": timings, "rows": rows})
@@ -159,6 +206,10 @@ def main() -> None:
                   f"{r['games']:>5}  {r['win']:6.1%} [{r['win_low']:5.1%}, {r['win_high']:5.1%}]"
                   f" {r['draw']:6.1%} {r['invalid_loss']:8.1%}  {r['random_baseline']:5.1%} "
                   f"[{b_low:5.1%}, {b_high:5.1%}]")
+        for update, t in tactics.items():
+            print(f"TicTacToe vs random, checkpoint {update}: {t['optimal']:.0%} of {t['moves']} "
+                  f"moves optimal; completed its own line {t['took_win']:.0%} of the times it "
+                  f"could, stopped the opponent's {t['blocked']:.0%}")
     out = root / f"learning-{args.label}.json"
     out.write_text(json.dumps(results, indent=1))
     print(json.dumps({"label": args.label, "config": args.config, "overrides": args.overrides,

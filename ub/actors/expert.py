@@ -61,11 +61,24 @@ def _value(cells: str, me: str, to_move: str) -> int:
 
 def tictactoe_move(cells: str, me: str) -> int:
     """The best cell for ``me`` (``"X"`` or ``"O"``) on ``cells`` (9 chars, ``"."`` empty)."""
-    other = "O" if me == "X" else "X"
-    options = [i for i, c in enumerate(cells) if c == "."]
-    if not options:
+    values = tictactoe_move_values(cells, me)
+    if not values:
         raise RuntimeError("no empty cell: is the game over?")
-    return max(options, key=lambda i: (_value(cells[:i] + me + cells[i + 1:], me, other), -i))
+    return max(values, key=lambda i: (values[i], -i))
+
+
+def tictactoe_move_values(cells: str, me: str) -> dict[int, int]:
+    """The minimax value for ``me`` of each empty cell (higher is better; equal to the best
+    value: an optimal move). ``bench/learning.py`` grades a model's moves with it."""
+    other = "O" if me == "X" else "X"
+    return {i: _value(cells[:i] + me + cells[i + 1:], me, other)
+            for i, c in enumerate(cells) if c == "."}
+
+
+def completing_cells(cells: str, who: str) -> set[int]:
+    """The empty cells that would complete a line of ``who`` at once."""
+    return {i for line in _LINES for i in line
+            if cells[i] == "." and sum(cells[j] == who for j in line) == 2}
 
 
 # --------------------------------------------------------------------------------------------
