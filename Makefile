@@ -1,6 +1,8 @@
 # Two entry points, each creating .venv on a fresh machine first:
 #   make demo   - the CPU demo end to end
-#   make test   - lint (ruff), type check (mypy) + the test suite
+#   make test   - lint (ruff), type check (mypy) + the test suite on two pytest-xdist workers
+#                 (one test module per worker; the tiny model is built first, alone: built
+#                 inside a test, the other worker's tests would compete with it for the cores)
 VENV := .venv
 STAMP := $(VENV)/.ub-installed
 UB := $(VENV)/bin/ub
@@ -24,8 +26,6 @@ lint: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/python -m mypy
-	# The tiny model, built once and alone (cached): built inside a test, the other worker's
-	# tests would compete with it for the two cores.
 	$(UB) model tiny
 	$(VENV)/bin/python -m pytest -q -n 2 --durations=30
 
