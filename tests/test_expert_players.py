@@ -6,7 +6,14 @@ import itertools
 
 import pytest
 
-from ub.actors.expert import KUHN_ALPHA, kuhn_policy, nim_move, tictactoe_move
+from ub.actors.expert import (
+    KUHN_ALPHA,
+    completing_cells,
+    kuhn_policy,
+    nim_move,
+    tictactoe_move,
+    tictactoe_move_values,
+)
 from ub.actors.spec import parse_actor
 from ub.errors import UbError
 from ub.games.specs import GameSpec
@@ -39,6 +46,16 @@ def test_tictactoe_expert_against_itself_always_draws():
 def test_tictactoe_expert_takes_a_win_and_blocks_a_loss():
     assert tictactoe_move("XX.OO....", "X") == 2  # win now
     assert tictactoe_move("XX.O.....", "O") == 2  # block
+
+
+def test_move_grades_name_the_lines_and_the_optimal_moves():
+    """What bench/learning.py grades a model's TicTacToe moves with."""
+    cells = "XX.OO...."  # X to move: 2 wins at once; O threatens 5
+    assert completing_cells(cells, "X") == {2} and completing_cells(cells, "O") == {5}
+    values = tictactoe_move_values(cells, "X")
+    assert set(values) == {2, 5, 6, 7, 8}
+    assert max(values, key=values.__getitem__) == 2 == tictactoe_move(cells, "X")
+    assert values[5] < values[2]  # blocking instead of winning is not optimal
 
 
 def test_nim_expert_wins_every_game_it_starts_from_a_winning_position():
