@@ -33,11 +33,19 @@ def configure_prefect(home: Path, *, console_level: str = "CRITICAL") -> None:
     }
     for key, value in defaults.items():
         os.environ.setdefault(key, value)
+    # Prefect creates its home at import without parents: under a --root that does not exist
+    # yet it warned, and its temporary server could not start (it only timed out).
+    home = Path(os.environ["PREFECT_HOME"]).expanduser()
+    try:
+        home.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UbError(f"cannot create the Prefect home {home}: {exc.strerror or exc}") from None
 
 
 def start_tied_server() -> str | None:
     """Start Prefect's temporary API server now, from this (main) thread, so that it dies with
     this process; returns its URL (``None`` when ``PREFECT_API_URL`` names a server already).
+    Call it after :func:`configure_prefect` (which creates the server's home).
 
     Prefect starts the server as a plain child process and stops it at exit, which a SIGKILL
     (the OOM killer) skips: the server was re-parented to pid 1 and kept running, and the next
@@ -47,13 +55,6 @@ def start_tied_server() -> str | None:
     """
     if os.environ.get("PREFECT_API_URL"):
         return None
-    # Its database lives in PREFECT_HOME, which Prefect creates without parents: under a
-    # --root that does not exist yet the server could not start (and only timed out).
-    home = Path(os.environ.get("PREFECT_HOME", "~/.prefect")).expanduser()
-    try:
-        home.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise UbError(f"cannot create the Prefect home {home}: {exc.strerror or exc}") from None
     if not sys.platform.startswith("linux"):
         return None
     import ctypes

@@ -516,3 +516,25 @@ def test_an_engine_starts_after_an_earlier_teardown_failed_half_way(model_dir: P
 
     again = worker.engine(engine_config(model_dir, max_model_len=512), greedy)
     assert tokens(again, [req(PROMPTS[0])]) == before
+
+
+def test_vllm_records_reach_the_runs_engine_log(model_dir: Path, tmp_path: Path) -> None:
+    """vLLM's own logging set-up at engine start (a ``dictConfig``) replaced the handlers of
+    the ``vllm`` logger, so ``RUN/logs/engine.log`` stayed empty, and closed every handler in
+    the process (inside a flow, ~5 s flushing Prefect's API log handler). ub keeps it off and
+    applies ``VLLM_LOGGING_LEVEL`` (WARNING by default) itself."""
+    import logging
+
+    import vllm.logger
+
+    from ub.run.logs import run_logs
+
+    vllm.logger._last_configured_logging_config = None  # as in a fresh process
+    worker = process_worker()
+    worker.close_engine()
+    with run_logs(tmp_path) as files:
+        worker.engine(engine_config(model_dir, max_model_len=512), GREEDY)
+        logging.getLogger("vllm.ub_test").warning("a warning after the start")
+        logging.getLogger("vllm.ub_test").info("below the level")
+    text = files["vllm"].read_text()
+    assert "a warning after the start" in text and "below the level" not in text

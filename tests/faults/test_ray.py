@@ -152,11 +152,11 @@ def test_an_unreachable_ray_address_is_a_clear_error(prefect_api, tiny_model, tm
     assert "Traceback" not in result.stderr
 
 
-def test_the_nightly_eval_of_a_ray_run_needs_no_cluster(reference, tmp_path):
+def test_the_nightly_eval_of_a_ray_run_needs_no_cluster(one_process, tmp_path):
     from flows.evaluate import evaluate_run
 
     run = tmp_path / "run"
-    shutil.copytree(reference[0], run)
+    shutil.copytree(one_process, run)
     stored = yaml.safe_load((run / "config.yaml").read_text())
     stored["cluster"] = {**stored["cluster"], "address": "127.0.0.1:9"}  # the cluster is gone
     (run / "config.yaml").write_text(yaml.safe_dump(stored))

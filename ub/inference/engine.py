@@ -56,7 +56,12 @@ from typing import TYPE_CHECKING, Any
 
 from ub.errors import UbError
 from ub.inference import cpu_lora
-from ub.inference.environment import env_defaults, set_env_defaults, without_our_default
+from ub.inference.environment import (
+    apply_vllm_log_level,
+    env_defaults,
+    set_env_defaults,
+    without_our_default,
+)
 from ub.inference.noise import NATIVE_NOISE, filtered_stderr, quiet_vllm_logging
 from ub.inference.patches import (
     forget_stale_process_groups,
@@ -145,6 +150,7 @@ class VLLMEngine:
         log.info("vLLM engine for %s started in %.1f s", config.model, self.startup_seconds)
 
     def _start_vllm(self) -> LLM:
+        apply_vllm_log_level()
         quiet_vllm_logging()
         try:
             import vllm

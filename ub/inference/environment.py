@@ -8,6 +8,7 @@ server process (``ub serve``).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -69,6 +70,11 @@ def env_defaults(cache_dir: Path | None, threads: str | None) -> dict[str, str]:
         "TOKENIZERS_PARALLELISM": "false",
         # vLLM logs dozens of INFO lines per start; warnings and errors still show.
         "VLLM_LOGGING_LEVEL": "WARNING",
+        # vLLM's own logging set-up (a logging.config.dictConfig at every engine start) closes
+        # every handler of the process, which blocks ~5 s flushing Prefect's API log handler
+        # inside a flow, and replaces the handlers of the `vllm` logger (RUN/logs/engine.log
+        # stayed empty). ub applies VLLM_LOGGING_LEVEL itself: apply_vllm_log_level().
+        "VLLM_CONFIGURE_LOGGING": "0",
         # vLLM's CPU GEMMs keep 32 oneDNN primitives per layer, one per batch size; oneDNN's
         # own global cache (1,024 by default) kept every evicted one alive too, ~0.5 MB each:
         # memory grew with each new batch size for hundreds of rounds (~3 MB a round).
@@ -77,6 +83,13 @@ def env_defaults(cache_dir: Path | None, threads: str | None) -> dict[str, str]:
     if cache_dir is not None:
         defaults["VLLM_CACHE_ROOT"] = str(Path(cache_dir).expanduser().resolve() / "vllm")
     return defaults
+
+
+def apply_vllm_log_level() -> None:
+    """Give the ``vllm`` logger the level ``VLLM_LOGGING_LEVEL`` asks for, as vLLM would have
+    had it configured its logging (unless the user turned that back on)."""
+    if os.environ.get("VLLM_CONFIGURE_LOGGING") == "0":
+        logging.getLogger("vllm").setLevel(os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper())
 
 
 def set_env_defaults(defaults: dict[str, str], replace_ours: bool) -> None:
@@ -106,16 +119,17 @@ def vllm_server_environment(cache_dir: Path | None = None) -> dict[str, str]:
     """The environment for a vLLM server process (``ub serve``): this process's, plus ub's
     defaults (:func:`configure_vllm_environment`) where the user set nothing.
 
-    Two of ub's defaults are left out, as the engine leaves them out at its start: the KV
-    cache size (the server gets ``kv_cache_memory_bytes`` from
-    :func:`ub.inference.patches.vllm_engine_args`, which our whole-GiB default would override)
-    and the in-process switch (vLLM's server always runs its engine in a process of its own;
-    the switch would only add a warning).
+    Three of ub's defaults are left out: the KV cache size, as the engine leaves it out at its
+    start (the server gets ``kv_cache_memory_bytes`` from
+    :func:`ub.inference.patches.vllm_engine_args`, which our whole-GiB default would override),
+    the in-process switch (vLLM's server always runs its engine in a process of its own; the
+    switch would only add a warning) and the logging switch (the server's output is vLLM's).
     """
     env = dict(os.environ)
     for name, value in env_defaults(cache_dir, None).items():
         env.setdefault(name, value)
-    for name in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING"):
+    for name in ("VLLM_CPU_KVCACHE_SPACE", "VLLM_ENABLE_V1_MULTIPROCESSING",
+                 "VLLM_CONFIGURE_LOGGING"):
         if os.environ.get(name) is None or SET_BY_UB.get(name) == os.environ[name]:
             env.pop(name, None)  # (not the user's)
     return env
