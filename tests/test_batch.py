@@ -34,11 +34,14 @@ ENVS = ("TicTacToe-v0-train", "Nim-v0-train")
 
 
 def modelize(steps: pa.Table, games: pa.Table, checkpoint: str, model_seats: set[int],
-             rng: np.random.Generator, error_games: int = 0) -> tuple[pa.Table, pa.Table]:
+             rng: np.random.Generator, error_games: int = 0,
+             real_prompts: bool = False) -> tuple[pa.Table, pa.Table]:
     """Turn random-player rows into model rows: token ids of realistic lengths, logprobs.
 
     Seats in ``model_seats`` become the model (actor ``model``); the first ``error_games``
-    games are marked errored (rewards NULL), as a crashed env would leave them.
+    games are marked errored (rewards NULL), as a crashed env would leave them. With
+    ``real_prompts`` the prompt tokens are the observation's bytes, so a position that recurs
+    (every game's first one, at least) has the same prompt tokens, as in a real run.
     """
     game_rows = games.to_pylist()
     errored = {g["game_id"] for g in game_rows[:error_games]}
@@ -61,11 +64,15 @@ def modelize(steps: pa.Table, games: pa.Table, checkpoint: str, model_seats: set
             num_prompt_tokens=n_prompt, num_completion_tokens=n_completion,
             format_ok=bool(rng.random() < 0.8), finish_reason="stop",
         )
+        if real_prompts:
+            prompt = list(r["observation"].encode())
+            r.update(prompt_token_ids=prompt, num_prompt_tokens=len(prompt))
     return (pa.Table.from_pylist(rows, schema=STEPS_SCHEMA),
             pa.Table.from_pylist(game_rows, schema=GAMES_SCHEMA))
 
 
-def write_round(root, round_: int, model: bool = True, error_games: int = 0) -> None:
+def write_round(root, round_: int, model: bool = True, error_games: int = 0,
+                real_prompts: bool = False) -> None:
     """Two shards: TicTacToe self-play and Nim model (seat 0) vs random."""
     for shard, env in enumerate(ENVS):
         first = shard * 1000
@@ -78,7 +85,7 @@ def write_round(root, round_: int, model: bool = True, error_games: int = 0) -> 
             seats = {0, 1} if shard == 0 else {0}
             steps, games = modelize(steps, games, f"ckpt-{round_:06d}", seats,
                                     np.random.default_rng([round_, shard]),
-                                    error_games if shard == 0 else 0)
+                                    error_games if shard == 0 else 0, real_prompts)
         write_shard(root, ShardId(round_, shard), "t", steps, games)
 
 
@@ -134,6 +141,38 @@ def test_batch_equals_python_reference(root, name):
     if name == "pool-smaller-than-batch":
         assert batch.stats.size < batch.stats.requested
         assert {r["round"] for r in reference} == {2}
+
+
+@pytest.fixture(scope="module")
+def recurring_root(tmp_path_factory):
+    path = tmp_path_factory.mktemp("recurring")
+    for round_ in range(2):
+        write_round(path, round_, real_prompts=True)
+    return path
+
+
+def test_state_baseline_compares_decisions_taken_in_the_same_position(recurring_root):
+    """Each decision's advantage is its reward less the mean reward of the batch's other
+    decisions with the same prompt tokens; a position seen once keeps its reward."""
+    config = BatchConfig(batch_size=10_000, seed=4, sampling=["state_baseline"])
+    rows = assemble_batch(recurring_root, config).rows.to_pylist()
+    reference = reference_rows(recurring_root, config)
+    assert [(r["game_id"], r["turn"]) for r in rows] == [
+        (r["game_id"], r["turn"]) for r in reference]
+    assert [r["advantage"] for r in rows] == pytest.approx(
+        [r["advantage"] for r in reference], abs=1e-9)
+    states: dict[tuple[int, ...], list[dict]] = {}
+    for row in reference:
+        states.setdefault(tuple(row["prompt_token_ids"]), []).append(row)
+    assert sum(len(group) > 1 for group in states.values()) >= 3  # (every game opens alike)
+    for group in states.values():
+        for row in group:
+            others = [r["reward"] for r in group if r is not row]
+            expected = row["reward"] - sum(others) / len(others) if others else row["reward"]
+            assert row["advantage"] == pytest.approx(expected, abs=1e-9)
+    # Before normalize_per_env, as a config would list it: the same as the Python reference.
+    config = BatchConfig(batch_size=60, seed=5, sampling=["state_baseline", "normalize_per_env"])
+    assert_same(assemble_batch(recurring_root, config), reference_rows(recurring_root, config))
 
 
 def test_discount_gives_a_seats_last_move_the_whole_reward(root):

@@ -21,6 +21,9 @@ DECISION_COLUMNS = ["round", "shard", "game_id", "turn", "seat", "env_id", "role
                     "checkpoint", "format_ok", "invalid_move", "step_reward",
                     "num_prompt_tokens", "num_completion_tokens"]
 TOKEN_COLUMNS = ["prompt_token_ids", "completion_token_ids", "completion_logprobs"]
+# Columns phase 1 computes only when a sampling transform reads them (its ``needs``): the
+# state a decision was taken in is the prompt the model saw, token for token.
+ON_DEMAND_COLUMNS = {"state_key": "hash(prompt_token_ids)"}
 # How both phases read the steps files (``file_row_number`` matches phase 2's rows to phase 1's).
 READ_OPTIONS = "file_row_number = true, hive_partitioning = false"
 
@@ -43,8 +46,15 @@ def select_sql(plan: Plan, config: BatchConfig) -> str:
     step = step_reward_sql(build_transforms("step", config.step), "final_reward + step_reward")
     drop = f"\n    WHERE abs(reward) > {ZERO_EPS!r}  -- drop_zero_reward" if (
         config.drop_zero_reward) else ""
+    sampling_transforms = build_transforms("sampling", config.sampling)
+    needed = sorted({c for t in sampling_transforms for c in t.needs})
+    unknown = [c for c in needed if c not in ON_DEMAND_COLUMNS]
+    if unknown:
+        raise UbError(f"a sampling transform needs {', '.join(unknown)}; the batch query can "
+                      f"compute {', '.join(ON_DEMAND_COLUMNS)} (ub.batch.sql.ON_DEMAND_COLUMNS)")
+    extra = "".join(f",\n           {ON_DEMAND_COLUMNS[c]} AS {c}" for c in needed)
     layers, prev = [], "sampled"
-    for k, t in enumerate(build_transforms("sampling", config.sampling), start=1):
+    for k, t in enumerate(sampling_transforms, start=1):
         layers.append(f"sampling_{k} AS (  -- {t.name} {t.params()}\n"
                       f"    SELECT * REPLACE ({t.sql('advantage')} AS advantage)\n"
                       f"    FROM {prev}\n)")
@@ -54,7 +64,7 @@ def select_sql(plan: Plan, config: BatchConfig) -> str:
 WITH decisions AS (  -- the learner's decisions in the window
     SELECT {', '.join(c if c != 'step_reward' else 'CAST(step_reward AS DOUBLE) AS step_reward'
                       for c in DECISION_COLUMNS)},
-           file_row_number
+           file_row_number{extra}
     FROM {source_sql(plan)}
     WHERE actor_kind = 'model'
       AND {(chr(10) + '      AND ').join(filters)}
@@ -86,7 +96,7 @@ sampled AS (  -- uniform sample without replacement
     ORDER BY sample_key, game_id, turn
     LIMIT {int(config.batch_size)}
 ){sampling}
-SELECT * EXCLUDE (sample_key)
+SELECT * EXCLUDE (sample_key{"".join(f", {c}" for c in needed)})
 FROM {prev}
 ORDER BY sample_key, game_id, turn"""
 

@@ -91,9 +91,9 @@ NOISY_VLLM_MODULES = (
 def quiet_vllm_logging() -> None:
     """Attach the noise filter to every vLLM logger (the ones that exist now).
 
-    A filter on the logger that emits a record survives vLLM's logging reconfiguration at engine
-    start (which replaces the handlers), so this is called before import, after import and after
-    start to catch loggers created lazily.
+    A filter on the logger that emits a record also survives vLLM's logging reconfiguration
+    (which replaces the handlers; ub turns it off, a user may turn it back on). It is called
+    before import, after import and after start to catch loggers created lazily.
     """
     names = [n for n in logging.root.manager.loggerDict if n.startswith("vllm.")]
     # The emitters of the messages above, which vLLM imports lazily (some only at engine start).

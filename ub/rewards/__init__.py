@@ -65,6 +65,7 @@ from ub.rewards.sql import (
     InvalidMovePenalty,
     Normalize,
     NormalizePerEnv,
+    StateBaseline,
     step_reward_sql,
 )
 
@@ -72,7 +73,7 @@ __all__ = [
     "FINAL_REWARDS_SCHEMA", "REGISTRY", "STAGES", "STATE_FORMAT", "FinalRewardChain",
     "FinalRewards", "FinalTransform", "FormatReward", "GameKey", "GameView", "InvalidMovePenalty",
     "Normalize", "NormalizePerEnv", "RewardTransform", "RoleAdvantage", "SamplingTransform",
-    "SeatRows", "StepTransform", "WinDrawLoss", "apply_final_transforms", "available_transforms",
-    "build_transforms", "games_after", "register", "seat_rows", "sort_games", "sql_float",
-    "step_reward_sql",
+    "SeatRows", "StateBaseline", "StepTransform", "WinDrawLoss", "apply_final_transforms",
+    "available_transforms", "build_transforms", "games_after", "register", "seat_rows",
+    "sort_games", "sql_float", "step_reward_sql",
 ]

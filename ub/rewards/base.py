@@ -182,6 +182,9 @@ class SamplingTransform(RewardTransform):
     """
 
     stage: ClassVar[str] = "sampling"
+    # Columns the batch query computes only for the transforms that read them
+    # (:data:`ub.batch.sql.ON_DEMAND_COLUMNS`), e.g. ``state_key``.
+    needs: ClassVar[tuple[str, ...]] = ()
 
     def sql(self, value: str) -> str:
         """The transformed value, given the column ``value`` of the value so far."""

@@ -158,3 +158,38 @@ class NormalizePerEnv(_Normalize):
 
     name: ClassVar[str] = "normalize_per_env"
     partition: ClassVar[tuple[str, ...]] = ("env_id",)
+
+
+@register
+@dataclass
+class StateBaseline(SamplingTransform):
+    """Subtract, from each decision's value, the mean value of the batch's *other* decisions
+    taken in the same state (the same prompt tokens); a state seen once keeps its value.
+
+    A per-state baseline: a game's outcome credits every move of the seat alike, but two
+    decisions in the same position that went on to different outcomes tell the moves apart
+    (the block that was made against the one that was missed). The mean of the other
+    decisions does not depend on this decision's move, so the baseline adds no bias. Put it
+    before ``normalize_per_env``.
+    """
+
+    name: ClassVar[str] = "state_baseline"
+    needs: ClassVar[tuple[str, ...]] = ("state_key",)
+
+    def sql(self, value: str) -> str:
+        over = "OVER (PARTITION BY state_key)"
+        n = f"count(*) {over}"
+        return (f"CASE WHEN {n} > 1 THEN {value} - (sum({value}) {over} - {value}) / ({n} - 1) "
+                f"ELSE {value} END")
+
+    def apply_rows(self, values: list[float], rows: Sequence[Mapping[str, Any]]) -> list[float]:
+        groups: dict[tuple[int, ...], list[int]] = {}
+        for i, row in enumerate(rows):
+            groups.setdefault(tuple(row["prompt_token_ids"]), []).append(i)
+        out = list(values)
+        for members in groups.values():
+            if len(members) > 1:
+                total = sum(values[i] for i in members)
+                for i in members:
+                    out[i] = values[i] - (total - values[i]) / (len(members) - 1)
+        return out
