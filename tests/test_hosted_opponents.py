@@ -36,7 +36,10 @@ def vllm_server(tiny_model, tmp_path_factory):
         server = subprocess.Popen(
             [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
              str(tiny_model), "--served-model-name", "tiny", "--host", "127.0.0.1", "--port",
-             str(port), "--max-model-len", "1024"], stdout=log, stderr=subprocess.STDOUT)
+             str(port), "--max-model-len", "1024",
+             # as ub serves on the CPU (ub.inference.patches.vllm_engine_args): compiling the
+             # model cost this fixture ~20 s warm, ~50 s on a fresh machine, and bought nothing
+             "--enforce-eager"], stdout=log, stderr=subprocess.STDOUT)
         base = f"http://127.0.0.1:{port}/v1"
         try:
             deadline = time.monotonic() + 300

@@ -13,6 +13,7 @@ import os
 import random
 import re
 import shutil
+import weakref
 from pathlib import Path
 
 import pytest
@@ -484,11 +485,13 @@ def test_a_worker_reuses_its_engine_then_replaces_it(engine, model_dir: Path) ->
     with pytest.raises(UbError, match="no sampling"):
         engine.engine.submit(req(PROMPTS[0], sampling=None))  # the shared engine has none
 
+    old_llm = weakref.ref(engine.engine._llm)
     other = worker.engine(engine_config(model_dir, max_model_len=512), greedy)
     assert other.engine is not engine.engine
     with pytest.raises(UbError, match="was shut down"):
         engine.submit(req(PROMPTS[0]))
     assert tokens(other, [req(PROMPTS[0])]) == before
+    assert old_llm() is None  # the old engine is freed (its model, its KV cache)
 
 
 def test_workers_are_independent(model_dir: Path) -> None:
