@@ -4,7 +4,7 @@ expressions DuckDB evaluates, with their plain-Python forms for the reference.""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -101,6 +101,15 @@ def step_reward_sql(transforms: Sequence[StepTransform], base: str) -> str:
 # --------------------------------------------------------------------------------------------
 
 
+def _row_groups(rows: Sequence[Mapping[str, Any]],
+                key: Callable[[Mapping[str, Any]], tuple]) -> list[list[int]]:
+    """The indices of ``rows`` grouped by ``key`` (a window's PARTITION BY, in Python)."""
+    groups: dict[tuple, list[int]] = {}
+    for i, row in enumerate(rows):
+        groups.setdefault(key(row), []).append(i)
+    return list(groups.values())
+
+
 @dataclass
 class _Normalize(SamplingTransform):
     """Shared by ``normalize`` and ``normalize_per_env``: (x - mean) / std over a partition."""
@@ -127,11 +136,8 @@ class _Normalize(SamplingTransform):
         return f"CASE WHEN {std} > {sql_float(self.eps)} THEN {centered} / {std} ELSE 0.0 END"
 
     def apply_rows(self, values: list[float], rows: Sequence[Mapping[str, Any]]) -> list[float]:
-        groups: dict[tuple, list[int]] = {}
-        for i, row in enumerate(rows):
-            groups.setdefault(tuple(row[c] for c in self.partition), []).append(i)
         out = [0.0] * len(values)
-        for members in groups.values():
+        for members in _row_groups(rows, lambda row: tuple(row[c] for c in self.partition)):
             xs = [values[i] for i in members]
             mean = sum(xs) / len(xs)
             std = math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs))
@@ -183,11 +189,8 @@ class StateBaseline(SamplingTransform):
                 f"ELSE {value} END")
 
     def apply_rows(self, values: list[float], rows: Sequence[Mapping[str, Any]]) -> list[float]:
-        groups: dict[tuple[int, ...], list[int]] = {}
-        for i, row in enumerate(rows):
-            groups.setdefault(tuple(row["prompt_token_ids"]), []).append(i)
         out = list(values)
-        for members in groups.values():
+        for members in _row_groups(rows, lambda row: tuple(row["prompt_token_ids"])):
             if len(members) > 1:
                 total = sum(values[i] for i in members)
                 for i in members:
