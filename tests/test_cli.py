@@ -263,6 +263,22 @@ def test_bad_input_is_one_clear_line_and_changes_nothing(
     ledger["bad inputs clear"] += 1
 
 
+def test_the_installed_command_prints_everything_and_exits_with_its_code(capsys, tmp_path):
+    """The console script skips the interpreter's teardown (``flows.cli.entry`` ends in
+    ``os._exit``): its piped output, still in Python's buffer when the command returns, is
+    whole, and its exit code is the command's, 0 or 2."""
+    ub = str(Path(sys.executable).parent / "ub")
+    buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    code, out, _ = run(capsys, "envs")
+    shown = subprocess.run([ub, "envs"], capture_output=True, text=True, env=buffered,
+                           timeout=120)
+    assert (shown.returncode, shown.stdout) == (code, out) == (0, out) and "TicTacToe" in out
+    refused = subprocess.run([ub, "train", "--root", str(tmp_path), "--rounds", "0"],
+                             capture_output=True, text=True, env=buffered, timeout=120)
+    assert (refused.returncode, refused.stdout) == (2, "")
+    assert refused.stderr.startswith("ub: error: ub train: argument --rounds: must be >= 1")
+
+
 def test_train_refuses_a_run_held_by_a_live_process(capsys, tmp_path):
     from ub.run.config import load_config
     from ub.run.layout import RunPaths
