@@ -272,7 +272,8 @@ def test_the_installed_command_prints_everything_and_exits_with_its_code(capsys,
     code, out, _ = run(capsys, "envs")
     shown = subprocess.run([ub, "envs"], capture_output=True, text=True, env=buffered,
                            timeout=120)
-    assert (shown.returncode, shown.stdout) == (code, out) == (0, out) and "TicTacToe" in out
+    assert shown.returncode == code == 0
+    assert shown.stdout == out and "TicTacToe" in out
     refused = subprocess.run([ub, "train", "--root", str(tmp_path), "--rounds", "0"],
                              capture_output=True, text=True, env=buffered, timeout=120)
     assert (refused.returncode, refused.stdout) == (2, "")
