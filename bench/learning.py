@@ -12,7 +12,8 @@ plays the same seeds for every checkpoint (paired), seats balanced, greedy. Prin
 env, opponent and seat: win/draw rates with 95% Wilson intervals, the random player's win rate
 in the same seats on the same seeds (the bar to clear), the share of games lost by an invalid
 move, how the first and last checkpoints played TicTacToe move by move (optimal moves, lines
-completed and stopped when they could be), and the wall time of each part (rollout, learner,
+completed and stopped when they could be, lines completed at the cell it could complete most
+often and elsewhere), and the wall time of each part (rollout, learner,
 evaluation, other). Ends with one JSON
 object (also written to ``ROOT/learning-LABEL.json``).
 """
@@ -72,12 +73,15 @@ def tictactoe_tactics(root: Path, run_name: str, update: int) -> dict[str, float
     """How checkpoint ``update`` played TicTacToe against the random player, move by move: the
     share of its moves the minimax expert would also make (``optimal``), of the positions with
     a line to complete where it completed one (``took_win``), and of those with none but an
-    opponent's line to stop where it stopped one (``blocked``)."""
-    import re
+    opponent's line to stop where it stopped one (``blocked``). ``took_win_top`` and
+    ``took_win_rest`` split ``took_win`` by the completing cell: the one it could complete most
+    often (``top_cell``; a policy that learned one opening's line, not lines, is high there
+    and low elsewhere) and every other."""
+    from collections import Counter
 
     import duckdb
 
-    from ub.actors.expert import completing_cells, tictactoe_move_values
+    from ub.actors.expert import completing_cells, tictactoe_board, tictactoe_move_values
     from ub.actors.names import checkpoint_actor
     from ub.data.shards import ShardId, shard_path
     from ub.run.layout import RunPaths
@@ -92,12 +96,9 @@ def tictactoe_tactics(root: Path, run_name: str, update: int) -> dict[str, float
         WHERE s.actor = '{actor}' AND s.env_id = '{TICTACTOE}'
           AND list_contains(g.actors, 'random')""").fetchall()
     counts = dict.fromkeys(("moves", "optimal", "win_there", "took_win", "threat", "blocked"), 0)
+    chances, taken = Counter[int](), Counter[int]()  # by the lowest completing cell
     for observation, action in rows:
-        board = observation.rsplit("Current Board:", 1)[1].split("Available Moves")[0]
-        cells = "".join(c.strip() or "." for line in board.splitlines() if "|" in line
-                        for c in line.split("|"))
-        cells = re.sub(r"\d", ".", cells)
-        me = re.search(r"you will be '(\w)'", observation).group(1)
+        cells, me = tictactoe_board(observation)
         move = int(action.strip("[]")) if action and action.strip("[]").isdigit() else -1
         values = tictactoe_move_values(cells, me)
         wins, threats = completing_cells(cells, me), completing_cells(cells, "XO"[me == "X"])
@@ -105,11 +106,19 @@ def tictactoe_tactics(root: Path, run_name: str, update: int) -> dict[str, float
         counts["optimal"] += values.get(move) == max(values.values())
         counts["win_there"] += bool(wins)
         counts["took_win"] += move in wins
+        if wins:
+            chances[min(wins)] += 1
+            taken[min(wins)] += move in wins
         counts["threat"] += bool(threats) and not wins
         counts["blocked"] += bool(threats) and not wins and move in threats
+    top = chances.most_common(1)[0][0] if chances else -1
+    rest = counts["win_there"] - chances[top]
     return {"moves": counts["moves"], "optimal": counts["optimal"] / max(1, counts["moves"]),
             "took_win": counts["took_win"] / max(1, counts["win_there"]),
-            "blocked": counts["blocked"] / max(1, counts["threat"])}
+            "blocked": counts["blocked"] / max(1, counts["threat"]),
+            "top_cell": top, "top_cell_share": chances[top] / max(1, counts["win_there"]),
+            "took_win_top": taken[top] / max(1, chances[top]),
+            "took_win_rest": (counts["took_win"] - taken[top]) / max(1, rest)}
 
 
 def baseline(config: dict, env: str, opponent: str, games: int) -> tuple[int, int]:
@@ -209,7 +218,9 @@ def main() -> None:
         for update, t in tactics.items():
             print(f"TicTacToe vs random, checkpoint {update}: {t['optimal']:.0%} of {t['moves']} "
                   f"moves optimal; completed its own line {t['took_win']:.0%} of the times it "
-                  f"could, stopped the opponent's {t['blocked']:.0%}")
+                  f"could ({t['took_win_top']:.0%} at cell {t['top_cell']}, "
+                  f"{t['top_cell_share']:.0%} of the chances; {t['took_win_rest']:.0%} "
+                  f"elsewhere), stopped the opponent's {t['blocked']:.0%}")
     out = root / f"learning-{args.label}.json"
     out.write_text(json.dumps(results, indent=1))
     print(json.dumps({"label": args.label, "config": args.config, "overrides": args.overrides,

@@ -11,6 +11,7 @@ from ub.actors.expert import (
     completing_cells,
     kuhn_policy,
     nim_move,
+    tictactoe_board,
     tictactoe_move,
     tictactoe_move_values,
 )
@@ -56,6 +57,22 @@ def test_move_grades_name_the_lines_and_the_optimal_moves():
     assert set(values) == {2, 5, 6, 7, 8}
     assert max(values, key=values.__getitem__) == 2 == tictactoe_move(cells, "X")
     assert values[5] < values[2]  # blocking instead of winning is not optimal
+
+
+def test_the_board_graded_is_the_board_the_player_was_shown():
+    """bench/learning.py and bench/line_probe.py read the board off real observations."""
+    _, steps = _results("TicTacToe-v0-train", [RANDOM, RANDOM], 1, rotate=False)
+    marks = {0: "O", 1: "X"}  # TextArena's TicTacToe: Player 0 is 'O'
+    for turn, step in enumerate(steps):
+        cells, me = tictactoe_board(step["observation"])
+        assert me == marks[step["seat"]]
+        expected = ["."] * 9
+        for earlier in steps[:turn]:
+            expected[int(earlier["action"].strip("[]"))] = marks[earlier["seat"]]
+        assert cells == "".join(expected)
+    for not_a_board in ("Current Board:\n\n pile 0: 3\n", "Welcome to Nim, Player 1!"):
+        with pytest.raises(UbError, match="not a TicTacToe observation"):
+            tictactoe_board(not_a_board)
 
 
 def test_nim_expert_wins_every_game_it_starts_from_a_winning_position():

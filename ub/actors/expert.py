@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import random
+import re
 from typing import Any
 
 from ub.errors import UbError
@@ -29,7 +30,7 @@ from ub.games.legal import unwrap
 KUHN_ALPHA = 1 / 6
 EXPERT_GAMES = ("KuhnPoker", "Nim", "TicTacToe")
 
-_LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
+LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
 
 
 # --------------------------------------------------------------------------------------------
@@ -38,7 +39,7 @@ _LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 
 
 
 def _winner(cells: str) -> str | None:
-    for a, b, c in _LINES:
+    for a, b, c in LINES:
         if cells[a] != "." and cells[a] == cells[b] == cells[c]:
             return cells[a]
     return None
@@ -75,9 +76,22 @@ def tictactoe_move_values(cells: str, me: str) -> dict[int, int]:
             for i, c in enumerate(cells) if c == "."}
 
 
+def tictactoe_board(observation: str) -> tuple[str, str]:
+    """``(cells, me)`` from a TicTacToe observation's last board: nine characters of ``X``,
+    ``O`` or ``.``, and the symbol of the player it was shown to. For grading recorded games
+    (the player itself reads the game state)."""
+    board = observation.rsplit("Current Board:", 1)[-1].split("Available Moves")[0]
+    cells = "".join(c.strip() or "." for line in board.splitlines() if "|" in line
+                    for c in line.split("|"))
+    me = re.search(r"you will be '(\w)'", observation)
+    if len(cells) != 9 or me is None:
+        raise UbError(f"not a TicTacToe observation with a board: {observation[-200:]!r}")
+    return re.sub(r"\d", ".", cells), me.group(1)
+
+
 def completing_cells(cells: str, who: str) -> set[int]:
     """The empty cells that would complete a line of ``who`` at once."""
-    return {i for line in _LINES for i in line
+    return {i for line in LINES for i in line
             if cells[i] == "." and sum(cells[j] == who for j in line) == 2}
 
 

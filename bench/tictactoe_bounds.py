@@ -1,0 +1,98 @@
+"""What win rate against the random player each TicTacToe skill is worth.
+
+Not a test. ``.venv/bin/python bench/tictactoe_bounds.py [--games 20000] [--seed 0]``
+
+Plays simple rule-based policies against the uniformly random player, in each seat, and prints
+their win rates next to the best possible (an exact expectimax against the random player). It
+says which skills a checkpoint needs for issue 15's 75% (seats balanced, as the evaluation):
+completing its own lines alone is worth about two thirds; the centre or blocking on top of it
+about four fifths.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ub.actors.expert import LINES, completing_cells
+
+MARKS = "OX"  # TextArena's TicTacToe: Player 0 is 'O' and moves first
+POLICIES = {  # name: (complete own line, block the opponent's, take the centre)
+    "random": (False, False, False),
+    "complete": (True, False, False),
+    "complete, centre": (True, False, True),
+    "complete, block": (True, True, False),
+    "complete, block, centre": (True, True, True),
+}
+
+
+def _won(cells: str, mark: str) -> bool:
+    return any(all(cells[i] == mark for i in line) for line in LINES)
+
+
+def _place(cells: str, cell: int, mark: str) -> str:
+    return cells[:cell] + mark + cells[cell + 1:]
+
+
+def rule_move(cells: str, me: str, rules: tuple[bool, bool, bool], rng: random.Random) -> int:
+    complete, block, centre = rules
+    empty = [i for i, c in enumerate(cells) if c == "."]
+    if complete and (mine := completing_cells(cells, me)):
+        return rng.choice(sorted(mine))
+    if block and (theirs := completing_cells(cells, MARKS[me == "O"])):
+        return rng.choice(sorted(theirs))
+    if centre and cells[4] == ".":
+        return 4
+    return rng.choice(empty)
+
+
+def play(seat: int, rules: tuple[bool, bool, bool], rng: random.Random) -> bool:
+    """One game against the random player; True if the policy in ``seat`` won."""
+    cells = "." * 9
+    for turn in range(9):
+        mark = MARKS[turn % 2]
+        empty = [i for i, c in enumerate(cells) if c == "."]
+        move = rule_move(cells, mark, rules, rng) if turn % 2 == seat else rng.choice(empty)
+        cells = _place(cells, move, mark)
+        if _won(cells, mark):
+            return turn % 2 == seat
+    return False
+
+
+@functools.cache
+def best_win_probability(cells: str, turn: int, seat: int) -> float:
+    """P(the player in ``seat`` wins) with its best play against the random player."""
+    mark = MARKS[turn % 2]
+    empty = [i for i, c in enumerate(cells) if c == "."]
+    if not empty:
+        return 0.0
+    values = []
+    for cell in empty:
+        after = _place(cells, cell, mark)
+        values.append(float(turn % 2 == seat) if _won(after, mark)
+                      else best_win_probability(after, turn + 1, seat))
+    return max(values) if turn % 2 == seat else sum(values) / len(values)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--games", type=int, default=20000, help="games per policy and seat")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    print(f"{'policy vs random':<26} {'first seat':>10} {'second':>8} {'both':>7}")
+    for name, rules in POLICIES.items():
+        rng = random.Random(args.seed)
+        rates = [sum(play(seat, rules, rng) for _ in range(args.games)) / args.games
+                 for seat in (0, 1)]
+        print(f"{name:<26} {rates[0]:>10.1%} {rates[1]:>8.1%} {sum(rates) / 2:>7.1%}")
+    best = [best_win_probability("." * 9, 0, seat) for seat in (0, 1)]
+    print(f"{'best possible (exact)':<26} {best[0]:>10.1%} {best[1]:>8.1%} {sum(best) / 2:>7.1%}")
+
+
+if __name__ == "__main__":
+    main()
