@@ -13,9 +13,8 @@ env, opponent and seat: win/draw rates with 95% Wilson intervals, the random pla
 in the same seats on the same seeds (the bar to clear), the share of games lost by an invalid
 move, how the first and last checkpoints played TicTacToe move by move (optimal moves, lines
 completed and stopped when they could be, lines completed at the cell it could complete most
-often and elsewhere), and the wall time of each part (rollout, learner,
-evaluation, other). Ends with one JSON
-object (also written to ``ROOT/learning-LABEL.json``).
+often and elsewhere), and the wall time of each part (rollout, learner, evaluation, other).
+Ends with one JSON object (also written to ``ROOT/learning-LABEL.json``).
 """
 
 from __future__ import annotations

@@ -8,10 +8,11 @@ almost only along the one line their opening aims at; this asks whether the mode
 the general skill at all within a budget like the demo's. Positions come from random-play
 TicTacToe games (``ub.model.transcripts``) in which the player to move can complete a line of
 its own (``complete``), or cannot but must stop the opponent's (``block``); the target is such a
-cell. Supervised fine-tuning on those targets (cross-entropy on the move and EOS, the prompt
-tokenized as the rollout does) is the strongest signal the skill can get: RL's reward says
-only, and rarely, that a game was won. Every ``--every`` steps the greedy move on held-out
-positions (from other games) is graded, overall and per kind of line, with a 95% interval.
+cell. Supervised fine-tuning on those targets (cross-entropy on the completion's tokens, the
+move and EOS, tokenized as the rollout and the pre-training do) is the strongest signal the
+skill can get: RL's reward says only, and rarely, that a game was won. Every ``--every`` steps
+the greedy move on held-out positions (from other games) is graded, overall and per kind of
+line, with a 95% interval.
 
 The adapter is a rank-``--rank`` LoRA on every projection, as the preset's; ``--full`` trains
 every weight instead. The model: ``--model``, else the tiny CPU default (``ub model tiny``).
