@@ -77,6 +77,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from ub.evaluation import wilson_interval
+    from ub.games.actions import extract_bracket
     from ub.model.lora import LoraSettings
     from ub.model.tiny import tiny_model_path
 
@@ -107,8 +108,10 @@ def main() -> None:
             prompt_ids = torch.tensor([ids(prompt)])
             out = model.generate(prompt_ids, max_new_tokens=4, do_sample=False,
                                  pad_token_id=eos)
-            text = tokenizer.decode(out[0, prompt_ids.shape[1]:]).strip()
-            move = int(text[1]) if len(text) > 2 and text[0] == "[" and text[1].isdigit() else -1
+            text = tokenizer.decode(out[0, prompt_ids.shape[1]:])
+            # As a rollout with the preset reads it: stop at the first "]", bracket extractor.
+            action, ok = extract_bracket(text.split("]", 1)[0] + "]")
+            move = int(action[1:-1]) if ok and action[1:-1].isdigit() else -1
             for key in ("all", kind):
                 seen[key] += 1
                 hits[key] += move in targets

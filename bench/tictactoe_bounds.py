@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ub.actors.expert import LINES, completing_cells
+from ub.actors.expert import completing_cells, tictactoe_winner
 
 MARKS = "OX"  # TextArena's TicTacToe: Player 0 is 'O' and moves first
 POLICIES = {  # name: (complete own line, block the opponent's, take the centre)
@@ -31,24 +31,19 @@ POLICIES = {  # name: (complete own line, block the opponent's, take the centre)
 }
 
 
-def _won(cells: str, mark: str) -> bool:
-    return any(all(cells[i] == mark for i in line) for line in LINES)
-
-
 def _place(cells: str, cell: int, mark: str) -> str:
     return cells[:cell] + mark + cells[cell + 1:]
 
 
 def rule_move(cells: str, me: str, rules: tuple[bool, bool, bool], rng: random.Random) -> int:
     complete, block, centre = rules
-    empty = [i for i, c in enumerate(cells) if c == "."]
     if complete and (mine := completing_cells(cells, me)):
         return rng.choice(sorted(mine))
     if block and (theirs := completing_cells(cells, MARKS[me == "O"])):
         return rng.choice(sorted(theirs))
     if centre and cells[4] == ".":
         return 4
-    return rng.choice(empty)
+    return rng.choice([i for i, c in enumerate(cells) if c == "."])
 
 
 def play(seat: int, rules: tuple[bool, bool, bool], rng: random.Random) -> bool:
@@ -59,7 +54,7 @@ def play(seat: int, rules: tuple[bool, bool, bool], rng: random.Random) -> bool:
         empty = [i for i, c in enumerate(cells) if c == "."]
         move = rule_move(cells, mark, rules, rng) if turn % 2 == seat else rng.choice(empty)
         cells = _place(cells, move, mark)
-        if _won(cells, mark):
+        if tictactoe_winner(cells) == mark:
             return turn % 2 == seat
     return False
 
@@ -74,7 +69,7 @@ def best_win_probability(cells: str, turn: int, seat: int) -> float:
     values = []
     for cell in empty:
         after = _place(cells, cell, mark)
-        values.append(float(turn % 2 == seat) if _won(after, mark)
+        values.append(float(turn % 2 == seat) if tictactoe_winner(after) == mark
                       else best_win_probability(after, turn + 1, seat))
     return max(values) if turn % 2 == seat else sum(values) / len(values)
 

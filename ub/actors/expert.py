@@ -38,7 +38,8 @@ LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4
 # --------------------------------------------------------------------------------------------
 
 
-def _winner(cells: str) -> str | None:
+def tictactoe_winner(cells: str) -> str | None:
+    """The mark (``"X"`` or ``"O"``) with three in a line on ``cells``, if any."""
     for a, b, c in LINES:
         if cells[a] != "." and cells[a] == cells[b] == cells[c]:
             return cells[a]
@@ -48,7 +49,7 @@ def _winner(cells: str) -> str | None:
 @functools.cache
 def _value(cells: str, me: str, to_move: str) -> int:
     """Minimax value for ``me``: +(10 - plies) win, 0 draw, -(10 - plies) loss."""
-    won = _winner(cells)
+    won = tictactoe_winner(cells)
     plies = 9 - cells.count(".")
     if won is not None:
         return (10 - plies) if won == me else -(10 - plies)
