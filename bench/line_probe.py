@@ -1,7 +1,7 @@
 """Can the model learn to complete a TicTacToe line when it is told the answer?
 
 Not a test. ``.venv/bin/python bench/line_probe.py [--task complete|block] [--steps 400]
-[--every 100] [--lr 3e-3] [--full] [--rank 8] [--model DIR]``
+[--every 100] [--lr 3e-3] [--full] [--rank 8] [--b-lr-ratio 1] [--model DIR]``
 
 A diagnostic for the model side of issue 15. The RL runs' checkpoints complete their own lines
 almost only along the one line their opening aims at; this asks whether the model could learn
@@ -15,7 +15,9 @@ the greedy move on held-out positions (from other games) is graded, overall and 
 line, with a 95% interval.
 
 The adapter is a rank-``--rank`` LoRA on every projection, as the preset's; ``--full`` trains
-every weight instead. The model: ``--model``, else the tiny CPU default (``ub model tiny``).
+every weight instead. ``--b-lr-ratio R`` is LoRA+ (Hayou et al., 2024): the ``lora_B`` matrices
+step at ``R`` times the learning rate. The model: ``--model``, else the tiny CPU default
+(``ub model tiny``).
 """
 
 from __future__ import annotations
@@ -67,6 +69,8 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=3e-3)
     parser.add_argument("--full", action="store_true", help="train every weight, no LoRA")
     parser.add_argument("--rank", type=int, default=8)
+    parser.add_argument("--b-lr-ratio", type=float, default=1.0,
+                        help="LoRA+: lora_B's learning rate over --lr")
     parser.add_argument("--train-positions", type=int, default=6000)
     parser.add_argument("--test-positions", type=int, default=300)
     parser.add_argument("--model", default=None)
@@ -94,8 +98,12 @@ def main() -> None:
 
         model = get_peft_model(model, LoraSettings(rank=args.rank, alpha=2 * args.rank,
                                                    dropout=0.0).peft_config())
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=args.lr, weight_decay=0.0)
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    params = [p for _, p in named]
+    optimizer = torch.optim.AdamW(
+        [{"params": [p for n, p in named if "lora_B" not in n], "lr": args.lr},
+         {"params": [p for n, p in named if "lora_B" in n], "lr": args.lr * args.b_lr_ratio}],
+        weight_decay=0.0)
 
     def ids(text: str) -> list[int]:
         return tokenizer(text, add_special_tokens=False)["input_ids"]
@@ -122,7 +130,8 @@ def main() -> None:
         return (f"{hits['all'] / seen['all']:.1%} [{low:.1%}, {high:.1%}] of {seen['all']} "
                 f"held-out positions ({kinds})")
 
-    what = "every weight" if args.full else f"rank-{args.rank} LoRA"
+    what = "every weight" if args.full else f"rank-{args.rank} LoRA" + (
+        f", lora_B at {args.b_lr_ratio:g}x" if args.b_lr_ratio != 1 else "")
     print(f"task {args.task}, {what}, lr {args.lr}, batch {args.batch}, {model_dir}", flush=True)
     print(f"step 0: {grade()}", flush=True)
     rng = random.Random(args.seed)
