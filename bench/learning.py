@@ -80,7 +80,12 @@ def tictactoe_tactics(root: Path, run_name: str, update: int) -> dict[str, float
 
     import duckdb
 
-    from ub.actors.expert import completing_cells, tictactoe_board, tictactoe_move_values
+    from ub.actors.expert import (
+        completing_cells,
+        opponent_mark,
+        tictactoe_board,
+        tictactoe_move_values,
+    )
     from ub.actors.names import checkpoint_actor
     from ub.data.shards import ShardId, shard_path
     from ub.run.layout import RunPaths
@@ -100,7 +105,7 @@ def tictactoe_tactics(root: Path, run_name: str, update: int) -> dict[str, float
         cells, me = tictactoe_board(observation)
         move = int(action.strip("[]")) if action and action.strip("[]").isdigit() else -1
         values = tictactoe_move_values(cells, me)
-        wins, threats = completing_cells(cells, me), completing_cells(cells, "XO"[me == "X"])
+        wins, threats = completing_cells(cells, me), completing_cells(cells, opponent_mark(me))
         counts["moves"] += 1
         counts["optimal"] += values.get(move) == max(values.values())
         counts["win_there"] += bool(wins)

@@ -38,7 +38,7 @@ TEST_SEED_OFFSET = 10**6  # held-out positions come from games with these seeds 
 def positions(task: str, count: int, first_seed: int) -> list[tuple[str, set[int], str]]:
     """``count`` (prompt, target cells, line kind) from random games seeded from
     ``first_seed`` up."""
-    from ub.actors.expert import LINES, completing_cells, tictactoe_board
+    from ub.actors.expert import LINES, completing_cells, opponent_mark, tictactoe_board
     from ub.model.transcripts import play_game
 
     out: list[tuple[str, set[int], str]] = []
@@ -46,7 +46,7 @@ def positions(task: str, count: int, first_seed: int) -> list[tuple[str, set[int
     while len(out) < count:
         for step in play_game(ENV, seed, seed):
             cells, me = tictactoe_board(step.prompt)
-            other = "XO"[me == "X"]
+            other = opponent_mark(me)
             mine, theirs = completing_cells(cells, me), completing_cells(cells, other)
             targets = mine if task == "complete" else (theirs if not mine else set())
             if targets:

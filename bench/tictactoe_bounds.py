@@ -19,9 +19,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ub.actors.expert import completing_cells, tictactoe_winner
+from ub.actors.expert import (
+    TICTACTOE_MARKS,
+    completing_cells,
+    opponent_mark,
+    tictactoe_winner,
+)
 
-MARKS = "OX"  # TextArena's TicTacToe: Player 0 is 'O' and moves first
 POLICIES = {  # name: (complete own line, block the opponent's, take the centre)
     "random": (False, False, False),
     "complete": (True, False, False),
@@ -39,7 +43,7 @@ def rule_move(cells: str, me: str, rules: tuple[bool, bool, bool], rng: random.R
     complete, block, centre = rules
     if complete and (mine := completing_cells(cells, me)):
         return rng.choice(sorted(mine))
-    if block and (theirs := completing_cells(cells, MARKS[me == "O"])):
+    if block and (theirs := completing_cells(cells, opponent_mark(me))):
         return rng.choice(sorted(theirs))
     if centre and cells[4] == ".":
         return 4
@@ -50,7 +54,7 @@ def play(seat: int, rules: tuple[bool, bool, bool], rng: random.Random) -> bool:
     """One game against the random player; True if the policy in ``seat`` won."""
     cells = "." * 9
     for turn in range(9):
-        mark = MARKS[turn % 2]
+        mark = TICTACTOE_MARKS[turn % 2]
         empty = [i for i, c in enumerate(cells) if c == "."]
         move = rule_move(cells, mark, rules, rng) if turn % 2 == seat else rng.choice(empty)
         cells = _place(cells, move, mark)
@@ -62,7 +66,7 @@ def play(seat: int, rules: tuple[bool, bool, bool], rng: random.Random) -> bool:
 @functools.cache
 def best_win_probability(cells: str, turn: int, seat: int) -> float:
     """P(the player in ``seat`` wins) with its best play against the random player."""
-    mark = MARKS[turn % 2]
+    mark = TICTACTOE_MARKS[turn % 2]
     empty = [i for i, c in enumerate(cells) if c == "."]
     if not empty:
         return 0.0

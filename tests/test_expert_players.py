@@ -8,6 +8,7 @@ import pytest
 
 from ub.actors.expert import (
     KUHN_ALPHA,
+    TICTACTOE_MARKS,
     completing_cells,
     kuhn_policy,
     nim_move,
@@ -62,13 +63,12 @@ def test_move_grades_name_the_lines_and_the_optimal_moves():
 def test_the_board_graded_is_the_board_the_player_was_shown():
     """bench/learning.py and bench/line_probe.py read the board off real observations."""
     _, steps = _results("TicTacToe-v0-train", [RANDOM, RANDOM], 1, rotate=False)
-    marks = {0: "O", 1: "X"}  # TextArena's TicTacToe: Player 0 is 'O'
     for turn, step in enumerate(steps):
         cells, me = tictactoe_board(step["observation"])
-        assert me == marks[step["seat"]]
+        assert me == TICTACTOE_MARKS[step["seat"]]
         expected = ["."] * 9
         for earlier in steps[:turn]:
-            expected[int(earlier["action"].strip("[]"))] = marks[earlier["seat"]]
+            expected[int(earlier["action"].strip("[]"))] = TICTACTOE_MARKS[earlier["seat"]]
         assert cells == "".join(expected)
     for not_a_board in ("Current Board:\n\n pile 0: 3\n", "Welcome to Nim, Player 1!"):
         with pytest.raises(UbError, match="not a TicTacToe observation"):

@@ -31,11 +31,17 @@ KUHN_ALPHA = 1 / 6
 EXPERT_GAMES = ("KuhnPoker", "Nim", "TicTacToe")
 
 LINES = ((0, 1, 2), (3, 4, 5), (6, 7, 8), (0, 3, 6), (1, 4, 7), (2, 5, 8), (0, 4, 8), (2, 4, 6))
+TICTACTOE_MARKS = "OX"  # by seat: TextArena's Player 0 is 'O' and moves first
 
 
 # --------------------------------------------------------------------------------------------
 # TicTacToe
 # --------------------------------------------------------------------------------------------
+
+
+def opponent_mark(mark: str) -> str:
+    """The other TicTacToe mark: ``"O"`` for ``"X"`` and ``"X"`` for ``"O"``."""
+    return "O" if mark == "X" else "X"
 
 
 def tictactoe_winner(cells: str) -> str | None:
@@ -55,8 +61,7 @@ def _value(cells: str, me: str, to_move: str) -> int:
         return (10 - plies) if won == me else -(10 - plies)
     if "." not in cells:
         return 0
-    other = "O" if to_move == "X" else "X"
-    values = [_value(cells[:i] + to_move + cells[i + 1:], me, other)
+    values = [_value(cells[:i] + to_move + cells[i + 1:], me, opponent_mark(to_move))
               for i, c in enumerate(cells) if c == "."]
     return max(values) if to_move == me else min(values)
 
@@ -72,8 +77,7 @@ def tictactoe_move(cells: str, me: str) -> int:
 def tictactoe_move_values(cells: str, me: str) -> dict[int, int]:
     """The minimax value for ``me`` of each empty cell (higher is better; equal to the best
     value: an optimal move). ``bench/learning.py`` grades a model's moves with it."""
-    other = "O" if me == "X" else "X"
-    return {i: _value(cells[:i] + me + cells[i + 1:], me, other)
+    return {i: _value(cells[:i] + me + cells[i + 1:], me, opponent_mark(me))
             for i, c in enumerate(cells) if c == "."}
 
 
