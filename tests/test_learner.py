@@ -349,3 +349,57 @@ def test_decay_lowers_the_learning_rate_linearly_to_its_floor(learner: Learner,
 def test_decay_must_end_after_the_warmup(model_dir: Path) -> None:
     with pytest.raises(UbError, match=r"decay_steps \(8\) must be larger than warmup_steps"):
         learner_config(model_dir, warmup_steps=8, decay_steps=8).validate()
+
+
+# ------------------------------------------------------------------------------------------
+# The KL penalty to the base model
+# ------------------------------------------------------------------------------------------
+
+
+def base_logprobs(model_dir: Path, batch: TrainBatch) -> torch.Tensor:
+    """(B, T) logprobs of the batch's tokens under the base model alone (plain transformers,
+    no PEFT), 0 outside completions."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(input_ids=batch.input_ids).logits.float()
+    scored = torch.log_softmax(logits[:, :-1], -1).gather(
+        -1, batch.input_ids[:, 1:, None]).squeeze(-1)
+    return torch.nn.functional.pad(scored, (1, 0)) * batch.completion_mask
+
+
+def test_kl_coef_pulls_a_drifted_adapter_back_to_the_base_model(
+        learner: Learner, model_dir: Path, rollout, trained: Path) -> None:
+    """With every advantage zero, only the KL term trains: it reports the k3 estimate of
+    KL(current || base) against the base model loaded on its own, and its steps bring the
+    adapter's logprobs back toward the base's. Without it the same batch trains nothing."""
+    batch = decisions(rollout, advantages=torch.zeros(len(model_rows(rollout))))
+    mask = batch.completion_mask.bool()
+    base = base_logprobs(model_dir, batch)[mask]
+
+    learner.configure(learner_config(model_dir))
+    learner.start(trained)
+    assert learner.update(batch)["rows_trained"] == 0
+
+    learner.configure(learner_config(model_dir, kl_coef=1.0, learning_rate=5e-3))
+    learner.start(trained)
+    current = learner.token_logprobs(batch)[mask]
+    d = base - current
+    expected = float((torch.exp(d) - d - 1).mean())
+    metrics = learner.update(batch)
+    assert metrics["rows_trained"] == len(batch)
+    assert metrics["kl_to_base"] == pytest.approx(expected, rel=1e-3)
+    assert expected > 0.05, "the trained adapter should have moved the model"
+
+    for _ in range(4):
+        last = learner.update(batch)
+    after = learner.token_logprobs(batch)[mask]
+    assert float((after - base).abs().mean()) < 0.5 * float((current - base).abs().mean())
+    assert last["kl_to_base"] < 0.5 * expected
+
+
+def test_kl_coef_must_be_a_non_negative_number(model_dir: Path) -> None:
+    for bad in (-0.1, float("nan"), "0.1", True):
+        with pytest.raises(UbError, match="kl_coef must be a number >= 0"):
+            learner_config(model_dir, kl_coef=bad).validate()

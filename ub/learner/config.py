@@ -52,6 +52,7 @@ class LearnerConfig:
 
     algorithm: str = field(default_factory=_schema("algorithm"))
     algorithm_params: dict[str, Any] = field(default_factory=_schema("algorithm_params"))
+    kl_coef: float = field(default_factory=_schema("kl_coef"))
     length_normalizer: int = field(
         default_factory=lambda: default_of(SamplingSection, "max_tokens"))
     temperature: float = field(default_factory=lambda: default_of(SamplingSection, "temperature"))
@@ -113,6 +114,10 @@ class LearnerConfig:
         if not lora.target_modules:
             raise UbError("lora.target_modules is empty: name the modules to adapt")
         make_algorithm(self.algorithm, self.algorithm_params)
+        if not (isinstance(self.kl_coef, int | float) and not isinstance(self.kl_coef, bool)
+                and math.isfinite(self.kl_coef) and self.kl_coef >= 0):
+            raise UbError(f"kl_coef must be a number >= 0 (0: no KL penalty), "
+                          f"got {self.kl_coef!r}")
         _positive_int("length_normalizer", self.length_normalizer)
         _positive_number("temperature", self.temperature)
         _positive_number("learning_rate", self.learning_rate)

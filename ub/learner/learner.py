@@ -119,7 +119,8 @@ class Learner(LearnerState):
         normalizer = float(rows_total * config.length_normalizer)
 
         has_tokens = batch.completion_mask[:, 1:].sum(1) > 0
-        if not self.algorithm.needs_zero_advantage_rows:
+        # A KL penalty trains every row: a zero advantage still has a divergence to pay.
+        if not (self.algorithm.needs_zero_advantage_rows or config.kl_coef):
             has_tokens &= batch.advantages != 0
         rows = torch.nonzero(has_tokens).flatten().tolist()
         lengths = batch.lengths.tolist()
@@ -189,6 +190,10 @@ class Learner(LearnerState):
             normalizer=normalizer,
         )
         loss, stats = self.algorithm.loss(token_batch)
+        if self.config.kl_coef:
+            kl = self._kl_to_base(input_ids, scored, logprobs)
+            loss = loss + self.config.kl_coef * kl.sum() / normalizer
+            stats = {**stats, "kl_to_base": kl.detach().sum()}
         # A NaN loss only spoils the gradients, which are dropped before any step.
         loss.backward()
         fault_point("learn.mid-update")
@@ -209,6 +214,17 @@ class Learner(LearnerState):
                 tally.totals[key] = tally.totals.get(key, 0.0) + value.detach().double()
             tally.diff_max = torch.maximum(
                 tally.diff_max, (logprobs.detach() - token_batch.behaviour_logprobs).abs().max())
+
+    def _kl_to_base(self, input_ids: torch.Tensor, scored: torch.Tensor,
+                    logprobs: torch.Tensor) -> torch.Tensor:
+        """Per scored token, GRPO's k3 term ``exp(d) - d - 1`` with ``d = logp_base - logp``
+        (the base model: the adapter switched off). Its mean estimates KL(current || base) on
+        on-policy tokens; as a loss its gradient is, in expectation, that of KL(base ||
+        current), which charges the policy for dropping what the base model plays."""
+        with torch.no_grad(), self.model.disable_adapter():
+            base_logprobs, _ = self._score(input_ids, scored)
+        d = base_logprobs - logprobs
+        return torch.exp(d) - d - 1
 
     def update(self, batch: Any) -> dict[str, Any]:
         """One update on ``batch`` (a :class:`ub.batch.Batch` or :class:`TrainBatch`):

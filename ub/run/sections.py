@@ -183,6 +183,8 @@ class LearnerSection(Section):
                            "...; docs/algorithms.md).")
     algorithm_params: dict[str, Any] = Field(default_factory=dict, description="Keyword "
                                              "arguments of the algorithm, e.g. {clip_eps: 0.2}.")
+    kl_coef: float = Field(0.0, description="Weight of a KL penalty to the base model (the "
+                           "adapter switched off), per completion token (>= 0; 0: none).")
     length_normalizer: int | None = Field(None, description="L of Dr. GRPO's B * L loss "
                                           "normaliser; null: sampling.max_tokens.")
     temperature: float | None = Field(None, description="Temperature the learner scores tokens "
