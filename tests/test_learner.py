@@ -156,7 +156,9 @@ def test_ppo_is_on_policy_on_vllm_samples(learner: Learner, model_dir: Path, rol
     metrics = learner.accumulate_gradients(batch)
     assert metrics["ratio_mean"] == pytest.approx(1.0, abs=1e-4)
     assert metrics["clip_fraction"] == 0.0
-    assert 0.0 <= metrics["approx_kl"] < 1e-6
+    # k3 is >= 0 term by term, but float32 rounding of (r - 1) - log r near r = 1 can leave a
+    # sum of -2e-10 (seen on an AMD EPYC): zero within rounding is what on-policy means here.
+    assert abs(metrics["approx_kl"]) < 1e-6
     assert metrics["logprob_abs_diff_max"] < 1e-3
 
     # After a large step on the same data the policy has moved: ratios leave 1, some clip.
