@@ -491,6 +491,7 @@ def test_pipelined_rounds_play_the_previous_checkpoint(prefect_api, config_file,
     learner = json.loads(paths.manifest(1).read_text())["learner"]
     # Checkpoint 1 scores checkpoint 0's tokens: the ratio is no longer exactly 1.
     assert learner["update"] == 2 and learner["ratio_mean"] != pytest.approx(1.0, abs=1e-7)
+    assert learner["approx_kl"] > 0
     # The KL penalty: nothing to pay on the fresh adapter (the base model), then a divergence.
     assert json.loads(paths.manifest(0).read_text())["learner"]["kl_to_base"] == 0.0
     assert learner["kl_to_base"] > 0
