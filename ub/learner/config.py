@@ -114,15 +114,11 @@ class LearnerConfig:
         if not lora.target_modules:
             raise UbError("lora.target_modules is empty: name the modules to adapt")
         make_algorithm(self.algorithm, self.algorithm_params)
-        if not (isinstance(self.kl_coef, int | float) and not isinstance(self.kl_coef, bool)
-                and math.isfinite(self.kl_coef) and self.kl_coef >= 0):
-            raise UbError(f"kl_coef must be a number >= 0 (0: no KL penalty), "
-                          f"got {self.kl_coef!r}")
+        _non_negative_number("kl_coef", self.kl_coef)
         _positive_int("length_normalizer", self.length_normalizer)
         _positive_number("temperature", self.temperature)
         _positive_number("learning_rate", self.learning_rate)
-        if not (math.isfinite(self.weight_decay) and self.weight_decay >= 0):
-            raise UbError(f"weight_decay must be >= 0, got {self.weight_decay!r}")
+        _non_negative_number("weight_decay", self.weight_decay)
         if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
             raise UbError(f"betas must be two numbers in [0, 1), got {list(self.betas)!r}")
         _positive_number("adam_eps", self.adam_eps)
@@ -172,6 +168,12 @@ def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
 def _positive_int(key: str, value: Any) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
         raise UbError(f"{key} must be a positive integer, got {value!r}")
+
+
+def _non_negative_number(key: str, value: Any) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) \
+            or value < 0:
+        raise UbError(f"{key} must be a number >= 0, got {value!r}")
 
 
 def _positive_number(key: str, value: Any) -> None:

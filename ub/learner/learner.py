@@ -181,6 +181,7 @@ class Learner(LearnerState):
         input_ids = mb.input_ids.to(self.device)
         scored = mb.completion_mask[:, 1:].to(self.device) > 0
         logprobs, entropy = self._score(input_ids, scored)
+        assert entropy is not None  # asked for by default
         row_ids = torch.tensor(batch_rows, device=self.device)[:, None].expand_as(scored)
         token_batch = TokenBatch(
             logprobs=logprobs,
@@ -222,7 +223,7 @@ class Learner(LearnerState):
         on-policy tokens; as a loss its gradient is, in expectation, that of KL(base ||
         current), which charges the policy for dropping what the base model plays."""
         with torch.no_grad(), self.model.disable_adapter():
-            base_logprobs, _ = self._score(input_ids, scored)
+            base_logprobs, _ = self._score(input_ids, scored, with_entropy=False)
         d = base_logprobs - logprobs
         return torch.exp(d) - d - 1
 

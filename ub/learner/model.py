@@ -167,13 +167,14 @@ class LearnerModel:
 
     # -- scoring ------------------------------------------------------------------------------
 
-    def _score(self, input_ids: torch.Tensor, scored: torch.Tensor
-               ) -> tuple[torch.Tensor, torch.Tensor]:
+    def _score(self, input_ids: torch.Tensor, scored: torch.Tensor, with_entropy: bool = True
+               ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logprob and entropy of each scored token, flattened in row-major order.
 
         :param input_ids: (b, L) right-padded ids on the model's device.
         :param scored: (b, L - 1) bool: position ``j`` scores token ``input_ids[:, j + 1]``
             with the logits at ``j``.
+        :param with_entropy: False skips the entropy (a pass over the vocabulary): ``None``.
         """
         inputs = input_ids[:, :-1]
         # No attention mask: rows are right-padded and attention is causal, so a real token
@@ -189,6 +190,8 @@ class LearnerModel:
         logprobs = torch.log_softmax(logits, dim=-1)
         targets = input_ids[:, 1:][scored]
         token_logprobs = logprobs.gather(-1, targets[:, None]).squeeze(-1)
+        if not with_entropy:
+            return token_logprobs, None
         with torch.no_grad():  # in chunks: (tokens x vocab) temporaries are large for big vocabs
             entropy = torch.cat([-(chunk.exp() * chunk).sum(-1)
                                  for chunk in logprobs.detach().split(1024)]) \
@@ -210,7 +213,8 @@ class LearnerModel:
                 scored = mb.completion_mask[:, 1:].bool()
                 if not scored.any():
                     continue
-                logp, _ = self._score(mb.input_ids.to(self.device), scored.to(self.device))
+                logp, _ = self._score(mb.input_ids.to(self.device), scored.to(self.device),
+                                      with_entropy=False)
                 width = mb.input_ids.shape[1]
                 block = torch.zeros(len(rows), width - 1)
                 block[scored] = logp.float().cpu()
