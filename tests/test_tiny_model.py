@@ -285,4 +285,4 @@ def test_default_model_plays_legal_moves() -> None:
     greedy = {env: row["greedy"]["legal"] for env, row in rates.items()}
     sampled = {env: row["sampled"]["legal"] for env, row in rates.items()}
     assert min(greedy.values()) >= 0.99, greedy
-    assert min(sampled.values()) >= 0.8, sampled
+    assert min(sampled.values()) >= 0.88, sampled

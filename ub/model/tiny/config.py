@@ -48,10 +48,11 @@ class TinyModelConfig:
     """RoPE base; 1e4 suits a 2k context (Qwen3's 1e6 is for 32k+)."""
 
     # --- pre-training ---
-    train_steps: int = 1000
-    """Optimizer steps (~0.12 s each on 2 idle AVX-512 cores at the default sizes). From 800 to
-    1000 Nim's greedy legal moves rose from 98.7% to 100% (300 fresh positions); 1200 gained
-    nothing more."""
+    train_steps: int = 1400
+    """Optimizer steps (~0.12 s each on 2 idle AVX-512 cores at the default sizes). Greedy legal
+    moves on 1,000 fresh TicTacToe positions: 98.5% after 1000 steps (wrong mostly with three
+    or four free cells left), 99.8% after 1200, 100% after 1400; sampled: 84.7%, 92.8%, 92.4%
+    (Nim: 86.0%, 85.0%, 91.2%; greedy 100%, 99.6%, 100%)."""
     batch_tokens: int = 1024
     """Token budget per batch, padding included (batches are bucketed by length). Small batches
     and more steps learned faster per CPU second than 2k or 4k-token batches."""
