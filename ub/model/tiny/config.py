@@ -49,7 +49,7 @@ class TinyModelConfig:
 
     # --- pre-training ---
     train_steps: int = 1400
-    """Optimizer steps (~0.12 s each on 2 idle AVX-512 cores at the default sizes). Greedy legal
+    """Optimizer steps (~0.14 s each on 2 idle AVX-512 cores at the default sizes). Greedy legal
     moves on 1,000 fresh TicTacToe positions: 98.5% after 1000 steps (wrong mostly with three
     or four free cells left), 99.8% after 1200, 100% after 1400; sampled: 84.7%, 92.8%, 92.4%
     (Nim: 86.0%, 85.0%, 91.2%; greedy 100%, 99.6%, 100%)."""
