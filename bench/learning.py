@@ -72,7 +72,9 @@ def tictactoe_tactics(root: Path, run_name: str, update: int) -> dict[str, float
     """How checkpoint ``update`` played TicTacToe against the random player, move by move: the
     share of its moves the minimax expert would also make (``optimal``), of the positions with
     a line to complete where it completed one (``took_win``), and of those with none but an
-    opponent's line to stop where it stopped one (``blocked``). ``took_win_top`` and
+    opponent's line to stop where it stopped one (``blocked``), and of those with neither and the
+    centre free where it took the centre (``centre``: the third skill the rule-based players
+    of ``bench/tictactoe_bounds.py`` use). ``took_win_top`` and
     ``took_win_rest`` split ``took_win`` by the completing cell: the one it could complete most
     often (``top_cell``; a policy that learned one opening's line, not lines, is high there
     and low elsewhere) and every other."""
@@ -99,7 +101,8 @@ def tictactoe_tactics(root: Path, run_name: str, update: int) -> dict[str, float
         JOIN read_parquet('{games}/*.parquet') AS g USING (game_id)
         WHERE s.actor = '{actor}' AND s.env_id = '{TICTACTOE}'
           AND list_contains(g.actors, 'random')""").fetchall()
-    counts = dict.fromkeys(("moves", "optimal", "win_there", "took_win", "threat", "blocked"), 0)
+    counts = dict.fromkeys(("moves", "optimal", "win_there", "took_win", "threat", "blocked",
+                            "centre_free", "centre"), 0)
     chances, taken = Counter[int](), Counter[int]()  # by the lowest completing cell
     for observation, action in rows:
         cells, me = tictactoe_board(observation)
@@ -115,11 +118,15 @@ def tictactoe_tactics(root: Path, run_name: str, update: int) -> dict[str, float
             taken[min(wins)] += move in wins
         counts["threat"] += bool(threats) and not wins
         counts["blocked"] += bool(threats) and not wins and move in threats
+        quiet = not wins and not threats and cells[4] == "."
+        counts["centre_free"] += quiet
+        counts["centre"] += quiet and move == 4
     top = chances.most_common(1)[0][0] if chances else -1
     rest = counts["win_there"] - chances[top]
     return {"moves": counts["moves"], "optimal": counts["optimal"] / max(1, counts["moves"]),
             "took_win": counts["took_win"] / max(1, counts["win_there"]),
             "blocked": counts["blocked"] / max(1, counts["threat"]),
+            "centre": counts["centre"] / max(1, counts["centre_free"]),
             "top_cell": top, "top_cell_share": chances[top] / max(1, counts["win_there"]),
             "took_win_top": taken[top] / max(1, chances[top]),
             "took_win_rest": (counts["took_win"] - taken[top]) / max(1, rest)}
@@ -224,7 +231,8 @@ def main() -> None:
                   f"moves optimal; completed its own line {t['took_win']:.0%} of the times it "
                   f"could ({t['took_win_top']:.0%} at cell {t['top_cell']}, "
                   f"{t['top_cell_share']:.0%} of the chances; {t['took_win_rest']:.0%} "
-                  f"elsewhere), stopped the opponent's {t['blocked']:.0%}")
+                  f"elsewhere), stopped the opponent's {t['blocked']:.0%}, took the free "
+                  f"centre otherwise {t['centre']:.0%}")
     out = root / f"learning-{args.label}.json"
     out.write_text(json.dumps(results, indent=1))
     print(json.dumps({"label": args.label, "config": args.config, "overrides": args.overrides,

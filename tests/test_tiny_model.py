@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from ub.errors import UbError
+from ub.model import tiny as tiny_package
 from ub.model.tiny import (
     MANIFEST,
     TinyModelConfig,
@@ -201,14 +202,42 @@ def test_main_prints_the_path(
 ) -> None:
     seen = {}
 
-    def fake_build(out_dir: Path | None, *, seed: int) -> Path:
-        seen.update(out_dir=out_dir, seed=seed)
+    def fake_build(out_dir: Path | None, *, seed: int, config: TinyModelConfig) -> Path:
+        seen.update(out_dir=out_dir, seed=seed, config=config)
         return tmp_path
 
-    monkeypatch.setattr(tiny_build, "build_tiny_model", fake_build)
-    assert tiny_build.main(["--seed", "7", "--out", str(tmp_path / "x")]) == 0
-    assert seen == {"out_dir": tmp_path / "x", "seed": 7}
+    monkeypatch.setattr(tiny_package, "build_tiny_model", fake_build)
+    argv = ["--seed", "7", "--out", str(tmp_path / "x"), "--set", "num_layers=6",
+            "--set", "env_ids=TicTacToe-v0-train, Nim-v0-train", "--set", "learning_rate=1e-3"]
+    assert tiny_build.main(argv) == 0
+    assert seen == {"out_dir": tmp_path / "x", "seed": 7, "config": dataclasses.replace(
+        TinyModelConfig(), num_layers=6, env_ids=("TicTacToe-v0-train", "Nim-v0-train"),
+        learning_rate=1e-3)}
     assert capsys.readouterr().out.strip() == str(tmp_path)
+
+
+@pytest.mark.parametrize(("override", "message"), [
+    ("layers=6", "no setting 'layers'; settings: env_ids, positions_per_env"),
+    ("num_layers=six", "num_layers takes a whole number (default 4)"),
+    ("num_layers", "expected name=value"),
+    ("num_heads=3", "hidden_size must equal num_heads * head_dim"),
+])
+def test_a_bad_setting_is_refused_before_building(
+    override: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert tiny_build.main(["--out", str(tmp_path / "x"), "--set", override]) == 1
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_build_with_settings_records_them(tmp_path: Path) -> None:
+    settings = {field.name: getattr(SMALL, field.name) for field in dataclasses.fields(SMALL)
+                if getattr(SMALL, field.name) != getattr(TinyModelConfig(), field.name)}
+    out = tmp_path / "model"
+    argv = ["--out", str(out)] + [arg for name, value in settings.items()
+                                  for arg in ("--set", f"{name}={value}")]
+    assert tiny_build.main(argv) == 0
+    assert read_manifest(out)["config"] == json.loads(json.dumps(dataclasses.asdict(SMALL)))
 
 
 # --- what a build contains ----------------------------------------------------------------------

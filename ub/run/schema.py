@@ -30,7 +30,8 @@ class ModelSection(Section):
     """Which base model plays and learns."""
 
     base: str = Field("tiny", description="tiny: the locally built CPU model (ub model tiny); "
-                      "or a model directory or hub id (a hub id downloads).")
+                      "or a model directory (e.g. a tiny model of another size, `ub model tiny "
+                      "--set num_layers=6 --out DIR`) or hub id (a hub id downloads).")
     tiny_seed: int = Field(0, description="Seed of the tiny model build (when base is tiny).")
 
 

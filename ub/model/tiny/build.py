@@ -76,20 +76,18 @@ def build_tiny_model(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``ub model tiny [--seed N] [--out DIR]``: build or reuse the model, print its path."""
+    """``python -m ub.model.tiny``: ``ub model tiny`` without loading the rest of ub's CLI."""
+    from ub.cli.model import add_tiny_arguments, cmd_model_tiny
+
     parser = argparse.ArgumentParser(
-        prog="ub model tiny", description="Build (or reuse) the tiny CPU default model."
+        prog="python -m ub.model.tiny", description="Build (or reuse) the tiny CPU default model."
     )
-    parser.add_argument("--seed", type=int, default=0, help="build seed (default 0)")
-    parser.add_argument("--out", type=Path, default=None, help="output directory (default: cache)")
-    args = parser.parse_args(argv)
+    add_tiny_arguments(parser)
     try:
-        path = build_tiny_model(args.out, seed=args.seed)
+        return cmd_model_tiny(parser.parse_args(argv))
     except UbError as error:
         print(f"error: {error}", file=sys.stderr)
         return 1
-    print(path)
-    return 0
 
 
 def _stderr_logger(prefix: str) -> Log:

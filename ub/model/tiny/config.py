@@ -3,6 +3,8 @@ the cache key, with the seed and the textarena version)."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ub.errors import UbError
@@ -109,3 +111,30 @@ class TinyModelConfig:
 
 DEFAULT_CONFIG = TinyModelConfig()
 """The CPU default's config (what ``ub model tiny`` builds)."""
+
+
+def config_with_overrides(
+    overrides: Sequence[str], base: TinyModelConfig = DEFAULT_CONFIG
+) -> TinyModelConfig:
+    """``base`` with ``name=value`` overrides (``ub model tiny --set``), each value read as its
+    field's type (``env_ids``: comma-separated ids). A build with overrides has its own cache
+    key; train on it with ``model.base=DIR`` (``model.base: tiny`` is always the default)."""
+    changes: dict[str, object] = {}
+    names = [field.name for field in dataclasses.fields(TinyModelConfig)]
+    for item in overrides:
+        name, sep, text = (part.strip() for part in item.partition("="))
+        if not sep or not name:
+            raise UbError(f"--set {item!r}: expected name=value, e.g. --set num_layers=6")
+        if name not in names:
+            raise UbError(f"--set {item!r}: the tiny model has no setting {name!r}; settings: "
+                          + ", ".join(names))
+        current = getattr(base, name)
+        try:
+            if isinstance(current, tuple):
+                changes[name] = tuple(part.strip() for part in text.split(",") if part.strip())
+            else:
+                changes[name] = type(current)(text)
+        except ValueError:
+            kind = "a whole number" if isinstance(current, int) else "a number"
+            raise UbError(f"--set {item!r}: {name} takes {kind} (default {current!r})") from None
+    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
