@@ -142,6 +142,7 @@ BAD_INPUTS = [
     (["envs", "--bogus"], "unrecognized arguments"),
     (["model", "tiny", "--seed", "x"], "invalid int value"),
     (["model", "tiny", "--out", "{file}/sub"], "not writable"),
+    (["model", "tiny", "--set", "layers=6"], "the tiny model has no setting 'layers'"),
     (["sql", "{out}", "DROP TABLE steps"], "read-only"),
     (["sql", "{out}", "ATTACH '{tmp}/x.db'"], "read-only"),
     (["batch", "{tmp}/missing"], "does not exist"),
