@@ -1,6 +1,7 @@
 """What win rate against the random player each TicTacToe skill is worth.
 
-Not a test. ``.venv/bin/python bench/tictactoe_bounds.py [--games 20000] [--seed 0]``
+Not a test. ``.venv/bin/python bench/tictactoe_bounds.py [--games 20000] [--seed 0]
+[--complete P [--block Q] [--centre C]]``
 
 Plays simple rule-based policies against the uniformly random player, in each seat, and prints
 their win rates next to the best possible (an exact expectimax against the random player). It
