@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ub.errors import UbError
 from ub.model.builder import Qwen3Shape
@@ -119,7 +120,7 @@ def config_with_overrides(
     """``base`` with ``name=value`` overrides (``ub model tiny --set``), each value read as its
     field's type (``env_ids``: comma-separated ids). A build with overrides has its own cache
     key; train on it with ``model.base=DIR`` (``model.base: tiny`` is always the default)."""
-    changes: dict[str, object] = {}
+    changes: dict[str, Any] = {}  # each converted to its field's type
     names = [field.name for field in dataclasses.fields(TinyModelConfig)]
     for item in overrides:
         name, sep, text = (part.strip() for part in item.partition("="))
@@ -137,4 +138,4 @@ def config_with_overrides(
         except ValueError:
             kind = "a whole number" if isinstance(current, int) else "a number"
             raise UbError(f"--set {item!r}: {name} takes {kind} (default {current!r})") from None
-    return dataclasses.replace(base, **changes)  # type: ignore[arg-type]
+    return dataclasses.replace(base, **changes)
