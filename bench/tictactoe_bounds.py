@@ -102,6 +102,8 @@ def main() -> None:
                         help="P(take the free centre otherwise), with --complete")
     args = parser.parse_args()
     policies = dict(POLICIES)
+    if args.complete is None and (args.block or args.centre):
+        parser.error("--block and --centre describe a player with --complete: give it too")
     if args.complete is not None:
         for name in ("complete", "block", "centre"):
             if not 0.0 <= getattr(args, name) <= 1.0:
