@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import yaml
 
@@ -180,5 +182,8 @@ def test_the_dataclass_defaults_are_the_schema_defaults():
     assert BatchConfig().to_dict() == config.batch.model_dump()
     assert RatingConfig().__dict__ == config.rating.model_dump()
     assert LoraSettings() == config.learner_config("base").lora
-    assert LearnerConfig(base_model="base") == config.learner_config("base")
+    run_side = config.learner_config("base")
+    # device_share is the run's: the GPU share the engine leaves the learner in its process.
+    assert run_side.device_share == pytest.approx(1 - config.engine.gpu_memory_utilization)
+    assert LearnerConfig(base_model="base") == dataclasses.replace(run_side, device_share=None)
     assert TrainConfig.model_fields["seed"].default == LearnerConfig().seed

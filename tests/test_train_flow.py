@@ -473,9 +473,11 @@ def test_killed_anywhere_and_resumed_equals_uninterrupted(reference_run, config_
                 == (ref.checkpoint(update) / "optimizer.safetensors").read_bytes())
 
 
-def test_pipelined_rounds_play_the_previous_checkpoint(prefect_api, config_file, tmp_path):
+def test_pipelined_rounds_play_the_previous_checkpoint(prefect_api, config_file, tmp_path,
+                                                        capsys):
     """max_staleness 1: round r+1 is played by checkpoint r while the learner makes r+1, and
     PPO's ratio sees the older behaviour policy."""
+    from flows.cli import main
     from flows.selfplay import selfplay
 
     selfplay(run_name="piped", config=str(config_file), root=str(tmp_path), quiet=True,
@@ -492,6 +494,14 @@ def test_pipelined_rounds_play_the_previous_checkpoint(prefect_api, config_file,
     # Checkpoint 1 scores checkpoint 0's tokens: the ratio is no longer exactly 1.
     assert learner["update"] == 2 and learner["ratio_mean"] != pytest.approx(1.0, abs=1e-7)
     assert learner["approx_kl"] > 0
+    # Which kernels ran and the micro-batch size (auto: the CPU's 4,096) are recorded, and
+    # queryable in the learner view.
+    assert learner["kernels"] == "none" and learner["micro_batch_tokens"] == 4096
+    capsys.readouterr()
+    assert main(["sql", str(paths.root), "SELECT round, kernels, micro_batch_tokens FROM "
+                 "learner ORDER BY round", "--format", "csv"]) == 0
+    assert capsys.readouterr().out.split() == ["round,kernels,micro_batch_tokens",
+                                               "0,none,4096", "1,none,4096"]
     # The KL penalty: nothing to pay on the fresh adapter (the base model), then a divergence.
     assert json.loads(paths.manifest(0).read_text())["learner"]["kl_to_base"] == 0.0
     assert learner["kl_to_base"] > 0

@@ -136,6 +136,8 @@ class VLLMEngine:
         self._lora_requests: dict[int, LoRARequest] = {}
         self._next_lora_id = 1
         self._closed = False
+        self._asleep = False
+        self.can_sleep = False  # (set by the start: sleep mode on a GPU)
 
         # Fill in what configure_vllm_environment() would set, keeping any earlier choice.
         set_env_defaults(env_defaults(None, None), replace_ours=False)
@@ -161,6 +163,7 @@ class VLLMEngine:
 
         cfg = self.config
         on_cpu = current_platform.is_cpu()
+        self.can_sleep = cfg.sleep_mode and not on_cpu
         if on_cpu and cfg.enable_lora:
             cpu_lora.install()
         kwargs = {**vllm_engine_args(cfg, on_cpu), "use_tqdm_on_load": False}
@@ -334,6 +337,31 @@ class VLLMEngine:
         return [done[r.request_id] for r in requests]
 
     @property
+    def asleep(self) -> bool:
+        """True between :meth:`sleep` and :meth:`wake_up`."""
+        return self._asleep
+
+    def sleep(self) -> bool:
+        """Release the engine's GPU memory (vLLM sleep mode level 1: weights to host memory,
+        KV cache dropped) for a learner update in this process; any later use wakes it. A no-op
+        on the CPU, or where the engine started without ``sleep_mode``. Returns True if it
+        slept."""
+        if not self.can_sleep or self._asleep:
+            return False
+        self._check_open()
+        if self.has_unfinished():
+            raise UbError("cannot put the vLLM engine to sleep with requests in flight")
+        self._llm.sleep(level=1)  # (level 2 has crashed with LoRA: vllm#48337)
+        self._asleep = True
+        return True
+
+    def wake_up(self) -> None:
+        """Undo :meth:`sleep` (weights back on the GPU, a fresh KV cache)."""
+        if self._asleep and not self._closed:
+            self._llm.wake_up()
+        self._asleep = False
+
+    @property
     def closed(self) -> bool:
         """True once :meth:`close` ran."""
         return self._closed
@@ -355,6 +383,8 @@ class VLLMEngine:
     def _check_open(self) -> None:
         if self._closed:
             raise UbError("the vLLM engine was shut down: get a new one (Worker.engine)")
+        if self._asleep:
+            self.wake_up()
 
     def _to_generation(self, output: RequestOutput, now: float) -> Generation:
         pending = self._pending.pop(output.request_id)

@@ -55,6 +55,8 @@ def vllm_engine_args(cfg: EngineConfig, on_cpu: bool) -> dict[str, Any]:
         kwargs["enforce_eager"] = True
     else:
         kwargs["gpu_memory_utilization"] = cfg.gpu_memory_utilization
+        if cfg.sleep_mode:  # (vLLM's sleep mode is CUDA-only)
+            kwargs["enable_sleep_mode"] = True
     return kwargs
 
 

@@ -33,6 +33,8 @@ class EngineConfig:
             in least-recently-used order.
         kv_cache_gib: KV cache size on the CPU, in GiB (unused on GPU).
         gpu_memory_utilization: fraction of GPU memory vLLM may use (unused on CPU).
+        sleep_mode: on a GPU, start vLLM with sleep mode, so that :meth:`VLLMEngine.sleep`
+            can hand its memory to a learner in the same process (unused on CPU).
         seed: the engine's global seed (requests carry their own sampling seeds).
     """
 
@@ -45,6 +47,7 @@ class EngineConfig:
     max_loras: int = 4
     kv_cache_gib: float = 1.0
     gpu_memory_utilization: float = 0.85
+    sleep_mode: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:

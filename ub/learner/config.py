@@ -11,7 +11,7 @@ from typing import Any
 from ub.errors import UbError, settings_from_mapping
 from ub.model.lora import LoraSettings
 from ub.run.schema import SamplingSection, TrainConfig
-from ub.run.sections import ATTENTION, DTYPES, LearnerSection, check_types, default_of
+from ub.run.sections import ATTENTION, DTYPES, KERNELS, LearnerSection, check_types, default_of
 
 
 def _schema(name: str) -> Callable[[], Any]:
@@ -39,6 +39,9 @@ class LearnerConfig:
       first steps move every weight by about the learning rate whatever the gradient's size.
       ``decay_steps`` count the same way: a run extended past them goes on at the final rate.
     - ``micro_batch_tokens`` bounds activation memory; on a CPU 2048-4096 is also the fastest.
+      ``auto`` sizes it from a probe of the model's activations and the memory the learner has
+      (:mod:`ub.learner.memory`); an out-of-memory error halves it and retries the update.
+    - ``kernels``: :mod:`ub.learner.kernels`.
     """
 
     base_model: str = ""
@@ -69,10 +72,15 @@ class LearnerConfig:
     decay_steps: int = field(default_factory=_schema("decay_steps"))
     final_lr_fraction: float = field(default_factory=_schema("final_lr_fraction"))
 
-    micro_batch_tokens: int | None = field(default_factory=_schema("micro_batch_tokens"))
+    kernels: str = field(default_factory=_schema("kernels"))
+    micro_batch_tokens: int | str | None = field(default_factory=_schema("micro_batch_tokens"))
     micro_batch_size: int | None = field(default_factory=_schema("micro_batch_size"))
     gradient_checkpointing: bool = field(default_factory=_schema("gradient_checkpointing"))
     num_threads: int | None = field(default_factory=_schema("num_threads"))
+    device_share: float | None = None
+    """The fraction of its GPU's memory the learner may use, when it shares the GPU with a vLLM
+    engine (a run sets it: ``1 - engine.gpu_memory_utilization``); ``None``: what is free.
+    Sizes ``micro_batch_tokens: auto``."""
 
     def __post_init__(self) -> None:
         # Accept the shapes YAML/JSON give: a mapping for lora, lists for tuples.
@@ -104,6 +112,7 @@ class LearnerConfig:
             raise UbError("learner.base_model is not set: give a model directory or hub id")
         _choice("dtype", self.dtype, DTYPES)
         _choice("attn_implementation", self.attn_implementation, ATTENTION)
+        _choice("kernels", self.kernels, KERNELS)
         lora = self.lora
         if not isinstance(lora.rank, int) or lora.rank < 1:
             raise UbError(f"lora.rank must be a positive integer, got {lora.rank!r}")
@@ -136,9 +145,15 @@ class LearnerConfig:
         if not (isinstance(self.final_lr_fraction, int | float)
                 and 0 <= self.final_lr_fraction <= 1):
             raise UbError(f"final_lr_fraction must be in [0, 1], got {self.final_lr_fraction!r}")
-        for key in ("micro_batch_tokens", "micro_batch_size", "num_threads"):
+        if self.micro_batch_tokens not in ("auto", None):
+            _positive_int("micro_batch_tokens", self.micro_batch_tokens,
+                          "a positive integer, auto or null")
+        for key in ("micro_batch_size", "num_threads"):
             if getattr(self, key) is not None:
                 _positive_int(key, getattr(self, key))
+        if self.device_share is not None and not (
+                isinstance(self.device_share, int | float) and 0 <= self.device_share <= 1):
+            raise UbError(f"device_share must be in [0, 1], got {self.device_share!r}")
         if not isinstance(self.seed, int):
             raise UbError(f"seed must be an integer, got {self.seed!r}")
 
@@ -165,9 +180,9 @@ def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
         raise UbError(f"{key} must be one of {', '.join(choices)}, got {value!r}")
 
 
-def _positive_int(key: str, value: Any) -> None:
+def _positive_int(key: str, value: Any, what: str = "a positive integer") -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise UbError(f"{key} must be a positive integer, got {value!r}")
+        raise UbError(f"{key} must be {what}, got {value!r}")
 
 
 def _non_negative_number(key: str, value: Any) -> None:

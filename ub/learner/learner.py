@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import logging
 import math
 import resource
 import time
@@ -56,6 +57,8 @@ from ub.learner.model import (
     resolve_dtype,
 )
 from ub.learner.state import LearnerState
+
+log = logging.getLogger("ub.learner.learner")
 
 
 @dataclass
@@ -103,7 +106,7 @@ class Learner(LearnerState):
         py_state = self.py_rng.getstate()
         try:
             with self._own_rng():
-                return self._accumulate(batch)
+                return self._accumulate_fitting(batch)
         finally:
             self.py_rng.setstate(py_state)
 
@@ -124,7 +127,7 @@ class Learner(LearnerState):
             has_tokens &= batch.advantages != 0
         rows = torch.nonzero(has_tokens).flatten().tolist()
         lengths = batch.lengths.tolist()
-        groups = plan_micro_batches([lengths[r] for r in rows], config.micro_batch_tokens,
+        groups = plan_micro_batches([lengths[r] for r in rows], self.micro_batch_tokens(),
                                     config.micro_batch_size)
 
         self.model.train()
@@ -169,9 +172,61 @@ class Learner(LearnerState):
             padded_tokens=padded,
             padding_fraction=1.0 - tokens / padded if padded else 0.0,
             micro_batches=len(groups),
+            micro_batch_tokens=self._micro_batch_tokens,
             normalizer=normalizer,
         )
         return metrics
+
+    def _accumulate_fitting(self, batch: Any) -> dict[str, Any]:
+        """:meth:`_accumulate`; after an out-of-memory error, again at half the micro-batch
+        (the same gradient up to float summation order: the loss's normaliser is the batch's),
+        until it fits or a micro-batch holds one row. The smaller size stays for later
+        updates."""
+        while True:
+            rng = (torch.get_rng_state(), self._cuda_rng_state(), self.py_rng.getstate())
+            try:
+                return self._accumulate(batch)
+            except torch.OutOfMemoryError as e:
+                message = " ".join(str(e).split())[:200]
+            # (outside the except block: the error's frames, and the tensors they hold, are gone)
+            for p in self.params.values():
+                p.grad = None
+            if self.device.type == "cuda":
+                torch.cuda.empty_cache()
+            torch.set_rng_state(rng[0])
+            if rng[1] is not None:
+                torch.cuda.set_rng_state(rng[1], self.device)
+            self.py_rng.setstate(rng[2])
+            self._halve_micro_batch(TrainBatch.from_batch(batch), message)
+
+    def _halve_micro_batch(self, batch: TrainBatch, message: str) -> None:
+        old = self._micro_batch_tokens
+        if old is None:  # no limit: the whole batch was one micro-batch
+            old = int(batch.lengths.max()) * len(batch)
+        new = old // 2
+        longest = int(batch.lengths.max())
+        advice = ("set learner.gradient_checkpointing: true, lower engine.gpu_memory_utilization "
+                  "or shorten sampling.max_tokens")
+        if rank_and_world()[1] > 1:  # every rank must cut the batch the same way
+            raise UbError(f"update {self.update_index + 1}: out of memory at "
+                          f"micro_batch_tokens={old} on a data-parallel rank ({message}): set "
+                          f"learner.micro_batch_tokens below {old}, or {advice}")
+        if old <= longest:
+            raise UbError(f"update {self.update_index + 1}: out of memory with one row per "
+                          f"micro-batch (the longest has {longest} tokens; {message}): {advice}")
+        log.warning("learner: out of memory at micro_batch_tokens=%d in update %d; retrying "
+                    "it at %d", old, self.update_index + 1, new)
+        self._micro_batch_tokens, self._micro_batch_sized = new, True
+
+    def micro_batch_tokens(self) -> int | None:
+        """The micro-batch token budget updates use: ``learner.micro_batch_tokens``, with
+        ``auto`` sized from the memory the learner has (:mod:`ub.learner.memory`, measured once
+        per learner), and halved after an out-of-memory error."""
+        if not self._micro_batch_sized:
+            self._micro_batch_tokens = self._auto_micro_batch_tokens()
+            self._micro_batch_sized = True
+            log.info("learner: micro_batch_tokens auto -> %d", self._micro_batch_tokens)
+        return self._micro_batch_tokens
 
     def _backward(self, batch: TrainBatch, batch_rows: list[int], normalizer: float,
                   tally: _Tally) -> None:
@@ -242,6 +297,8 @@ class Learner(LearnerState):
         """
         assert self.optimizer is not None
         started = time.perf_counter()
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
         py_state = self.py_rng.getstate()
         steps = self.config.minibatches * self.config.epochs
         # Several steps: keep what the first one changes, so a failed later step undoes all.
@@ -274,7 +331,9 @@ class Learner(LearnerState):
             optimizer_steps=len(per_step),
             seconds=seconds,
             tokens_per_second=metrics["tokens"] / seconds if seconds > 0 else 0.0,
+            kernels=self.kernels,
             peak_rss_mb=_peak_rss_mb(),
+            **_peak_device_memory(self.device),
         )
         self.last_metrics = metrics
         return metrics
@@ -304,7 +363,7 @@ class Learner(LearnerState):
 
     def _step(self, batch: TrainBatch, step: int) -> dict[str, Any]:
         """Gradients of ``batch``, clipped, and optimizer step number ``step``."""
-        metrics = self._accumulate(batch)
+        metrics = self._accumulate_fitting(batch)
         max_norm = self.config.max_grad_norm
         grad_norm = float(torch.nn.utils.clip_grad_norm_(
             list(self.params.values()), max_norm if max_norm is not None else math.inf))
@@ -388,6 +447,13 @@ def _merge_ranks(losses: list[torch.Tensor], totals: dict[str, torch.Tensor],
 def _peak_rss_mb() -> float:
     # ru_maxrss is in KiB on Linux.
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def _peak_device_memory(device: torch.device) -> dict[str, float]:
+    """The GPU's peak allocated memory since the last reset (the update resets it)."""
+    if device.type != "cuda":
+        return {}
+    return {"peak_gpu_gib": torch.cuda.max_memory_allocated(device) / 2**30}
 
 
 __all__ = [

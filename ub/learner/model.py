@@ -19,13 +19,22 @@ from ub.learner.algorithms import Algorithm, make_algorithm
 from ub.learner.base_identity import model_identity
 from ub.learner.batching import TrainBatch
 from ub.learner.config import LearnerConfig
+from ub.learner.kernels import apply_kernels, resolve_kernels
+from ub.learner.memory import (
+    activation_bytes_per_token,
+    auto_micro_batch_tokens,
+    learner_budget_bytes,
+    saved_bytes,
+)
+from ub.learner.output_layer import chunked_token_logprobs, is_plain_linear
 from ub.model.lora import LoraSettings
 
 ADAPTER_NAME = "default"  # PEFT's name for the single adapter
 # Model types whose causal-LM forward is exactly ``lm_head(decoder(x))``: for them only the
-# completion positions go through the output layer (prompt logits are never needed, and the
-# output layer is a large share of a small model's compute and of any model's memory). Others
-# (e.g. with logit soft-capping or scaling) run their own full forward.
+# completion positions go through the output layer, in chunks (prompt logits are never needed,
+# and the output layer is a large share of a small model's compute and of any model's memory).
+# Others (e.g. with logit soft-capping or scaling) run their own full forward.
+PROBE_TOKENS = 512  # the activation probe of micro_batch_tokens: auto (linear in tokens)
 PLAIN_LM_HEAD_MODELS = frozenset({"qwen2", "qwen3", "llama", "mistral", "qwen2_moe",
                                   "qwen3_moe", "phi3", "olmo2"})
 
@@ -88,6 +97,9 @@ class LearnerModel:
         except (OSError, ValueError) as e:
             raise UbError(f"cannot load base model {config.base_model}: "
                           f"{' '.join(str(e).split())[:300]}") from e
+        self.kernels = resolve_kernels(config.kernels, self.device,
+                                       getattr(base.config, "model_type", ""))
+        apply_kernels(self.kernels, base)
         base.to(self.device)
         base.config.use_cache = False  # training: no KV cache
         base.requires_grad_(False)
@@ -103,8 +115,11 @@ class LearnerModel:
                           f"{config.base_model}: set lora.target_modules")
         for p in self.params.values():  # adapters train in float32 whatever the base dtype
             p.data = p.data.float()
-        self._plain_head = getattr(self.causal_lm.config, "model_type", "") in \
-            PLAIN_LM_HEAD_MODELS and hasattr(self.causal_lm, "model")
+        # The output layer runs in chunks (ub.learner.output_layer) where the causal LM is
+        # exactly lm_head(decoder(x)) and lm_head a plain Linear.
+        self._chunked_head = getattr(self.causal_lm.config, "model_type", "") in \
+            PLAIN_LM_HEAD_MODELS and hasattr(self.causal_lm, "model") \
+            and is_plain_linear(getattr(self.causal_lm, "lm_head", None))
         self.load_seconds = time.perf_counter() - started
 
         self.algorithm: Algorithm = make_algorithm(config.algorithm, config.algorithm_params)
@@ -123,7 +138,7 @@ class LearnerModel:
         mine, theirs = self.config, config
         return (mine.base_model == theirs.base_model and mine.dtype == theirs.dtype
                 and mine.attn_implementation == theirs.attn_implementation
-                and mine.device == theirs.device
+                and mine.device == theirs.device and mine.kernels == theirs.kernels
                 and _lora_shape(mine.lora) == _lora_shape(theirs.lora))
 
     def configure(self, config: LearnerConfig) -> None:
@@ -132,13 +147,22 @@ class LearnerModel:
         config.validate()
         if not self.same_model(config):
             raise UbError("the new learner config changes the model (base model, dtype, "
-                          "attention, device or LoRA shape): create a new Learner")
+                          "attention, device, kernels or LoRA shape): create a new Learner")
         self.config = config
         self.algorithm = make_algorithm(config.algorithm, config.algorithm_params)
         self._apply_settings()
 
     def _apply_settings(self) -> None:
         config = self.config
+        # The micro-batch budget: sized on the first update when auto (ub.learner.learner),
+        # and kept (sized, or halved after running out of memory) while what it depends on
+        # stays the same.
+        sizing = (config.micro_batch_tokens, config.gradient_checkpointing, config.device_share)
+        if sizing != getattr(self, "_micro_batch_sizing", None):
+            self._micro_batch_sizing = sizing
+            setting = config.micro_batch_tokens
+            self._micro_batch_tokens: int | None = setting if isinstance(setting, int) else None
+            self._micro_batch_sized = setting != "auto"
         # LoRA dropout, in place (PEFT makes nn.Identity for p = 0, nn.Dropout otherwise).
         p = config.lora.dropout
         for module in self.model.modules():
@@ -146,16 +170,19 @@ class LearnerModel:
             if isinstance(dropouts, torch.nn.ModuleDict) and ADAPTER_NAME in dropouts:
                 dropouts[ADAPTER_NAME] = torch.nn.Dropout(p) if p > 0 else torch.nn.Identity()
         self.model.peft_config[ADAPTER_NAME].lora_dropout = p  # saved in adapter_config.json
-        if config.gradient_checkpointing:
+        self._set_checkpointing(config.gradient_checkpointing)
+        if self.optimizer is not None:
+            for group in self.optimizer.param_groups:
+                group.update(self._optimizer_settings())
+
+    def _set_checkpointing(self, on: bool) -> None:
+        if on:
             # Non-reentrant checkpointing needs no input that requires grad (the embeddings
             # are frozen) and works with the decoder called directly.
             self.causal_lm.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False})
         elif self.causal_lm.is_gradient_checkpointing:
             self.causal_lm.gradient_checkpointing_disable()
-        if self.optimizer is not None:
-            for group in self.optimizer.param_groups:
-                group.update(self._optimizer_settings())
 
     def _optimizer_settings(self) -> dict[str, Any]:
         c = self.config
@@ -177,26 +204,58 @@ class LearnerModel:
         :param with_entropy: False skips the entropy (a pass over the vocabulary): ``None``.
         """
         inputs = input_ids[:, :-1]
+        targets = input_ids[:, 1:][scored]
         # No attention mask: rows are right-padded and attention is causal, so a real token
         # never sees padding; without a mask, attention takes its fast causal path.
-        if self._plain_head:
+        if self._chunked_head:
             hidden = self.causal_lm.model(input_ids=inputs, use_cache=False).last_hidden_state
-            logits = self.causal_lm.lm_head(hidden[scored])
-        else:
-            logits = self.model(input_ids=inputs, use_cache=False).logits[scored]
-        logits = logits.float()
+            return chunked_token_logprobs(hidden[scored], self.causal_lm.lm_head, targets,
+                                          self.config.temperature, with_entropy=with_entropy)
+        # Another head (soft-capped or scaled logits, a LoRA on lm_head): the model's own
+        # forward, with its (tokens x vocab) logits.
+        logits = self.model(input_ids=inputs, use_cache=False).logits[scored].float()
         if self.config.temperature != 1.0:
             logits = logits / self.config.temperature
         logprobs = torch.log_softmax(logits, dim=-1)
-        targets = input_ids[:, 1:][scored]
         token_logprobs = logprobs.gather(-1, targets[:, None]).squeeze(-1)
         if not with_entropy:
             return token_logprobs, None
-        with torch.no_grad():  # in chunks: (tokens x vocab) temporaries are large for big vocabs
-            entropy = torch.cat([-(chunk.exp() * chunk).sum(-1)
-                                 for chunk in logprobs.detach().split(1024)]) \
-                if len(logprobs) else logprobs.new_zeros(0)
+        with torch.no_grad():
+            entropy = -(logprobs.exp() * logprobs).sum(-1)
         return token_logprobs, entropy
+
+    def _auto_micro_batch_tokens(self) -> int:
+        """``micro_batch_tokens: auto``: a probe's activation bytes per token against the
+        memory this learner has (:mod:`ub.learner.memory`)."""
+        config = self.causal_lm.config
+        tokens = min(PROBE_TOKENS, getattr(config, "max_position_embeddings", PROBE_TOKENS) - 1)
+        ids = torch.randint(1, config.vocab_size, (1, tokens + 1),
+                            generator=torch.Generator().manual_seed(0)).to(self.device)
+        scored = torch.ones(1, tokens, dtype=torch.bool, device=self.device)
+        weights = [*self.model.parameters(), *self.model.buffers()]
+        checkpointing = self.causal_lm.is_gradient_checkpointing
+        with torch.random.fork_rng(devices=self._rng_devices()):  # (LoRA dropout draws)
+            kept = saved_bytes(lambda: self._score(ids, scored), weights)
+            if checkpointing:  # one layer's activations, as the recompute will hold them
+                self._set_checkpointing(False)
+                try:
+                    everything = saved_bytes(lambda: self._score(ids, scored), weights)
+                finally:
+                    self._set_checkpointing(True)
+            else:
+                everything = kept
+        per_token = activation_bytes_per_token(kept, everything // config.num_hidden_layers,
+                                               tokens, checkpointing)
+        lora_bytes = sum(p.numel() * p.element_size() for p in self.params.values())
+        own = sum(t.numel() * t.element_size() for t in weights) + 3 * lora_bytes  # + Adam, grad
+        budget, cap = learner_budget_bytes(self.device, own, self.config.device_share)
+        return auto_micro_batch_tokens(budget, per_token, cap=cap)
+
+    def _rng_devices(self) -> list[int]:
+        return [self.device.index or 0] if self.device.type == "cuda" else []
+
+    def _cuda_rng_state(self) -> torch.Tensor | None:
+        return torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
 
     @torch.no_grad()
     def token_logprobs(self, batch: Any, micro_batch_size: int = 16) -> torch.Tensor:

@@ -175,9 +175,6 @@ class LearnerState(LearnerModel):
 
     # -- RNG streams ------------------------------------------------------------------------
 
-    def _rng_devices(self) -> list[int]:
-        return [self.device.index or 0] if self.device.type == "cuda" else []
-
     def _capture_rng(self) -> dict[str, torch.Tensor]:
         states = {"torch_cpu": torch.get_rng_state()}
         if self.device.type == "cuda":

@@ -66,6 +66,45 @@ def build_random_model(path: str | Path, hidden_size: int = 128, num_layers: int
     return path
 
 
+QWEN3_VOCAB = 151_936
+QWEN3_SHAPES: dict[str, dict[str, int]] = {
+    # The published Qwen3 base models' shapes (config.json): tied embeddings, head_dim 128.
+    "0.6b": {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 28,
+             "num_attention_heads": 16, "num_key_value_heads": 8},
+    "1.7b": {"hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 28,
+             "num_attention_heads": 16, "num_key_value_heads": 8},
+    "4b": {"hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36,
+           "num_attention_heads": 32, "num_key_value_heads": 8},
+}
+
+
+def build_qwen3(path: str | Path, *, vocab_size: int = QWEN3_VOCAB, hidden_size: int = 64,
+                intermediate_size: int = 128, num_hidden_layers: int = 1,
+                num_attention_heads: int = 4, num_key_value_heads: int = 2,
+                head_dim: int | None = None, dtype: str = "float32", device: str = "cpu",
+                seed: int = 0) -> Path:
+    """Write a random-init ``Qwen3ForCausalLM`` of any shape (e.g. ``**QWEN3_SHAPES["1.7b"]``,
+    head_dim 128 then) to ``path``, weights only: no tokenizer, which the learner never needs.
+    The real vocabulary size by default, for what depends on it (the output layer's memory).
+    """
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    if head_dim is None:
+        head_dim = 128 if hidden_size >= 1024 else hidden_size // num_attention_heads
+    config = Qwen3Config(
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=intermediate_size,
+        num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads, head_dim=head_dim,
+        max_position_embeddings=32_768, tie_word_embeddings=True, eos_token_id=0,
+        pad_token_id=0, bos_token_id=0)
+    with torch.random.fork_rng(devices=[]), torch.device(device):
+        torch.manual_seed(seed)
+        model = Qwen3ForCausalLM(config).to(getattr(torch, dtype))
+    path = Path(path)
+    model.save_pretrained(path)
+    return path
+
+
 def synthetic_batch(num_rows: int, vocab_size: int, *, seed: int = 0,
                     prompt_lengths: tuple[int, int] = (4, 40),
                     completion_lengths: tuple[int, int] = (1, 12),

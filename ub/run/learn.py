@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -64,9 +65,13 @@ def learn_round(run: Run, round_: int, *, worker: Worker) -> dict[str, Any]:
     if writer:
         publish(paths, write_json_atomic(paths.final_rewards_state(round_), batch.final_state))
     fault_point("learn.after-state")
-    metrics = learn_on_batch(batch, config.learner_config(run.base_model),
-                             paths.checkpoint(round_), paths.checkpoint(round_ + 1),
-                             worker=worker)
+    # Not pipelined, the engine idles while the learner updates: on a GPU it lends the learner
+    # its memory (a no-op on the CPU, and where no engine lives in this process).
+    lend = config.engine.sleep_mode and not config.pipeline.max_staleness
+    with worker.engine_asleep() if lend else contextlib.nullcontext():
+        metrics = learn_on_batch(batch, config.learner_config(run.base_model),
+                                 paths.checkpoint(round_), paths.checkpoint(round_ + 1),
+                                 worker=worker)
     if writer:
         publish_checkpoint(paths, paths.checkpoint(round_ + 1))
     metrics["assemble_seconds"] = assemble_seconds

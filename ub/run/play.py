@@ -38,7 +38,7 @@ def run_engine_config(run: Run) -> EngineConfig:
         model=run.base_model, dtype=e.dtype, max_model_len=e.max_model_len,
         max_num_seqs=e.max_num_seqs, max_lora_rank=e.max_lora_rank, max_loras=e.max_loras,
         kv_cache_gib=e.kv_cache_gib, gpu_memory_utilization=e.gpu_memory_utilization,
-        seed=run.config.seed)
+        sleep_mode=e.sleep_mode, seed=run.config.seed)
 
 
 def run_engine(worker: Worker, run: Run, sampling: SamplingConfig) -> InferenceEngine:

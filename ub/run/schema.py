@@ -50,6 +50,10 @@ class EngineSection(Section):
     kv_cache_gib: float = Field(1.0, gt=0, description="KV cache size on the CPU, GiB.")
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="Share of GPU memory "
                                           "vLLM may take.")
+    sleep_mode: bool = Field(True, description="On a GPU, when the learner shares the engine's "
+                             "process and rounds are not pipelined: the engine releases its "
+                             "memory (vLLM sleep mode, level 1) while the learner updates. "
+                             "Ignored on the CPU.")
 
 
 class SamplingSection(Section):
@@ -200,6 +204,8 @@ class TrainConfig(Section):
 
         data = {"seed": self.seed, "temperature": self.sampling.temperature,
                 "length_normalizer": self.sampling.max_tokens}
+        if self.cluster.address is None:  # the learner shares its process's GPU with the engine
+            data["device_share"] = round(1.0 - self.engine.gpu_memory_utilization, 6)
         for key, value in self.learner.model_dump().items():
             if value is not None or key not in data:
                 data[key] = value

@@ -31,8 +31,10 @@ log = logging.getLogger("ub.config")
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 Attention = Literal["auto", "sdpa", "eager", "flash_attention_2"]
+Kernels = Literal["auto", "liger", "none"]
 DTYPES: tuple[str, ...] = get_args(Dtype)
 ATTENTION: tuple[str, ...] = get_args(Attention)
+KERNELS: tuple[str, ...] = get_args(Kernels)
 ALL_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 OPPONENT_MODES = ("mirror", "lagged", "random", "fixed", "match-quality", "ts-dist", "exploration")
 LAGGED_K = 4
@@ -206,8 +208,13 @@ class LearnerSection(Section):
                              "final_lr_fraction of itself, then stays (0: constant).")
     final_lr_fraction: float = Field(0.1, description="decay_steps only: the learning rate at "
                                      "and after step decay_steps, as a fraction, in [0, 1].")
-    micro_batch_tokens: int | None = Field(4096, description="Most tokens per micro-batch, "
-                                           "padding included; null: no limit.")
+    kernels: Kernels = Field("auto", description="GPU kernels of the transformer body: liger "
+                             "(Liger Kernel's RoPE, RMSNorm, SwiGLU; CUDA, the gpu extra), none, "
+                             "or auto: liger where it runs, else none.")
+    micro_batch_tokens: int | Literal["auto"] | None = Field(
+        "auto", description="Most tokens per micro-batch, padding included; auto: sized from "
+        "the memory the learner has (at most 4096 on the CPU); null: no limit. An update that "
+        "runs out of memory is retried at half the size.")
     micro_batch_size: int | None = Field(None, description="Most rows per micro-batch; null: no "
                                          "limit.")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the "

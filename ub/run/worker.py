@@ -14,7 +14,9 @@ the caller's own default sampling, so one caller never changes another's.
 
 from __future__ import annotations
 
+import contextlib
 import gc
+from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
 from ub.errors import UbError
@@ -79,6 +81,20 @@ class Worker:
         # cycles are still freed.
         gc.freeze()
         return self._learner
+
+    @contextlib.contextmanager
+    def engine_asleep(self) -> Iterator[None]:
+        """The block runs with the engine asleep (:meth:`VLLMEngine.sleep`: on a GPU its
+        memory goes to the learner), and wakes it after. A no-op without an engine, or on the
+        CPU."""
+        engine = self._engine
+        slept = engine is not None and not engine.closed and engine.sleep()
+        try:
+            yield
+        finally:
+            if slept:
+                assert engine is not None
+                engine.wake_up()
 
     def close_engine(self) -> None:
         """Shut the engine down and free its memory (the next :meth:`engine` starts one)."""

@@ -1,0 +1,40 @@
+"""bench/gpu_learner.py --quick: the GPU benchmark's code on tiny shapes on the CPU, so that it
+runs (and its correctness checks hold) wherever the suite runs; on a GPU the same script
+measures the Qwen3 shapes."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_gpu_learner_benchmark_runs_quick_on_the_cpu(tmp_path: Path) -> None:
+    out = tmp_path / "gpu_learner.json"
+    result = subprocess.run([sys.executable, "bench/gpu_learner.py", "--quick", "--out",
+                             str(out)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(out.read_text())
+    assert report["device"] == "cpu" and report["quick"]
+    assert [s["shape"] for s in report["shapes"]] == ["tiny-a", "tiny-b"]
+    for shape in report["shapes"]:
+        assert shape["kernels"] == "none" and shape["micro_batch_tokens"] == 4096
+        assert shape["learner_tokens_per_second"] > 0 and shape["plain_tokens_per_second"] > 0
+        assert shape["tokens"] > shape["completion_tokens"] > 0
+    assert report["checks"] == {"bitwise_resume": True, "peft_load": True,
+                                "one_rank_group": True}
+    assert json.loads(result.stdout) == report
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU runs the full benchmark")
+def test_gpu_learner_benchmark_refuses_the_full_run_without_a_gpu() -> None:
+    result = subprocess.run([sys.executable, "bench/gpu_learner.py", "--shapes", "1.7b"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "no GPU here: run with --quick" in result.stderr

@@ -1,0 +1,252 @@
+"""The learner's memory on a GPU, exercised on the CPU through the same code: micro-batches
+sized from the memory the learner has (``micro_batch_tokens: auto``), an out-of-memory update
+retried at half the micro-batch, the body's kernels (``learner.kernels``), and the engine's
+sleep around a round's update.
+
+What only a GPU shows (a real CUDA out-of-memory error, Liger's kernels, vLLM's sleep mode)
+comes in here as the one thing faked: the out-of-memory error is raised by a hook, the device's
+free memory is a patched ``torch.cuda.mem_get_info``, vLLM's sleep/wake calls are recorded.
+``bench/gpu_learner.py`` measures the real thing on a GPU.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from ub.errors import UbError
+from ub.learner import Learner, LearnerConfig
+from ub.learner.kernels import resolve_kernels
+from ub.learner.memory import (
+    CPU_MICRO_BATCH_TOKENS,
+    HEADROOM,
+    auto_micro_batch_tokens,
+    learner_budget_bytes,
+)
+from ub.learner.testing import build_qwen3, synthetic_batch
+from ub.model.lora import LoraSettings
+
+GIB = 2**30
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_qwen3(tmp_path_factory.mktemp("qwen3"), vocab_size=2000, hidden_size=64,
+                       intermediate_size=128, num_hidden_layers=2)
+
+
+def config(model: Path, **overrides) -> LearnerConfig:
+    settings = dict(base_model=str(model), lora=LoraSettings(rank=4, alpha=8, dropout=0.1),
+                    length_normalizer=16, learning_rate=1e-2, seed=5)
+    return LearnerConfig(**{**settings, **overrides})
+
+
+def batch(seed: int = 0):
+    return synthetic_batch(40, 2000, seed=seed, prompt_lengths=(10, 60),
+                           completion_lengths=(5, 30))
+
+
+# ------------------------------------------------------------------------------------------
+# micro_batch_tokens: auto
+# ------------------------------------------------------------------------------------------
+
+
+def test_auto_size_is_the_budget_over_the_bytes_per_token() -> None:
+    assert auto_micro_batch_tokens(10 * GIB, 2**20) == int(HEADROOM * 10 * 1024) // 256 * 256
+    assert auto_micro_batch_tokens(10 * GIB, 2**20, cap=4096) == 4096
+    assert auto_micro_batch_tokens(-GIB, 2**20) == 256  # nothing left: the smallest size
+
+
+def test_a_gpu_shared_with_the_engine_gives_the_learner_its_share(monkeypatch) -> None:
+    """On an 80 GB GPU where vLLM takes 0.6, the learner gets 0.4 of it less what it holds,
+    even before the engine has allocated its share; alone, whatever is free."""
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (70 * GIB, 80 * GIB))
+    cuda = torch.device("cuda", 0)
+    assert learner_budget_bytes(cuda, 4 * GIB, 0.4) == (0.4 * 80 * GIB - 4 * GIB, None)
+    assert learner_budget_bytes(cuda, 4 * GIB, None) == (70 * GIB, None)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * GIB, 80 * GIB))
+    assert learner_budget_bytes(cuda, 4 * GIB, 0.4) == (10 * GIB, None)  # someone took it
+
+
+def test_auto_measures_the_model_and_fits_the_memory_it_has(model_dir: Path,
+                                                            monkeypatch) -> None:
+    """auto on the CPU: 4,096 tokens where memory allows; with little memory, what fits it by
+    the probe's measured bytes per token: twice the memory, about twice the tokens; a deeper
+    model, fewer."""
+    learner = Learner(config(model_dir))
+    assert learner.micro_batch_tokens() == CPU_MICRO_BATCH_TOKENS
+    assert learner.update(batch())["micro_batch_tokens"] == CPU_MICRO_BATCH_TOKENS
+
+    import psutil
+
+    def sized(layers: int, available_mib: int) -> int:
+        class Memory:
+            available = available_mib * 2**20  # (half of it for the learner's activations)
+
+        monkeypatch.setattr(psutil, "virtual_memory", lambda: Memory)
+        path = model_dir.parent / f"layers-{layers}"
+        if not path.exists():
+            build_qwen3(path, vocab_size=2000, hidden_size=128, intermediate_size=512,
+                        num_hidden_layers=layers)
+        return Learner(config(path)).micro_batch_tokens()
+
+    small, double, deeper = sized(2, 128), sized(2, 256), sized(6, 128)
+    assert 256 <= deeper < small < CPU_MICRO_BATCH_TOKENS
+    assert double == pytest.approx(2 * small, abs=256)
+
+
+def test_probe_leaves_the_learner_as_it_was(model_dir: Path) -> None:
+    """Sizing auto draws no randomness and changes no weight: an update after it equals one
+    with the same size given."""
+    auto, given = Learner(config(model_dir)), Learner(config(model_dir, micro_batch_tokens=4096))
+    auto.update(batch())
+    given.update(batch())
+    for name, value in auto.lora_state().items():
+        assert torch.equal(value, given.lora_state()[name]), name
+
+
+# ------------------------------------------------------------------------------------------
+# Out of memory: the update again at half the micro-batch
+# ------------------------------------------------------------------------------------------
+
+
+def fail_above(learner: Learner, tokens: int) -> list[int]:
+    """Make the decoder raise CUDA's out-of-memory error for an input of more than ``tokens``
+    tokens (what a GPU does when a micro-batch's activations do not fit); returns the sizes it
+    saw."""
+    seen: list[int] = []
+
+    def hook(module, args, kwargs):
+        ids = kwargs.get("input_ids", args[0] if args else None)
+        seen.append(int(ids.numel()))
+        if ids.numel() > tokens:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
+
+    learner.causal_lm.model.register_forward_pre_hook(hook, with_kwargs=True)
+    return seen
+
+
+def test_out_of_memory_retries_the_update_at_half_the_micro_batch(model_dir: Path, caplog
+                                                                  ) -> None:
+    """2,048 -> 1,024 -> 512 tokens, one log line each; the update equals one made at 512 from
+    the start (LoRA dropout's draws included: a failed try consumes no randomness), and later
+    updates keep the smaller size."""
+    retried = Learner(config(model_dir, micro_batch_tokens=2048))
+    seen = fail_above(retried, 600)
+    direct = Learner(config(model_dir, micro_batch_tokens=512))
+    with caplog.at_level(logging.WARNING, logger="ub.learner.learner"):
+        metrics = retried.update(batch())
+    assert [r.getMessage() for r in caplog.records] == [
+        "learner: out of memory at micro_batch_tokens=2048 in update 1; retrying it at 1024",
+        "learner: out of memory at micro_batch_tokens=1024 in update 1; retrying it at 512"]
+    assert max(seen) > 600 and metrics["micro_batch_tokens"] == 512
+    reference = direct.update(batch())
+    assert metrics["loss"] == pytest.approx(reference["loss"], rel=1e-5)
+    for name, value in retried.lora_state().items():
+        torch.testing.assert_close(value, direct.lora_state()[name], rtol=1e-5, atol=1e-7)
+
+    caplog.clear()
+    assert retried.update(batch(1))["micro_batch_tokens"] == 512
+    assert not caplog.records
+
+
+def test_out_of_memory_with_one_row_per_micro_batch_says_what_to_change(model_dir: Path
+                                                                        ) -> None:
+    learner = Learner(config(model_dir, micro_batch_tokens=1024))
+    before = learner.lora_state()
+    fail_above(learner, 0)
+    with pytest.raises(UbError, match=r"out of memory with one row per micro-batch .*"
+                                      r"gradient_checkpointing"):
+        learner.update(batch())
+    for name, value in learner.lora_state().items():  # nothing changed
+        assert torch.equal(value, before[name])
+    assert learner.update_index == 0
+
+
+# ------------------------------------------------------------------------------------------
+# Kernels
+# ------------------------------------------------------------------------------------------
+
+
+def test_kernels_auto_is_none_on_the_cpu_and_liger_says_why_it_cannot_run(model_dir: Path
+                                                                          ) -> None:
+    learner = Learner(config(model_dir, micro_batch_tokens=4096))
+    assert learner.kernels == "none"
+    assert learner.update(batch())["kernels"] == "none"
+    with pytest.raises(UbError, match=r"^learner.kernels is liger, but the learner runs on "
+                                      r"cpu, and Liger's kernels are CUDA-only"):
+        Learner(config(model_dir, kernels="liger"))
+    # On a GPU without the gpu extra: auto falls back, liger says what to install.
+    cuda = torch.device("cuda", 0)
+    if not _liger_installed():
+        assert resolve_kernels("auto", cuda, "qwen3") == "none"
+        with pytest.raises(UbError, match=r"liger-kernel is not installed \(pip install"):
+            resolve_kernels("liger", cuda, "qwen3")
+    with pytest.raises(UbError, match="kernels must be one of auto, liger, none"):
+        LearnerConfig(base_model=str(model_dir), kernels="fast").validate()
+
+
+def _liger_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("liger_kernel") is not None
+
+
+# ------------------------------------------------------------------------------------------
+# The engine sleeps through a round's update
+# ------------------------------------------------------------------------------------------
+
+ROUND_CONFIG = {
+    "seed": 3, "rounds": 1, "model": {"base": "tiny"},
+    "sampling": {"temperature": 1.0, "max_tokens": 8, "stop": ["]"]},
+    "envs": [{"env_id": "TicTacToe-v0-train"}],
+    "rollout": {"games_per_round": 4, "concurrency": 4},
+    "batch": {"batch_size": 16}, "eval": {"every": 0},
+}
+
+
+def test_the_engine_sleeps_through_the_update_unless_rounds_are_pipelined(
+        tiny_model, tmp_path: Path) -> None:
+    """Not pipelined: the engine sleeps after the round's games and before the learner's update,
+    and wakes after it (vLLM's sleep and wake calls recorded: sleep mode is CUDA-only).
+    Pipelined, the engine plays the next round meanwhile: it stays awake."""
+    from ub.run.base_model import resolve_base_model
+    from ub.run.config import validate_config
+    from ub.run.layout import RunPaths
+    from ub.run.learn import initial_checkpoint, learn_round
+    from ub.run.plan import plan_round
+    from ub.run.play import rollout_shard
+    from ub.run.rounds import Run, open_run
+    from ub.run.worker import Worker
+
+    worker = Worker()  # one engine and one learner for both runs, as a process keeps them
+    calls: list[str] = []
+    try:
+        for staleness in (0, 1):
+            config = validate_config({**ROUND_CONFIG, "pipeline": {"max_staleness": staleness}})
+            paths = RunPaths.of(tmp_path, f"staleness-{staleness}")
+            open_run(paths, config)
+            run = Run(paths, config, resolve_base_model(config))
+            initial_checkpoint(run, worker=worker)
+            for shard, games in enumerate(plan_round(run, 0)):
+                rollout_shard(run, 0, shard, games, worker=worker)
+            engine = worker._engine
+            assert engine is not None
+            if staleness == 0:
+                assert not engine.can_sleep  # the CPU: no sleep mode
+                engine.can_sleep = True  # as on a GPU, with vLLM's own calls recorded
+                engine._llm.sleep = lambda level: calls.append(f"sleep {level}")
+                engine._llm.wake_up = lambda: calls.append("wake")
+                learner = worker.learner(config.learner_config(run.base_model))
+                update = learner.update
+                learner.update = lambda batch, update=update: (calls.append("update")
+                                                               or update(batch))
+            calls.append(f"staleness {staleness}")
+            metrics = learn_round(run, 0, worker=worker)
+            assert metrics["kernels"] == "none" and metrics["micro_batch_tokens"] == 4096
+    finally:
+        worker.close()
+    assert calls == ["staleness 0", "sleep 1", "update", "wake", "staleness 1", "update"]

@@ -1,0 +1,125 @@
+"""The output layer in chunks: each completion token's logprob (with its gradient) and the
+policy's entropy, without a (tokens x vocabulary) tensor that lives across a micro-batch.
+
+Scoring ``N`` completion tokens the plain way materializes ``N x V`` float32 logits and
+log-probabilities and keeps them for backward: with Qwen3's 151,936-token vocabulary that is
+~10-20 GB at 16k tokens, more than the transformer body's activations. Here the logits are made
+``chunk`` rows at a time, reduced to what ub needs (the sampled token's logprob, the entropy),
+and dropped; backward makes them again from the saved hidden states. Peak memory is one chunk's
+logits, whatever ``N``.
+
+Why not Liger Kernel's fused linear cross-entropy: it has no sampling temperature and no entropy,
+and it runs on Triton only, so the CPU suite could not run the code a GPU runs. This is plain
+torch on any device; on a GPU its time is a few percent of an update's (the output layer's
+matmuls are the same ones, chunked).
+
+The gradient, per chunk, for ``logp = z[y] / T - logsumexp(z / T)`` with ``z = h W^T``:
+``d logp / d z = (onehot(y) - softmax(z / T)) / T``, then ``dh = dz W`` (and ``dW = dz^T h`` if
+the output weights train).
+"""
+
+from __future__ import annotations
+
+import torch
+
+CHUNK_BYTES = 128 * 2**20
+"""float32 logits per chunk (~128 MiB: 220 tokens at Qwen3's vocabulary, 8,192 at the tiny
+model's 4,096). A chunk's backward holds about three such tensors; larger chunks are no faster
+on a GPU once a chunk's matmul fills it."""
+
+
+def chunk_tokens(vocab_size: int, chunk_bytes: int = CHUNK_BYTES) -> int:
+    """Completion tokens per chunk for a vocabulary of ``vocab_size``."""
+    return max(1, chunk_bytes // (4 * vocab_size))
+
+
+def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                  temperature: float) -> torch.Tensor:
+    # In the model's dtype, like the plain lm_head call; the softmax in float32.
+    logits = torch.nn.functional.linear(hidden, weight, bias).float()
+    return logits / temperature if temperature != 1.0 else logits
+
+
+class _ChunkedLogprobs(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor,
+                bias: torch.Tensor | None, targets: torch.Tensor, temperature: float,
+                chunk: int, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        n = hidden.shape[0]
+        logprobs = torch.empty(n, dtype=torch.float32, device=hidden.device)
+        entropy = torch.empty(n if with_entropy else 0, dtype=torch.float32,
+                              device=hidden.device)
+        for start in range(0, n, chunk):
+            end = min(start + chunk, n)
+            logits = _chunk_logits(hidden[start:end], weight, bias, temperature)
+            lse = torch.logsumexp(logits, dim=-1)
+            logprobs[start:end] = logits.gather(-1, targets[start:end, None]).squeeze(-1) - lse
+            if with_entropy:  # H = logsumexp(z) - sum(p * z), with p = softmax(z)
+                entropy[start:end] = lse - torch.linalg.vecdot(torch.softmax(logits, dim=-1),
+                                                               logits)
+            del logits
+        ctx.save_for_backward(hidden, weight, bias, targets)
+        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.mark_non_differentiable(entropy)
+        return logprobs, entropy
+
+    @staticmethod
+    def backward(ctx, grad_logprobs: torch.Tensor, _grad_entropy: torch.Tensor | None
+                 ) -> tuple[torch.Tensor | None, ...]:
+        hidden, weight, bias, targets = ctx.saved_tensors
+        temperature, chunk = ctx.temperature, ctx.chunk
+        want_hidden, want_weight, want_bias = ctx.needs_input_grad[:3]
+        grad_hidden = torch.empty_like(hidden) if want_hidden else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if want_weight else None
+        grad_bias = torch.zeros_like(bias, dtype=torch.float32) if want_bias else None
+        for start in range(0, hidden.shape[0], chunk):
+            end = min(start + chunk, hidden.shape[0])
+            h = hidden[start:end]
+            g = grad_logprobs[start:end, None].float()
+            # (onehot(y) - p) * g / T, built in place in the softmax's buffer.
+            grad_logits = torch.softmax(_chunk_logits(h, weight, bias, temperature), dim=-1)
+            grad_logits.mul_(-g)
+            grad_logits.scatter_add_(-1, targets[start:end, None], g)
+            if temperature != 1.0:
+                grad_logits.div_(temperature)
+            grad_logits = grad_logits.to(weight.dtype)
+            if grad_hidden is not None:
+                grad_hidden[start:end] = grad_logits @ weight
+            if grad_weight is not None:
+                grad_weight += (grad_logits.t() @ h).float()
+            if grad_bias is not None:
+                grad_bias += grad_logits.sum(0).float()
+            del grad_logits
+        return (grad_hidden,
+                None if grad_weight is None else grad_weight.to(weight.dtype),
+                None if grad_bias is None else grad_bias.to(bias.dtype),
+                None, None, None, None)
+
+
+def chunked_token_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor,
+                           temperature: float = 1.0, *, with_entropy: bool = True,
+                           chunk: int | None = None
+                           ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``log_softmax(head(hidden) / temperature)`` at ``targets``, and the entropy of the same
+    distribution, chunk by chunk.
+
+    :param hidden: (N, H) the last hidden states of the positions that predict the targets.
+    :param head: the output layer (a plain ``Linear``: its weight may be tied to the embeddings).
+    :param targets: (N,) int64 token ids.
+    :param temperature: the sampling temperature (> 0).
+    :param with_entropy: False skips the entropy (a softmax per chunk): ``None``.
+    :param chunk: tokens per chunk; ``None``: :func:`chunk_tokens` of the vocabulary.
+    :returns: ``(logprobs, entropy)``, both (N,) float32; ``logprobs`` carries the gradient
+        (to ``hidden``, and to the head if it trains), ``entropy`` none (a metric).
+    """
+    if chunk is None:
+        chunk = chunk_tokens(head.weight.shape[0])
+    logprobs, entropy = _ChunkedLogprobs.apply(hidden, head.weight, head.bias, targets,
+                                               float(temperature), int(chunk), with_entropy)
+    return logprobs, entropy if with_entropy else None
+
+
+def is_plain_linear(module: object) -> bool:
+    """True if ``module`` is exactly ``torch.nn.Linear`` (not a LoRA or quantized wrapper,
+    whose weight alone is not the layer)."""
+    return type(module) is torch.nn.Linear
