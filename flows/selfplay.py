@@ -162,8 +162,9 @@ def play_round(run: Run, round_: int) -> list[ShardResult]:
     engine, so they run one after another; on a Ray cluster they run in parallel."""
     shards = plan(run, round_)
     if run.config.cluster.address is None:
-        return [rollout(run, round_, i, games) for i, games in enumerate(shards)]
-    futures = [rollout.submit(run, round_, i, games) for i, games in enumerate(shards)]
+        return [rollout(run, round_, i, games, len(shards)) for i, games in enumerate(shards)]
+    futures = [rollout.submit(run, round_, i, games, len(shards))
+               for i, games in enumerate(shards)]
     return [future.result() for future in futures]
 
 

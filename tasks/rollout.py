@@ -16,6 +16,7 @@ from ub.run.worker import process_worker
 # restarted on next use and the same seeds replay the same games.
 @task(name="rollout", retries=1, retry_delay_seconds=2, cache_policy=NONE,
       task_run_name="rollout r{round_}-s{shard}")
-def rollout(run: Run, round_: int, shard: int, games: list[PlannedGame]) -> ShardResult:
+def rollout(run: Run, round_: int, shard: int, games: list[PlannedGame],
+            shards: int | None = None) -> ShardResult:
     return on_worker(run, "rollout", rollout_worker(run, shard), rollout_shard, run, round_,
-                     shard, games, worker=process_worker())
+                     shard, games, shards, worker=process_worker())

@@ -11,22 +11,99 @@ from ub.run.config import WorkerResources, validate_config
 from ub.run.layout import RunPaths
 from ub.run.rounds import resolve_run_config
 
-ROLES = [("rollout", 0, WorkerResources(num_cpus=1)), ("rollout", 1, WorkerResources(num_cpus=1)),
-         ("learner", 0, WorkerResources(num_cpus=1, num_gpus=1))]
+ONE_GPU = WorkerResources(num_cpus=1, num_gpus=1)
+ROLES = [("rollout", 0, ONE_GPU), ("rollout", 1, ONE_GPU), ("learner", 0, ONE_GPU)]
+CPU_ROLES = [(role, index, WorkerResources(num_cpus=1)) for role, index, _ in ROLES]
 
 
 def test_workers_that_fit_the_cluster_are_accepted():
-    check_fits(ROLES, {"CPU": 3.0, "GPU": 1.0})
+    check_fits(ROLES, {"CPU": 3.0, "GPU": 3.0})
+    check_fits(CPU_ROLES, {"CPU": 3.0})
 
 
 @pytest.mark.parametrize("available, message", [
-    ({"CPU": 2.0, "GPU": 1.0}, r"need 3 CPUs \(2 rollout and 1 learner workers.*has 2"),
-    ({"CPU": 8.0}, r"need 1 GPUs .*has 0"),
+    ({"CPU": 2.0, "GPU": 3.0}, r"need 3 CPUs \(2 rollout and 1 learner workers.*has 2"),
+    ({"CPU": 8.0}, r"need 3 GPUs .*has 0"),
 ])
 def test_workers_the_cluster_cannot_hold_are_refused(available, message):
     # Ray would otherwise queue the last worker forever and the run would hang.
     with pytest.raises(UbError, match=message):
         check_fits(ROLES, available)
+
+
+@pytest.mark.parametrize("without", ["rollout", "learner"])
+def test_workers_without_a_gpu_on_a_gpu_cluster_are_refused(without):
+    """Ray hides no GPU from a worker that asked for none: every engine and learner would run
+    on GPU 0 of its node while the others idle."""
+    roles = [(role, i, WorkerResources(num_cpus=1) if role == without else r)
+             for role, i, r in ROLES]
+    with pytest.raises(UbError, match=rf"has 8 GPUs, but the run's {without} workers ask for "
+                                      rf"none \(cluster.{without}.num_gpus: 0\).* GPU 0"):
+        check_fits(roles, {"CPU": 16.0, "GPU": 8.0})
+
+
+def _example(doc: str) -> tuple[dict, dict]:
+    """docs/scaling.md's `ray start` head line (its CPUs and GPUs) and the cluster section of
+    the config example after it."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    text = (Path(__file__).parents[1] / "docs" / doc).read_text()
+    head = re.search(r"ray start --head .*--num-cpus (\d+) --num-gpus (\d+)", text)
+    assert head is not None
+    block = re.search(r"in the config:\n\n```yaml\n(.*?)```", text, re.S)
+    assert block is not None
+    config = yaml.safe_load(re.sub(r"#.*", "", block.group(1)))
+    return {"CPU": float(head.group(1)), "GPU": float(head.group(2))}, config
+
+
+def _roles(cluster) -> list:
+    return ([("rollout", i, cluster.rollout) for i in range(cluster.rollout_workers)]
+            + [("learner", i, cluster.learner) for i in range(cluster.learner_workers)])
+
+
+@pytest.mark.parametrize("preset", ["qwen3-1.7b-simpletak", "spiral-kuhn"])
+def test_the_gpu_presets_and_the_documented_example_fit_the_documented_node(preset):
+    """`ub train PRESET --ray HEAD:6379` on the node docs/scaling.md starts: one GPU per
+    engine and for the learner, within the node's CPUs; the documented config too."""
+    from ub.run.config import load_config
+
+    node, example = _example("scaling.md")
+    config = load_config(preset)
+    assert config.cluster.rollout.num_gpus >= 1 and config.cluster.learner.num_gpus >= 1
+    check_fits(_roles(config.cluster), node)
+    documented = validate_config({"envs": [{"env_id": "TicTacToe-v0-train"}], **example})
+    check_fits(_roles(documented.cluster), node)
+    assert documented.rollout.shards % documented.cluster.rollout_workers == 0
+
+
+def test_a_gpu_cluster_refuses_the_cpu_settings_before_any_worker_starts(tmp_path,
+                                                                         monkeypatch):
+    """A real Ray head that says it has 8 GPUs (a fake count: Ray schedules by what it is
+    told): the run's workers without GPUs are refused, and no worker was started."""
+    import ray
+
+    # A local ray.init otherwise turns on token authentication and writes ~/.ray/auth_token,
+    # which every later `ray start` on this machine then requires (tests/faults/test_ray.py).
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+
+    from ub.run.cluster import start_workers
+    from ub.run.rounds import Run
+
+    config = validate_config({"envs": [{"env_id": "TicTacToe-v0-train"}],
+                              "cluster": {"address": "auto"}})
+    run = Run(RunPaths(tmp_path / "run"), config, "tiny")
+    ray.init(num_cpus=2, num_gpus=8, include_dashboard=False, log_to_driver=False,
+             namespace="ub-test-gpu")
+    try:
+        assert ray.cluster_resources()["GPU"] == 8
+        with pytest.raises(UbError, match=r"has 8 GPUs, but the run's rollout workers ask"):
+            start_workers(run)
+        assert not [a for a in ray.util.list_named_actors(all_namespaces=True)]
+    finally:
+        ray.shutdown()
 
 
 def test_engine_workers_claim_distinct_cores(tmp_path):

@@ -45,3 +45,14 @@ def test_show_a_run_folder(tmp_path, capsys):
     empty.mkdir()
     with pytest.raises(UbError, match=r"without config\.yaml"):
         load_any(str(empty))
+
+
+def test_show_says_how_each_eval_env_is_prompted():
+    config = load_config("qwen3-1.7b-simpletak", [
+        "eval.envs=[SimpleTak-v0-train, KuhnPoker-v0-train, "
+        "{env_id: Nim-v0-train, template: plain}]"])
+    text = " ".join(line.strip("# ") for line in show(config, "x").splitlines())
+    assert ("prompted as: SimpleTak-v0-train: template qwen3-zs, extractor boxed (as it "
+            "trains); KuhnPoker-v0-train: template qwen3-zs, extractor boxed (the training "
+            "envs' format); Nim-v0-train: template plain, extractor bracket (its entry's)") in text
+    assert validate_config(load_yaml(show(config, "x"))) == config

@@ -99,3 +99,49 @@ def test_errored_games_are_counted_apart():
         ("invalid_move", pa.bool_()), ("format_ok", pa.bool_())]))
     [row] = summarize(games, steps, "me")
     assert (row.games, row.wins, row.errors, row.win_rate) == (2, 1, 1, 1.0)
+
+
+def test_an_eval_env_not_trained_on_is_prompted_as_the_run_trains(engine):
+    """The qwen3 preset trains SimpleTak in the qwen3-zs format (answers in \\boxed{}) and
+    evaluates on KuhnPoker too: KuhnPoker games ask in the same format and read the same
+    answer, not the plain template's brackets, which the policy never learned."""
+    from ub.run.config import load_config
+    from ub.run.plan import game_specs
+
+    config = load_config("qwen3-1.7b-simpletak")
+    specs = {s.env_id: s for s in game_specs(config, config.eval.envs)}
+    assert (specs["KuhnPoker-v0-train"].template, specs["KuhnPoker-v0-train"].extractor_name) \
+        == ("qwen3-zs", "boxed") == (specs["SimpleTak-v0-train"].template,
+                                     specs["SimpleTak-v0-train"].extractor_name)
+    assert specs["KuhnPoker-v0-train"].num_players == 2
+    # The games an evaluation plays (on the tiny model: the prompts are the point here).
+    games = eval_assignments(parse_actor("model"), [parse_actor("random")],
+                             [specs["KuhnPoker-v0-train"]], 2, seed=3)
+    steps = play_games(games, engine=engine, base_seed=3).steps.to_pylist()
+    asked = [s for s in steps if s["actor_kind"] == "model"]
+    assert asked and all(s["template"] == "qwen3-zs" and "\\boxed{}" in s["prompt"]
+                         for s in asked)
+
+
+def test_an_eval_env_entry_gives_its_own_format_and_mixed_formats_must():
+    from ub.errors import UbError
+    from ub.run.config import load_config, validate_config
+    from ub.run.plan import game_specs
+
+    own = load_config("qwen3-1.7b-simpletak", [
+        "eval.envs=[SimpleTak-v0-train, {env_id: KuhnPoker-v0-train, template: plain}]"])
+    kuhn = game_specs(own, own.eval.envs)[1]
+    assert (kuhn.template, kuhn.extractor_name) == ("plain", "bracket")
+    extractor_only = load_config("tiny-cpu", [
+        "eval.envs=[{env_id: TicTacToe-v0-train, extractor: boxed}]"])
+    (ttt,) = game_specs(extractor_only, extractor_only.eval.envs)
+    assert (ttt.template, ttt.extractor_name, ttt.max_turns) == ("plain", "boxed", 200)
+    mixed = {"envs": [{"env_id": "TicTacToe-v0-train"},
+                      {"env_id": "Nim-v0-train", "template": "qwen3-zs"}],
+             "eval": {"envs": ["KuhnPoker-v0-train"]}}
+    with pytest.raises(UbError, match=r"eval.envs: KuhnPoker-v0-train is not a training env, "
+                                      r"and the training envs use several prompt formats "
+                                      r"\(plain/its own, qwen3-zs/its own\): give its own"):
+        validate_config(mixed)
+    mixed["eval"]["envs"] = [{"env_id": "KuhnPoker-v0-train", "template": "qwen3-zs"}]
+    validate_config(mixed)

@@ -79,8 +79,11 @@ def learner(model_dir: Path, engine) -> Learner:
 
 @pytest.fixture(scope="module")
 def trained(learner: Learner, model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A checkpoint whose adapter visibly changes the model (a few large REINFORCE steps)."""
-    learner.configure(learner_config(model_dir, learning_rate=0.05))
+    """A checkpoint whose adapter visibly changes the model (a few large REINFORCE steps).
+    The synthetic batch's sampling logprobs are made up, not the model's: no importance
+    correction towards them (it would weigh its tokens ~0.05)."""
+    learner.configure(learner_config(model_dir, learning_rate=0.05,
+                                     algorithm_params={"tis_cap": None}))
     learner.start(None)
     batch = synthetic_batch(16, vocab_size=500, seed=1)
     for _ in range(3):
@@ -161,11 +164,99 @@ def test_ppo_is_on_policy_on_vllm_samples(learner: Learner, model_dir: Path, rol
     assert abs(metrics["approx_kl"]) < 1e-6
     assert metrics["logprob_abs_diff_max"] < 1e-3
 
-    # After a large step on the same data the policy has moved: ratios leave 1, some clip.
+    assert metrics["tis_ratio_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert metrics["tis_capped_fraction"] == 0.0
+
+    # After a large step on the same data the policy has moved away from the sampler: the
+    # learner-to-sampler ratios leave 1 (the importance weights, capped), the k3 KL grows.
     learner.configure(learner_config(model_dir, algorithm="ppo", learning_rate=0.05))
     learner.update(batch)
     moved = learner.accumulate_gradients(batch)
-    assert moved["clip_fraction"] > 0 and moved["approx_kl"] > 1e-4
+    assert moved["tis_capped_fraction"] > 0 and moved["tis_ratio_max"] > 2.0
+    assert moved["approx_kl"] > 1e-4
+    # Against the weights of its own update's start (no steps taken yet) PPO's ratio is 1.
+    assert moved["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and moved["clip_fraction"] == 0
+
+
+def _gradients(learner: Learner, batch: TrainBatch) -> dict[str, torch.Tensor]:
+    metrics = learner.accumulate_gradients(batch)
+    return {**learner.lora_gradients(), "metrics": metrics}  # type: ignore[dict-item]
+
+
+def _close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor], rtol: float) -> bool:
+    """The two gradients agree to ``rtol`` of their norm (the on-policy weights are 1 only
+    within vLLM's and the learner's float rounding, ~1e-4 here)."""
+    keys = [k for k in a if k != "metrics"]
+    diff = torch.cat([(a[k] - b[k]).flatten() for k in keys]).norm()
+    return bool(diff <= rtol * torch.cat([b[k].flatten() for k in keys]).norm())
+
+
+@pytest.mark.parametrize("algorithm", ["reinforce", "ppo"])
+def test_truncated_importance_sampling_caps_what_the_sampler_misjudged(
+        learner: Learner, model_dir: Path, rollout, trained: Path, algorithm: str) -> None:
+    """vLLM on a GPU scores tokens unlike the learner. Here the sampler's logprobs of half the
+    rows are lowered by 3 on purpose (the learner finds those tokens e^3 = 20x likelier than
+    the sampler did): each such token weighs the cap (2), exactly as if its row's advantage
+    were doubled, and the update says how many tokens were capped; the other rows, on which
+    sampler and learner agree, weigh 1."""
+    learner.configure(learner_config(model_dir, algorithm=algorithm))
+    learner.start(trained)
+    batch = decisions(rollout)
+    misjudged = torch.arange(len(batch)) % 2 == 0
+    perturbed = TrainBatch(**{**batch.__dict__, "behaviour_logprobs": batch.behaviour_logprobs
+                              - 3.0 * misjudged[:, None] * batch.completion_mask})
+    doubled = TrainBatch(**{**batch.__dict__,
+                            "advantages": batch.advantages * (1 + misjudged.float())})
+
+    on_policy = _gradients(learner, batch)
+    capped = _gradients(learner, perturbed)
+    assert on_policy["metrics"]["tis_capped_fraction"] == 0.0
+    assert on_policy["metrics"]["tis_ratio_max"] == pytest.approx(1.0, abs=1e-3)
+    assert _close(capped, _gradients(learner, doubled), rtol=1e-3)
+    assert not _close(capped, on_policy, rtol=0.1)
+    tokens = batch.completion_mask[:, 1:]
+    share = float(tokens[misjudged].sum() / tokens.sum())
+    assert capped["metrics"]["tis_capped_fraction"] == pytest.approx(share, abs=1e-6)
+    assert capped["metrics"]["tis_ratio_max"] == pytest.approx(torch.e ** 3, rel=1e-2)
+    assert capped["metrics"]["tis_ratio_mean"] > 1 + share * 10
+
+    # tis_cap: null turns the correction off: the misjudged tokens weigh 20x under ppo (its
+    # ratio is then the sampler's: clipped at 1 + eps where the advantage is positive, and
+    # unbounded where it is negative), 1x under reinforce.
+    learner.configure(learner_config(model_dir, algorithm=algorithm,
+                                     algorithm_params={"tis_cap": None}))
+    uncorrected = _gradients(learner, perturbed)
+    assert "tis_capped_fraction" not in uncorrected["metrics"]
+    if algorithm == "reinforce":
+        assert _close(uncorrected, on_policy, rtol=1e-3)
+    else:
+        assert uncorrected["metrics"]["clip_fraction"] > share / 2
+
+
+def test_an_update_of_several_steps_measures_against_its_start(
+        learner: Learner, model_dir: Path, rollout, trained: Path) -> None:
+    """PPO with minibatches: every step's trust region and importance weights are measured
+    against the learner at the update's start (scored once, before the first step), not
+    against the sampler: with the sampler's logprobs lowered by 3 everywhere, the uncorrected
+    ratio (20) clips every positive-advantage token, while the corrected update caps the
+    importance weights (all of them) and stays inside its trust region."""
+    batch = decisions(rollout)
+    perturbed = TrainBatch(**{**batch.__dict__, "behaviour_logprobs":
+                              batch.behaviour_logprobs - 3.0 * batch.completion_mask})
+    learner.configure(learner_config(model_dir, algorithm="ppo", minibatches=2))
+    learner.start(trained)
+    start = learner.token_logprobs(batch)
+    old = learner._with_old_logprobs(perturbed).old_logprobs
+    assert old is not None
+    mask = batch.completion_mask.bool()
+    assert torch.allclose(old[mask], start[mask], atol=1e-5)
+    corrected = learner.update(perturbed)
+    assert corrected["tis_capped_fraction"] == 1.0
+    assert corrected["clip_fraction"] < 0.1
+    learner.configure(learner_config(model_dir, algorithm="ppo", minibatches=2,
+                                     algorithm_params={"tis_cap": None}))
+    learner.start(trained)
+    assert learner.update(perturbed)["clip_fraction"] > 0.3
 
 
 def test_learner_scores_at_the_sampling_temperature(learner: Learner, engine, model_dir: Path,

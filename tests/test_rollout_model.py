@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import json
+import shutil
+from pathlib import Path
+
 import pyarrow.compute as pc
 import pytest
 
@@ -9,6 +13,7 @@ from ub.actors.spec import parse_actor
 from ub.data.shards import ShardId, write_shard
 from ub.data.sql import query
 from ub.games.specs import GameSpec
+from ub.inference.types import EngineConfig
 from ub.rollout import assign_games, play_games
 
 TIMINGS = ["gen_seconds", "env_seconds"]
@@ -82,3 +87,79 @@ def test_lora_seats_mix_in_one_batch_and_change_the_play(engine, tiny_adapters):
     assert [r["completion_logprobs"] for r in model_steps(only_first)] != [
         r["completion_logprobs"] for r in rows
     ]
+
+
+def test_a_prompt_without_room_for_a_whole_completion_stops_its_game(engine):
+    """A prompt that leaves less of the context than sampling.max_tokens would get a
+    completion cut at the context's end, scored as an invalid move: the game is stopped
+    instead, as errored (never trained on), saying what to change."""
+    from ub.inference.types import SamplingConfig
+
+    spec = GameSpec("TicTacToe-v0-train")
+    games = assign_games(spec, [parse_actor("model"), parse_actor("random")], 2, base_seed=1)
+    room = SamplingConfig(temperature=1.0, max_tokens=engine.config.max_model_len - 20)
+    rollout = play_games(games, engine=engine, base_seed=1, sampling=room)
+    rows = rollout.games.to_pylist()
+    assert [r["outcome"] for r in rows] == ["error", "error"]
+    for row in rows:
+        assert f"for a completion of up to sampling.max_tokens {room.max_tokens}" in row["error"]
+        assert "raise engine.max_model_len" in row["error"]
+    assert not model_steps(rollout)  # nothing the model said: no invalid move to score
+
+
+def _with_swapped_end_tokens(model: Path, out: Path) -> Path:
+    """The tiny model as a Qwen3-Base-like model: it ends its moves with the token now named
+    ``<|im_end|>`` (id 0, its old EOS), while its EOS is ``<|endoftext|>`` (now id 2, which it
+    never says); its chat template is its own prompt format, ending a turn with
+    ``<|im_end|>``."""
+    shutil.copytree(model, out)
+    (out / "ub_model.json").unlink()
+    tok = json.loads((out / "tokenizer.json").read_text())
+    names = {"<|endoftext|>": "<|im_end|>", "<|im_end|>": "<|endoftext|>"}
+    for token in tok["added_tokens"]:
+        token["content"] = names.get(token["content"], token["content"])
+    vocab = tok["model"]["vocab"]
+    vocab["<|endoftext|>"], vocab["<|im_end|>"] = vocab["<|im_end|>"], vocab["<|endoftext|>"]
+    (out / "tokenizer.json").write_text(json.dumps(tok))
+    for name, key in (("generation_config.json", "eos_token_id"), ("config.json", "eos_token_id"),
+                      ("generation_config.json", "pad_token_id")):
+        data = json.loads((out / name).read_text())
+        data[key] = 2
+        (out / name).write_text(json.dumps(data))
+    (out / "chat_template.jinja").write_text(
+        "{%- for m in messages %}{%- if m['role'] == 'user' %}"
+        "{{- m['content'] | trim + '\\n\\nYour action:' }}"
+        "{%- elif m['role'] == 'assistant' %}{{- m['content'] + '<|im_end|>' }}{%- endif %}"
+        "{%- endfor %}")
+    return out
+
+
+def test_a_completion_ends_at_its_formats_end_of_turn(tiny_model, tmp_path):
+    """Qwen3-Base's EOS is <|endoftext|>, its chat format ends a turn with <|im_end|>: a model
+    that closes its turn would run on, up to max_tokens. Generation stops at the prompt
+    format's end of turn too: each move ends there, stored with it."""
+    from ub.games.templates import get_template
+    from ub.inference.types import GenerationRequest, SamplingConfig
+    from ub.run.worker import process_worker
+
+    folder = _with_swapped_end_tokens(Path(tiny_model), tmp_path / "model")
+    sampling = SamplingConfig(temperature=1.0, max_tokens=16)
+    handle = process_worker().engine(EngineConfig(model=str(folder)), sampling)
+    end = handle.tokenizer.get_vocab()["<|im_end|>"]
+    assert get_template("chat").end_token_ids(handle.tokenizer) == (end,) == (0,)
+    assert get_template("qwen3-zs").end_token_ids(handle.tokenizer) == (end,)
+    assert get_template("plain").end_token_ids(handle.tokenizer) == ()
+
+    spec = GameSpec("TicTacToe-v0-train", template="chat")
+    games = assign_games(spec, [parse_actor("model"), parse_actor("random")], 8, base_seed=3)
+    rows = model_steps(play_games(games, engine=handle, base_seed=3))
+    ended = [r for r in rows if r["completion_token_ids"][-1] == end]
+    assert len(ended) > len(rows) / 2
+    assert all(end not in r["completion_token_ids"][:-1] for r in rows)
+    assert all(r["finish_reason"] == "stop" for r in ended)
+    assert sum(r["format_ok"] for r in ended) > len(ended) / 2
+    # The same prompts and seeds without the stop: the model goes on past its end of turn.
+    free = handle.generate([GenerationRequest(f"free-{i}", r["prompt_token_ids"],
+                                              r["sampling_seed"]) for i, r in enumerate(ended)])
+    assert any(len(g.completion_token_ids) > g.completion_token_ids.index(end) + 1
+               for g in free if end in g.completion_token_ids)

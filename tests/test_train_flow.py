@@ -476,7 +476,7 @@ def test_killed_anywhere_and_resumed_equals_uninterrupted(reference_run, config_
 def test_pipelined_rounds_play_the_previous_checkpoint(prefect_api, config_file, tmp_path,
                                                         capsys):
     """max_staleness 1: round r+1 is played by checkpoint r while the learner makes r+1, and
-    PPO's ratio sees the older behaviour policy."""
+    the importance weights see the older behaviour policy."""
     from flows.cli import main
     from flows.selfplay import selfplay
 
@@ -491,9 +491,11 @@ def test_pipelined_rounds_play_the_previous_checkpoint(prefect_api, config_file,
             by_round.setdefault(f.parent.name, set()).update(g["actors"])
     assert by_round == {"round-000000": {"ckpt-000000"}, "round-000001": {"ckpt-000000"}}
     learner = json.loads(paths.manifest(1).read_text())["learner"]
-    # Checkpoint 1 scores checkpoint 0's tokens: the ratio is no longer exactly 1.
-    assert learner["update"] == 2 and learner["ratio_mean"] != pytest.approx(1.0, abs=1e-7)
-    assert learner["approx_kl"] > 0
+    # Checkpoint 1 scores checkpoint 0's tokens: the learner-to-sampler ratio is no longer
+    # exactly 1 (PPO's own ratio is, against the update's start, in a one-step update).
+    assert learner["update"] == 2
+    assert learner["tis_ratio_mean"] != pytest.approx(1.0, abs=1e-7)
+    assert learner["approx_kl"] > 0 and learner["ratio_mean"] == pytest.approx(1.0, abs=1e-6)
     # Which kernels ran and the micro-batch size (auto: the CPU's 4,096) are recorded, and
     # queryable in the learner view.
     assert learner["kernels"] == "none" and learner["micro_batch_tokens"] == 4096
@@ -505,3 +507,129 @@ def test_pipelined_rounds_play_the_previous_checkpoint(prefect_api, config_file,
     # The KL penalty: nothing to pay on the fresh adapter (the base model), then a divergence.
     assert json.loads(paths.manifest(0).read_text())["learner"]["kl_to_base"] == 0.0
     assert learner["kl_to_base"] > 0
+
+
+# How the work is executed, changed when a run resumes (each value differs from the run's):
+# nothing of the run's games, steps or adapters may change beyond float summation order.
+FREE_CHANGES = {
+    "engine.max_num_seqs": 4,            # vLLM batches 4 sequences instead of 256
+    "engine.max_loras": 2,
+    "engine.max_lora_rank": 32,
+    "engine.kv_cache_gib": 0.5,
+    "engine.gpu_memory_utilization": 0.5,  # (a GPU setting: the CPU engine ignores it)
+    "engine.sleep_mode": False,          # (a GPU setting too)
+    "rollout.shards": 3,
+    "rollout.concurrency": 3,
+    "learner.micro_batch_tokens": 256,   # several micro-batches instead of one
+    "learner.micro_batch_size": 3,
+    "learner.gradient_checkpointing": True,
+    "learner.kernels": "none",
+    "learner.num_threads": 1,
+    "learner.attn_implementation": "eager",
+    "cluster.learner_workers": 2,        # (applies on Ray only: a warning here)
+    "tracking.project": "elsewhere",
+    "eval.games": 4,
+}
+
+
+def test_every_execution_setting_is_free_and_every_other_is_locked():
+    from ub.run.config import validate_config
+
+    config = validate_config(TEST_CONFIG)
+    free = config.execution_settings()
+    for key in FREE_CHANGES:
+        section, _, name = key.partition(".")
+        assert name in free[section], f"{key} is not an execution setting"
+        assert name not in config.training_settings().get(section, {})
+    assert set(free) == {"rounds", "engine", "rollout", "learner", "eval", "tracking",
+                         "cluster"}
+    locked = config.training_settings()
+    assert set(locked["engine"]) == {"dtype", "max_model_len"}
+    assert set(locked["rollout"]) == {"games_per_round"}
+    for key in ("learning_rate", "algorithm", "lora", "dtype", "device", "minibatches"):
+        assert key in locked["learner"]
+
+
+@pytest.fixture(scope="module")
+def first_round_run(prefect_api, config_file, tiny_model, tmp_path_factory) -> RunPaths:
+    """The reference config stopped after its first round (the run a resume continues)."""
+    from flows.selfplay import selfplay
+
+    root = tmp_path_factory.mktemp("first")
+    selfplay(run_name="ref", config=str(config_file), root=str(root), rounds=1, quiet=True)
+    return RunPaths.of(root, "ref")
+
+
+def _adapter(paths: RunPaths, update: int) -> dict:
+    from safetensors.torch import load_file
+
+    return load_file(str(paths.checkpoint(update) / "adapter_model.safetensors"))
+
+
+def _assert_same_data(resumed: RunPaths, reference: RunPaths) -> None:
+    """The same games and moves (log-probs to 1e-4: vLLM batches that sum in another order)
+    and the same final adapter up to float summation order."""
+    import torch
+
+    assert _games(resumed.root) == _games(reference.root)
+    exact = [c for c in STEP_COLUMNS if c != "completion_logprobs"]
+    got, want = _steps(resumed.root), _steps(reference.root)
+    assert [{k: r[k] for k in exact} for r in got] == [{k: r[k] for k in exact} for r in want]
+    for a, b in zip(got, want, strict=True):
+        assert (a["completion_logprobs"] is None) == (b["completion_logprobs"] is None)
+        assert a["completion_logprobs"] is None or a["completion_logprobs"] == pytest.approx(
+            b["completion_logprobs"], abs=1e-4)
+    mine, theirs = _adapter(resumed, 2), _adapter(reference, 2)
+    assert mine.keys() == theirs.keys()
+    for name in mine:
+        assert torch.allclose(mine[name], theirs[name], rtol=1e-3, atol=1e-5), name
+
+
+@pytest.mark.parametrize("key", list(FREE_CHANGES))
+def test_a_run_resumes_with_another_execution_setting_and_computes_the_same(
+        key, first_round_run, reference_run, config_file, tmp_path):
+    """Out of GPU memory, a run resumes with a smaller micro-batch, checkpointing, another
+    engine share; a one-GPU run moves to a Ray node: none of these are refused, and the
+    resumed run's second round is the uninterrupted run's."""
+    from flows.selfplay import selfplay
+
+    copy = RunPaths.of(tmp_path, "ref")
+    shutil.copytree(first_round_run.root, copy.root)
+    value = FREE_CHANGES[key]
+    setting = f"{key}={json.dumps(value)}"
+    summary = selfplay(run_name="ref", config=str(config_file), root=str(tmp_path), rounds=2,
+                       overrides=[setting], quiet=True)
+    assert summary["rounds"] == 2
+    _assert_same_data(copy, reference_run)
+    section, _, name = key.partition(".")
+    first, second = (json.loads(copy.manifest(r).read_text())["execution"] for r in (0, 1))
+    assert second[section][name] == value != first[section][name]
+    assert yaml.safe_load(copy.config.read_text())[section][name] == value
+
+
+def test_a_round_left_unfinished_keeps_its_shards_when_resumed_with_others(
+        first_round_run, reference_run, config_file, tmp_path):
+    """A process committed round 1's first shard and died; the run resumes with 3 shards a
+    round: round 1 is finished in the one shard it started with (no game played twice or
+    never), the next round would be split in 3."""
+    from flows.selfplay import selfplay
+    from ub.run.base_model import resolve_base_model
+    from ub.run.plan import plan_round, round_shards
+    from ub.run.play import rollout_shard
+    from ub.run.rounds import Run, resolve_run_config
+    from ub.run.worker import process_worker
+
+    copy = RunPaths.of(tmp_path, "ref")
+    shutil.copytree(first_round_run.root, copy.root)
+    stored = resolve_run_config(copy, None)[0]
+    run = Run(copy, stored, resolve_base_model(stored))
+    (games,) = plan_round(run, 1)
+    rollout_shard(run, 1, 0, games, 1, worker=process_worker())
+    wider = Run(copy, stored.model_copy(update={"rollout": stored.rollout.model_copy(
+        update={"shards": 3})}), run.base_model)
+    assert round_shards(wider, 1) == 1 and round_shards(wider, 2) == 3
+    selfplay(run_name="ref", config=str(config_file), root=str(tmp_path), rounds=2,
+             overrides=["rollout.shards=3"], quiet=True)
+    assert [(s.round, s.shard) for s in committed_shards(copy.train_data)] == [(0, 0), (1, 0)]
+    assert json.loads(copy.manifest(1).read_text())["execution"]["rollout"]["shards"] == 1
+    _assert_same_data(copy, reference_run)

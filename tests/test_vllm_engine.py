@@ -292,6 +292,42 @@ def test_stop_strings_keep_text_and_tokens_consistent(engine: EngineHandle) -> N
         assert gen.finish_reason == "stop" and " " in gen.text
 
 
+def test_stop_token_ids_end_a_completion_like_eos(engine: EngineHandle) -> None:
+    """A prompt format's end of turn (``<|im_end|>``) is not every model's EOS: a request's
+    stop tokens end its completion there, the token kept, as vLLM keeps EOS."""
+    free = engine.generate([req(p, sampling=GREEDY) for p in PROMPTS])
+    cut = [(i, g.completion_token_ids[2]) for i, g in enumerate(free)
+           if len(g.completion_token_ids) > 4]
+    assert cut, "the random model runs past 4 tokens on some prompt"
+    for i, stop in cut:
+        request = GenerationRequest(f"stop-{next(_ids)}", PROMPTS[i], 0, None, GREEDY,
+                                    stop_token_ids=(stop,))
+        (gen,) = engine.generate([request])
+        first = free[i].completion_token_ids.index(stop)
+        assert gen.completion_token_ids == free[i].completion_token_ids[:first + 1]
+        assert gen.finish_reason == "stop" and gen.stop_reason == stop
+        assert len(gen.completion_logprobs) == len(gen.completion_token_ids)
+
+
+def test_kv_cache_capacity_is_known_and_checked_against_the_run(engine: EngineHandle) -> None:
+    """vLLM sizes its KV cache at the start (on the CPU from kv_cache_gib: 0.25 GiB of float32
+    K and V for 2 layers of 2 KV heads of dim 32 is 262,144 tokens); a run whose concurrent
+    completions may need more is told what to change."""
+    from ub.run.play import kv_cache_problem
+
+    capacity = engine.engine.kv_cache_tokens
+    assert capacity is not None
+    assert 0.9 * 262_144 <= capacity <= 262_144
+    assert kv_cache_problem(capacity, 64, 16) is None
+    problem = kv_cache_problem(capacity, 128, 4096)
+    assert problem is not None and "\n" not in problem
+    assert f"holds {capacity:,} tokens" in problem and "need 524,288" in problem
+    for setting in ("engine.max_num_seqs", "rollout.concurrency", "engine.kv_cache_gib",
+                    "engine.gpu_memory_utilization", "sampling.max_tokens"):
+        assert setting in problem
+    assert f"to about {capacity // 4096}," in problem
+
+
 def test_request_errors(engine: EngineHandle) -> None:
     with pytest.raises(UbError, match=r"does not fit engine.max_model_len 1024"):
         engine.submit(req([5] * 1024))
@@ -458,18 +494,80 @@ def test_config_errors() -> None:
 def test_configure_environment_keeps_user_values(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    for name in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CACHE_ROOT", "HF_HUB_OFFLINE"):
+    for name in ("VLLM_CPU_OMP_THREADS_BIND", "VLLM_CACHE_ROOT", "HF_HUB_OFFLINE",
+                 "VLLM_ENABLE_V1_MULTIPROCESSING"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "3")
     configure_vllm_environment(cache_dir=tmp_path)
     assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "3"
     assert os.environ["VLLM_CACHE_ROOT"] == str(tmp_path.resolve() / "vllm")
     assert os.environ["VLLM_CPU_OMP_THREADS_BIND"][0].isdigit()
-    assert os.environ["HF_HUB_OFFLINE"] == "1"
-    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    # Per engine, not per process: the platform's and the model's (test below).
+    assert "HF_HUB_OFFLINE" not in os.environ
+    assert "VLLM_ENABLE_V1_MULTIPROCESSING" not in os.environ
     configure_vllm_environment(threads="0")  # a later call may change its own earlier choice
     assert os.environ["VLLM_CPU_OMP_THREADS_BIND"] == "0"
     assert os.environ["VLLM_CPU_KVCACHE_SPACE"] == "3"
+
+
+def test_the_engine_process_and_offline_mode_are_decided_per_platform_and_model(
+        engine: EngineHandle, model_dir: Path) -> None:
+    """The CPU runs vLLM in-process (fast start, less memory, no cores to gain) and filters
+    its start's known noise; a GPU keeps vLLM's engine process (GPU work overlaps the
+    caller's CPU work) and nothing is held from its output (the child process would inherit
+    the held stderr for life). Offline only for a local model folder."""
+    import contextlib
+
+    from ub.inference.engine import start_output_filter
+    from ub.inference.environment import engine_env_defaults
+
+    assert engine_env_defaults(True, str(model_dir)) == {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1"}
+    assert engine_env_defaults(False, str(model_dir)) == {"HF_HUB_OFFLINE": "1"}
+    assert engine_env_defaults(True, "Qwen/Qwen3-1.7B-Base") == {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    assert engine_env_defaults(False, "Qwen/Qwen3-1.7B-Base") == {}
+    # This CPU engine's start applied them.
+    assert os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0"
+    assert os.environ["HF_HUB_OFFLINE"] == "1"
+    assert not isinstance(start_output_filter(True), contextlib.nullcontext)
+    assert isinstance(start_output_filter(False), contextlib.nullcontext)
+
+
+def _fd2_output(block, capfd: pytest.CaptureFixture) -> bytes:
+    """What ``block`` writes to file descriptor 2 (the real one, as native code writes)."""
+    import tempfile
+
+    with capfd.disabled(), tempfile.TemporaryFile() as out:
+        saved = os.dup(2)
+        os.dup2(out.fileno(), 2)
+        try:
+            block()
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+        out.seek(0)
+        return out.read()
+
+
+def test_a_failed_starts_output_comes_through_whole(capfd: pytest.CaptureFixture) -> None:
+    """The start filter drops the known noise from a good start's output, and drops nothing
+    from a failed one's: what led to the failure is not noise."""
+    from ub.inference.noise import NATIVE_NOISE, filtered_stderr
+
+    noise = NATIVE_NOISE[0] + b"\n"
+
+    def good_start() -> None:
+        with filtered_stderr(NATIVE_NOISE):
+            os.write(2, noise + b"a real warning\n")
+
+    def failed_start() -> None:
+        with pytest.raises(RuntimeError), filtered_stderr(NATIVE_NOISE):
+            os.write(2, noise + b"why it failed\n")
+            raise RuntimeError("start failed")
+
+    assert _fd2_output(good_start, capfd) == b"a real warning\n"
+    assert _fd2_output(failed_start, capfd) == noise + b"why it failed\n"
 
 
 def test_a_worker_reuses_its_engine_then_replaces_it(engine, model_dir: Path) -> None:

@@ -68,6 +68,18 @@ def assign_games(
     return out
 
 
+def prompt_problem(prompt_tokens: int, max_model_len: int, max_tokens: int) -> str | None:
+    """Why a prompt of ``prompt_tokens`` cannot get a whole completion of up to ``max_tokens``
+    within the engine's context, or ``None``."""
+    room = max_model_len - prompt_tokens
+    if room >= max_tokens:
+        return None
+    return (f"prompt of {prompt_tokens} tokens leaves {max(room, 0)} of engine.max_model_len "
+            f"{max_model_len} for a completion of up to sampling.max_tokens {max_tokens}: raise "
+            "engine.max_model_len, lower sampling.max_tokens, or shorten the game "
+            "(max_turns)")
+
+
 @dataclass
 class RolloutStats:
     """Counters of one rollout, for summaries and throughput figures."""
@@ -157,7 +169,7 @@ class RolloutRunner:
         self.prefix = game_id_prefix or f"{run or 'play'}-r{round_:06d}"
         self.progress = progress
         self.stats = RolloutStats()
-        self._max_prompt = (engine.config.max_model_len - 1) if engine is not None else 0
+        self._end_tokens: dict[str, tuple[int, ...]] = {}  # template name -> its end of turn
         self._step_rows: list[dict] = []
         self._game_rows: list[dict] = []
         self._queue = deque(self.assignments)
@@ -264,22 +276,31 @@ class RolloutRunner:
         engine = self._model_engine()
         prompt = template.render(g.observation, engine.tokenizer)
         ids = engine.tokenizer.encode(prompt)
-        if len(ids) > self._max_prompt:
-            g.fail(ValueError(
-                f"prompt of {len(ids)} tokens does not fit engine.max_model_len "
-                f"{engine.config.max_model_len}"
-            ))
+        problem = prompt_problem(len(ids), engine.config.max_model_len, self._max_tokens(engine))
+        if problem:
+            # vLLM would cut the completion at the context's end, and the cut answer would be
+            # scored as an invalid move: the game is stopped instead (errored games are not
+            # trained on), saying why.
+            g.fail(ValueError(problem))
             return False
+        if template.name not in self._end_tokens:
+            self._end_tokens[template.name] = template.end_token_ids(engine.tokenizer)
         seed = derive_seed(self.base_seed, self.seed_scope, item.assignment.game_index, g.turn,
                            "sample")
         request_id = f"{g.game_id}-t{g.turn}"
-        request = GenerationRequest(request_id, ids, seed, actor.adapter, self.sampling)
+        request = GenerationRequest(request_id, ids, seed, actor.adapter, self.sampling,
+                                    stop_token_ids=self._end_tokens[template.name])
         engine.submit(request)
         self._waiting[request_id] = (item, {
             "template": template.name, "prompt": prompt, "prompt_token_ids": ids,
             "sampling_seed": seed, "submitted": time.perf_counter(),
         })
         return True
+
+    def _max_tokens(self, engine: InferenceEngine) -> int:
+        """The completion budget of this rollout's model turns."""
+        sampling = self.sampling or getattr(engine, "sampling", None)
+        return sampling.max_tokens if sampling is not None else 1
 
     def _receive_model(self) -> None:
         """One engine step: apply every finished completion to its game, in the engine's order."""

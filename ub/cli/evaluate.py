@@ -69,7 +69,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         if name == "expert":
             from ub.actors.expert import check_expert_supports
 
-            for env_id in envs or config.eval.envs or [e.env_id for e in config.envs]:
+            for env_id in envs or config.eval.env_ids or [e.env_id for e in config.envs]:
                 check_expert_supports(env_id)
     with RunLock(paths.lock):
         custom = opponents is not None or envs is not None or args.games is not None

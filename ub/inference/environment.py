@@ -56,17 +56,17 @@ def configure_vllm_environment(cache_dir: Path | None = None, threads: str | Non
 
 
 def env_defaults(cache_dir: Path | None, threads: str | None) -> dict[str, str]:
+    """ub's defaults for every platform (those that depend on the platform and the model are
+    :func:`engine_env_defaults`'s, applied when the engine starts)."""
     defaults = {
-        # In-process engine: starts in seconds instead of ~30 s and uses ~1 GB less memory.
-        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         # Without an explicit KV cache size vLLM-CPU wants a fraction of *total* RAM and refuses to
         # start when that much is not free. The engine passes EngineConfig.kv_cache_gib instead.
         "VLLM_CPU_KVCACHE_SPACE": "1",
         "VLLM_CPU_OMP_THREADS_BIND": threads or all_cores(),
-        # Quiet and offline: no usage reporting, no hub look-ups, no tokenizer fork warnings.
+        # Quiet: no usage reporting, no tokenizer fork warnings. (Offline only for a local
+        # model folder: engine_env_defaults.)
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
-        "HF_HUB_OFFLINE": "1",
         "TOKENIZERS_PARALLELISM": "false",
         # vLLM logs dozens of INFO lines per start; warnings and errors still show.
         "VLLM_LOGGING_LEVEL": "WARNING",
@@ -82,6 +82,32 @@ def env_defaults(cache_dir: Path | None, threads: str | None) -> dict[str, str]:
     }
     if cache_dir is not None:
         defaults["VLLM_CACHE_ROOT"] = str(Path(cache_dir).expanduser().resolve() / "vllm")
+    return defaults
+
+
+ENGINE_DEFAULTS = ("VLLM_ENABLE_V1_MULTIPROCESSING", "HF_HUB_OFFLINE")
+"""The variables :func:`engine_env_defaults` decides per engine: ub's values of them belong to
+the process whose engine they were set for (another process's platform or model may differ)."""
+
+
+def engine_env_defaults(on_cpu: bool, model: str) -> dict[str, str]:
+    """ub's defaults that depend on the platform and the model, set when an engine starts
+    (vLLM reads them then; it reads its ``VLLM_*`` variables lazily).
+
+    - On the CPU the engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): it
+      starts in 3-5 s instead of 25-30 s and takes ~1 GB less memory, and a separate engine
+      process would gain nothing, since it competes for the same few cores. On a GPU vLLM's
+      own default stays: its engine core in a process of its own, which schedules and runs
+      the model on the GPU while this process detokenizes and steps the games, so CPU work
+      overlaps GPU work; a second process costs little next to a GPU model's start.
+    - ``HF_HUB_OFFLINE=1`` when the model is a local folder (the tiny model, a folder, or a
+      hub model's snapshot fetched by :func:`ub.model.hub.local_model`): nothing about it is
+      on the hub, and a machine without network must not wait on look-ups. A hub id left
+      as it is (``ub play --model ORG/NAME``) stays online: vLLM downloads it.
+    """
+    defaults = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"} if on_cpu else {}
+    if Path(model).expanduser().is_dir():
+        defaults["HF_HUB_OFFLINE"] = "1"
     return defaults
 
 
@@ -119,11 +145,12 @@ def vllm_server_environment(cache_dir: Path | None = None) -> dict[str, str]:
     """The environment for a vLLM server process (``ub serve``): this process's, plus ub's
     defaults (:func:`configure_vllm_environment`) where the user set nothing.
 
-    Three of ub's defaults are left out: the KV cache size, as the engine leaves it out at its
+    Two of ub's defaults are left out: the KV cache size, as the engine leaves it out at its
     start (the server gets ``kv_cache_memory_bytes`` from
     :func:`ub.inference.patches.vllm_engine_args`, which our whole-GiB default would override),
-    the in-process switch (vLLM's server always runs its engine in a process of its own; the
-    switch would only add a warning) and the logging switch (the server's output is vLLM's).
+    and the logging switch (the server's output is vLLM's). The in-process switch is not
+    passed either (vLLM's server always runs its engine in a process of its own; the switch
+    would only add a warning).
     """
     env = dict(os.environ)
     for name, value in env_defaults(cache_dir, None).items():

@@ -46,8 +46,9 @@ NATIVE_NOISE = (
 @contextlib.contextmanager
 def filtered_stderr(drop: tuple[bytes, ...]) -> Iterator[None]:
     """Hold what is written to file descriptor 2 during the block (native code included) and
-    pass it on afterwards, in order, without the lines that contain any of ``drop``. Only for
-    the in-process engine start: a child process started inside would keep the held file."""
+    pass it on afterwards, in order, without the lines that contain any of ``drop``; when the
+    block fails, all of it (what led to a failure is not noise). Only for the in-process
+    engine start: a child process started inside would keep the held file."""
     import sys
     import tempfile
 
@@ -62,15 +63,17 @@ def filtered_stderr(drop: tuple[bytes, ...]) -> Iterator[None]:
     saved = os.dup(fd)
     with tempfile.TemporaryFile() as held:
         os.dup2(held.fileno(), fd)
+        failed = True
         try:
             yield
+            failed = False
         finally:
             sys.stderr.flush()
             os.dup2(saved, fd)
             os.close(saved)
             held.seek(0)
             kept = [line for line in held.read().splitlines(keepends=True)
-                    if not any(pattern in line for pattern in drop)]
+                    if failed or not any(pattern in line for pattern in drop)]
             data = b"".join(kept)
             while data:  # (os.write may take part of it)
                 data = data[os.write(fd, data):]

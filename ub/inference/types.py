@@ -109,6 +109,8 @@ class GenerationRequest:
             (taken modulo 2**63, vLLM's range).
         adapter: path of a PEFT LoRA adapter directory, or ``None`` for the base model.
         sampling: overrides the engine's default :class:`SamplingConfig` for this request.
+        stop_token_ids: tokens that end the completion besides the model's EOS (e.g. the
+            prompt format's end of turn), kept in it like EOS.
     """
 
     request_id: str
@@ -116,6 +118,7 @@ class GenerationRequest:
     seed: int
     adapter: str | None = None
     sampling: SamplingConfig | None = None
+    stop_token_ids: tuple[int, ...] = ()
 
 
 @dataclass

@@ -15,8 +15,9 @@ if TYPE_CHECKING:
     from vllm.outputs import RequestOutput
 
 
-def sampling_params(sampling: SamplingConfig, seed: int) -> SamplingParams:
-    """vLLM's sampling parameters for one seeded request."""
+def sampling_params(sampling: SamplingConfig, seed: int,
+                    stop_token_ids: tuple[int, ...] = ()) -> SamplingParams:
+    """vLLM's sampling parameters for one seeded request (ending at ``stop_token_ids`` too)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -25,6 +26,7 @@ def sampling_params(sampling: SamplingConfig, seed: int) -> SamplingParams:
         top_p=sampling.top_p,
         max_tokens=sampling.max_tokens,
         stop=list(sampling.stop) or None,
+        stop_token_ids=list(stop_token_ids) or None,
         include_stop_str_in_output=True,
         # vLLM only needs its incremental detokenizer to find stop strings; the text is decoded
         # once per finished completion instead (see generation_from).

@@ -11,6 +11,15 @@ The normalizer (Dr. GRPO): every loss is a *sum* over completion tokens divided 
 by a sequence's own length or by the micro-batch size. Long and short completions then weigh
 the same per token, and the micro-batch losses add up to the full-batch loss, so gradient
 accumulation gives the full-batch gradient whatever the micro-batching.
+
+Truncated importance sampling (``tis_cap`` of ``reinforce`` and ``ppo``): vLLM samples with its
+own kernels (bf16 on a GPU), the learner scores with transformers, and the two disagree on a
+token's probability. Each token's loss is weighted by ``min(exp(logp_old - logp_behaviour),
+tis_cap)``, detached: the learner's probability at the weights the update started from over the
+sampler's, capped so that one token the sampler found unlikely cannot dominate the update (Yao
+et al. 2025, "Your efficient RL framework secretly brings you off-policy RL training"). Where
+the two agree (the CPU: vLLM and the learner both float32, ratios within ~1e-6 of 1) the
+weight is 1 and nothing changes.
 """
 
 from __future__ import annotations
@@ -36,6 +45,8 @@ class TokenBatch:
     :param advantages: (N,) the advantage of the token's sequence.
     :param rows: (N,) the index of the token's sequence in the full batch.
     :param normalizer: ``B * L``: divide summed token terms by it (see the module docstring).
+    :param old_logprobs: (N,) the learner's logprob of the token at the weights the update
+        started from (no gradient); ``None``: ``logprobs`` are those (the update's first step).
     """
 
     logprobs: torch.Tensor
@@ -43,6 +54,11 @@ class TokenBatch:
     advantages: torch.Tensor
     rows: torch.Tensor
     normalizer: float
+    old_logprobs: torch.Tensor | None = None
+
+    def old(self) -> torch.Tensor:
+        """The learner's logprobs at the update's start, detached."""
+        return self.logprobs.detach() if self.old_logprobs is None else self.old_logprobs
 
 
 class Algorithm:
@@ -57,6 +73,9 @@ class Algorithm:
     # Rows whose advantage is exactly 0 get no gradient from a loss linear in the advantage;
     # the learner skips their forward pass unless this is True (e.g. a loss with a KL term).
     needs_zero_advantage_rows: ClassVar[bool] = False
+    # True: an update of several optimizer steps scores the batch once more at its start, for
+    # TokenBatch.old_logprobs (one step reads them from its own forward pass).
+    needs_old_logprobs: bool = False
 
     def prepare(self, batch: TrainBatch, rng: random.Random) -> TrainBatch:
         """Called once per update with the whole batch, before micro-batching.
@@ -72,9 +91,37 @@ class Algorithm:
 
         :returns: ``(loss, stats)``: ``loss`` a scalar, a sum over the tokens divided by
             ``tokens.normalizer``; ``stats`` detached scalars, each a **sum over the tokens**
-            (the learner adds them over micro-batches and reports ``sum / completion tokens``).
+            (the learner adds them over micro-batches and reports ``sum / completion tokens``),
+            except keys ending in ``_max``: a maximum over the tokens (reported as it is).
         """
         raise NotImplementedError
+
+
+DEFAULT_TIS_CAP = 2.0
+"""The default cap of the truncated importance weight (the value of Yao et al.'s experiments):
+a token's weight never exceeds 2, and a ratio of ~1 (sampler and learner agree) is untouched."""
+
+
+def check_tis_cap(cap: float | None) -> None:
+    if cap is not None and not cap >= 1:
+        raise ValueError(f"tis_cap must be >= 1 (a cap below 1 would also shrink the tokens "
+                         f"sampler and learner agree on) or null (no correction), got {cap}")
+
+
+def truncated_importance_weights(tokens: TokenBatch, cap: float | None
+                                 ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Per token, ``min(exp(logp_old - logp_behaviour), cap)`` (detached), and its statistics:
+    ``tis_ratio_mean`` and ``tis_ratio_max`` of the uncapped ratio, ``tis_capped_fraction``.
+    ``cap`` ``None``: weights of 1 and no statistics (no correction)."""
+    if cap is None:
+        return torch.ones_like(tokens.logprobs), {}
+    with torch.no_grad():
+        ratio = (tokens.old() - tokens.behaviour_logprobs).exp()
+        capped = ratio > cap
+        stats = {"tis_ratio_mean": ratio.sum(),
+                 "tis_ratio_max": ratio.max() if ratio.numel() else ratio.new_zeros(()),
+                 "tis_capped_fraction": capped.float().sum()}
+        return ratio.clamp(max=cap), stats
 
 
 ALGORITHMS: dict[str, type[Algorithm]] = {}
@@ -127,14 +174,23 @@ def _algorithm_class(name: str) -> type[Algorithm]:
 class Reinforce(Algorithm):
     """Policy gradient: raise the logprob of tokens of positive-advantage completions.
 
-    ``loss = -sum_{b,t} A_b * logp_{b,t} * mask_{b,t} / (B * L)``
+    ``loss = -sum_{b,t} w_{b,t} * A_b * logp_{b,t} * mask_{b,t} / (B * L)``, with ``w`` the
+    truncated importance weight ``min(exp(logp_old - logp_behaviour), tis_cap)`` (detached).
+
+    :param tis_cap: the cap of ``w`` (>= 1); ``None``: ``w = 1``, no correction.
     """
 
     name = "reinforce"
 
+    def __init__(self, tis_cap: float | None = DEFAULT_TIS_CAP) -> None:
+        check_tis_cap(tis_cap)
+        self.tis_cap = tis_cap
+        self.needs_old_logprobs = tis_cap is not None
+
     def loss(self, tokens: TokenBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        loss = -(tokens.advantages * tokens.logprobs).sum() / tokens.normalizer
-        return loss, {}
+        weights, stats = truncated_importance_weights(tokens, self.tis_cap)
+        loss = -(weights * tokens.advantages * tokens.logprobs).sum() / tokens.normalizer
+        return loss, stats
 
 
 # --------------------------------------------------------------------------------------------
@@ -144,42 +200,58 @@ class Reinforce(Algorithm):
 
 @register_algorithm
 class PPO(Algorithm):
-    """PPO's clipped surrogate, per token, with the Dr. GRPO normalizer.
+    """PPO's clipped surrogate, per token, with the Dr. GRPO normalizer, and truncated
+    importance sampling against the sampler (decoupled PPO).
 
-    ``r = exp(logp - logp_behaviour)``;
-    ``loss = -sum min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A) * mask / (B * L)``.
+    ``r = exp(logp - logp_old)`` (the trust region is around the learner at the update's
+    start); ``w = min(exp(logp_old - logp_behaviour), tis_cap)`` (detached);
+    ``loss = -sum w * min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A) * mask / (B * L)``.
+    Without the correction (``tis_cap: null``) ``logp_old`` is the sampler's: ``r`` is the
+    ratio to the behaviour policy and ``w = 1``, PPO as first written. With it, a token the
+    sampler found much less likely than the learner does weighs at most ``tis_cap`` times its
+    advantage: the unclipped branch of a negative advantage is bounded.
 
     :param clip_eps: ``eps_low``, and ``eps_high`` unless that is given.
     :param clip_eps_high: upper clip range (``> clip_eps`` is DAPO's "clip higher", which
         lets unlikely tokens with positive advantage grow faster); ``None``: ``clip_eps``.
+    :param tis_cap: the cap of ``w`` (>= 1); ``None``: no correction.
     """
 
     name = "ppo"
 
-    def __init__(self, clip_eps: float = 0.2, clip_eps_high: float | None = None) -> None:
+    def __init__(self, clip_eps: float = 0.2, clip_eps_high: float | None = None,
+                 tis_cap: float | None = DEFAULT_TIS_CAP) -> None:
         if not 0 < clip_eps < 1:
             raise ValueError(f"clip_eps must be in (0, 1), got {clip_eps}")
         if clip_eps_high is not None and not clip_eps_high > 0:
             raise ValueError(f"clip_eps_high must be > 0, got {clip_eps_high}")
+        check_tis_cap(tis_cap)
         self.clip_low = clip_eps
         self.clip_high = clip_eps if clip_eps_high is None else clip_eps_high
+        self.tis_cap = tis_cap
+        self.needs_old_logprobs = tis_cap is not None
 
     def loss(self, tokens: TokenBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        log_ratio = tokens.logprobs - tokens.behaviour_logprobs
+        weights, stats = truncated_importance_weights(tokens, self.tis_cap)
+        old = tokens.behaviour_logprobs if self.tis_cap is None else tokens.old()
+        log_ratio = tokens.logprobs - old
         ratio = log_ratio.exp()
         unclipped = ratio * tokens.advantages
         clipped = ratio.clamp(1 - self.clip_low, 1 + self.clip_high) * tokens.advantages
         # The pessimistic bound: a token stops pushing once its ratio left the trust region in
         # the direction its advantage favours.
-        loss = -torch.minimum(unclipped, clipped).sum() / tokens.normalizer
+        loss = -(weights * torch.minimum(unclipped, clipped)).sum() / tokens.normalizer
         with torch.no_grad():
             outside = (ratio < 1 - self.clip_low) | (ratio > 1 + self.clip_high)
-            stats = {
+            to_behaviour = tokens.logprobs - tokens.behaviour_logprobs
+            stats.update({
                 "ratio_mean": ratio.sum(),
                 "clip_fraction": outside.float().sum(),
-                # k3 estimator of KL(behaviour || current): unbiased, always >= 0.
-                "approx_kl": ((ratio - 1) - log_ratio).sum(),
-            }
+                # k3 estimator of KL(behaviour || current): unbiased, always >= 0. Against the
+                # sampler, whatever the trust region's centre: how far the learner has moved
+                # from what played the games.
+                "approx_kl": (to_behaviour.exp() - 1 - to_behaviour).sum(),
+            })
         return loss, stats
 
 

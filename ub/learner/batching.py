@@ -30,6 +30,9 @@ class TrainBatch:
         logprob of token ``input_ids[b, t]``; 0 elsewhere.
     :param advantages: (B,) float, one per sequence.
     :param lengths: (B,) int64, real (non-padding) tokens per row.
+    :param old_logprobs: (B, T) float or ``None``: like ``behaviour_logprobs``, the learner's
+        own logprobs at the weights an update of several steps started from (the learner
+        fills them in; the algorithms' importance weights and trust region use them).
     """
 
     input_ids: torch.Tensor
@@ -37,6 +40,7 @@ class TrainBatch:
     behaviour_logprobs: torch.Tensor
     advantages: torch.Tensor
     lengths: torch.Tensor
+    old_logprobs: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -82,6 +86,7 @@ class TrainBatch:
             behaviour_logprobs=self.behaviour_logprobs[index, :width],
             advantages=self.advantages[index],
             lengths=self.lengths[index],
+            old_logprobs=None if self.old_logprobs is None else self.old_logprobs[index, :width],
         )
 
 

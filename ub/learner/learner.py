@@ -121,11 +121,7 @@ class Learner(LearnerState):
         # the batch loss whatever the grouping.
         normalizer = float(rows_total * config.length_normalizer)
 
-        has_tokens = batch.completion_mask[:, 1:].sum(1) > 0
-        # A KL penalty trains every row: a zero advantage still has a divergence to pay.
-        if not (self.algorithm.needs_zero_advantage_rows or config.kl_coef):
-            has_tokens &= batch.advantages != 0
-        rows = torch.nonzero(has_tokens).flatten().tolist()
+        rows = self._rows_to_train(batch)
         lengths = batch.lengths.tolist()
         groups = plan_micro_batches([lengths[r] for r in rows], self.micro_batch_tokens(),
                                     config.micro_batch_size)
@@ -161,8 +157,8 @@ class Learner(LearnerState):
         sums_host = {k: float(v) for k, v in totals.items()}
         completion_tokens = int(sums_host.pop("completion_tokens", 0))
         metrics: dict[str, Any] = {"loss": float(per_micro_batch.sum()) if losses else 0.0}
-        metrics.update({k: v / completion_tokens if completion_tokens else 0.0
-                        for k, v in sums_host.items()})
+        metrics.update({k: v if _is_max(k) else v / completion_tokens if completion_tokens
+                        else 0.0 for k, v in sums_host.items()})
         metrics.update(
             logprob_abs_diff_max=float(tally.diff_max),
             rows=rows_total,
@@ -176,6 +172,38 @@ class Learner(LearnerState):
             normalizer=normalizer,
         )
         return metrics
+
+    def _rows_to_train(self, batch: TrainBatch) -> list[int]:
+        """The rows an update trains: those with completion tokens and, for a loss linear in
+        the advantage, a nonzero advantage (the others carry no gradient)."""
+        has_tokens = batch.completion_mask[:, 1:].sum(1) > 0
+        # A KL penalty trains every row: a zero advantage still has a divergence to pay.
+        if not (self.algorithm.needs_zero_advantage_rows or self.config.kl_coef):
+            has_tokens &= batch.advantages != 0
+        return torch.nonzero(has_tokens).flatten().tolist()
+
+    def _with_old_logprobs(self, batch: TrainBatch) -> TrainBatch:
+        """``batch`` with ``old_logprobs``: the learner's logprob of each completion token at
+        the weights the update starts from. An update of several optimizer steps measures its
+        later steps' trust region and importance weights against them (its first step, and a
+        one-step update, read them from their own forward pass). No gradient, no dropout; on
+        data-parallel ranks each scores a share of the rows and they exchange them."""
+        rank, world = rank_and_world()
+        rows = self._rows_to_train(batch)
+        old = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        mine = rows[rank::world]
+        parts: list[tuple[list[int], torch.Tensor]] = []
+        if mine:
+            part = batch.select(mine)
+            # A no-grad pass holds far less than a training micro-batch: that many tokens fit.
+            budget = self.micro_batch_tokens() or part.input_ids.numel()
+            per_pass = max(1, budget // int(part.lengths.max()))
+            parts.append((mine, self.token_logprobs(part, micro_batch_size=per_pass)))
+        if world > 1:
+            parts = [p for rank_parts in gather(parts) for p in rank_parts]
+        for part_rows, values in parts:
+            old[part_rows, :values.shape[1]] = values
+        return dataclasses.replace(batch, old_logprobs=old)
 
     def _accumulate_fitting(self, batch: Any) -> dict[str, Any]:
         """:meth:`_accumulate`; after an out-of-memory error, again at half the micro-batch
@@ -244,6 +272,8 @@ class Learner(LearnerState):
             advantages=mb.advantages.to(self.device)[:, None].expand_as(scored)[scored].float(),
             rows=row_ids[scored],
             normalizer=normalizer,
+            old_logprobs=None if mb.old_logprobs is None
+            else mb.old_logprobs[:, 1:].to(self.device)[scored].float(),
         )
         loss, stats = self.algorithm.loss(token_batch)
         if self.config.kl_coef:
@@ -267,7 +297,10 @@ class Learner(LearnerState):
                 **stats,
             }
             for key, value in sums.items():
-                tally.totals[key] = tally.totals.get(key, 0.0) + value.detach().double()
+                value = value.detach().double()
+                known = tally.totals.get(key)
+                tally.totals[key] = value if known is None else (
+                    torch.maximum(known, value) if _is_max(key) else known + value)
             tally.diff_max = torch.maximum(
                 tally.diff_max, (logprobs.detach() - token_batch.behaviour_logprobs).abs().max())
 
@@ -288,8 +321,10 @@ class Learner(LearnerState):
 
         :returns: the update's metrics (JSON-able): ``loss``, ``grad_norm`` (before clipping),
             token means (``logprob_mean``, ``behaviour_logprob_mean``, ``entropy_mean`` and the
-            algorithm's, e.g. PPO's ``ratio_mean``, ``clip_fraction``, ``approx_kl``), counts
-            and timings. With several steps, float figures are means over the steps (plus
+            algorithm's, e.g. PPO's ``ratio_mean``, ``clip_fraction``, ``approx_kl``, and the
+            truncated importance weights' ``tis_ratio_mean``, ``tis_capped_fraction``),
+            maxima (``tis_ratio_max``, ``logprob_abs_diff_max``), counts and timings. With
+            several steps, float figures are means over the steps (maxima their maximum, plus
             ``grad_norm_max``) and counts are sums.
         :raises UbError: empty batch; :class:`NonFiniteError` for a NaN/inf loss or gradient,
             in which case nothing changed (weights, optimizer, RNG streams, update index), even
@@ -307,6 +342,8 @@ class Learner(LearnerState):
         try:
             with self._own_rng():
                 full = TrainBatch.from_batch(batch)
+                if steps > 1 and self.algorithm.needs_old_logprobs:
+                    full = self._with_old_logprobs(full)
                 first = self.update_index * steps  # optimizer steps taken since the cold start
                 per_step = [self._step(full if rows is None else full.select(rows), first + k)
                             for k, rows in enumerate(self._minibatch_rows(len(full)))]
@@ -419,6 +456,8 @@ def _combine_steps(per_step: list[dict[str, Any]]) -> dict[str, Any]:
         value = values[0]
         if isinstance(value, bool):
             out[key] = any(values)
+        elif isinstance(value, float) and _is_max(key):
+            out[key] = max(values)
         elif isinstance(value, int):
             out[key] = sum(values)
         elif isinstance(value, float):
@@ -437,11 +476,20 @@ def _merge_ranks(losses: list[torch.Tensor], totals: dict[str, torch.Tensor],
     merged: dict[str, torch.Tensor] = {}
     for _, sums, _, _, _ in parts:
         for key, value in sums.items():
-            merged[key] = merged.get(key, 0.0) + torch.tensor(value, dtype=torch.float64)
+            value = torch.tensor(value, dtype=torch.float64)
+            known = merged.get(key)
+            merged[key] = value if known is None else (
+                torch.maximum(known, value) if _is_max(key) else known + value)
     return ([torch.tensor(x) for part in parts for x in part[0]], merged,
             torch.tensor(max(part[2] for part in parts)), sum(part[3] for part in parts),
             sum(part[4] for part in parts))
 
+
+
+def _is_max(key: str) -> bool:
+    """An algorithm's statistic that is a maximum over tokens (and micro-batches, ranks and
+    steps), not a sum to be divided by the token count."""
+    return key.endswith("_max")
 
 
 def _peak_rss_mb() -> float:

@@ -136,8 +136,15 @@ def resolve_tiny_build(identity: dict[str, Any], *, verbose: bool = True) -> Pat
 
 def base_identity(base_model: str | os.PathLike[str]) -> dict[str, Any]:
     """The portable identity of a base model given as a local folder or a hub id."""
+    from ub.model.hub import hub_id_of_snapshot
+
     path = Path(base_model).expanduser()
     if path.is_dir():
+        # A hub model is loaded from its snapshot in this machine's Hugging Face cache
+        # (ub.model.hub.local_model): it is still that hub model.
+        hub_id = hub_id_of_snapshot(path.absolute())
+        if hub_id is not None:
+            return {"kind": "hub", "id": hub_id}
         return tiny_identity(path) or {"kind": "path", "path": str(path.resolve())}
     return {"kind": "hub", "id": str(base_model)}
 

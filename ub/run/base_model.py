@@ -13,13 +13,21 @@ from ub.run.layout import RunPaths, mark_run_format, read_json, write_json_atomi
 
 
 def resolve_base_model(config: TrainConfig) -> str:
-    """``tiny`` -> the locally built tiny model (built on first use, then cached)."""
+    """``tiny`` -> the locally built tiny model (built on first use, then cached); a folder ->
+    its absolute path; a hub id stays the id, and is fetched here, in the process that starts
+    the run, before any engine or learner (:func:`ub.model.hub.local_model`: each Ray
+    worker's process makes sure of its own copy, which on this machine it finds)."""
     if config.model.base == "tiny":
         from ub.model.tiny import build_tiny_model
 
         return str(build_tiny_model(seed=config.model.tiny_seed))
     path = Path(config.model.base).expanduser()
-    return str(path.absolute()) if path.exists() else config.model.base
+    if path.exists():
+        return str(path.absolute())
+    from ub.model.hub import local_model
+
+    local_model(config.model.base)
+    return config.model.base
 
 
 def recorded_base_model(paths: RunPaths) -> dict[str, Any] | None:

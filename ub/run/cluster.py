@@ -85,9 +85,14 @@ def rollout_worker(run: Any, shard: int) -> int:
 
 
 def forwarded_environment() -> dict[str, str]:
-    """The flow process's settings that its Ray workers need (see ``FORWARDED_PREFIXES``)."""
+    """The flow process's settings that its Ray workers need (see ``FORWARDED_PREFIXES``),
+    without ub's per-engine defaults of this process (a worker's engine decides its own: its
+    platform and model folder may differ, e.g. GPU workers of a CPU driver)."""
+    from ub.inference.environment import ENGINE_DEFAULTS, SET_BY_UB
+
     return {k: v for k, v in os.environ.items()
-            if k.startswith(FORWARDED_PREFIXES) or k in FORWARDED_NAMES}
+            if (k.startswith(FORWARDED_PREFIXES) or k in FORWARDED_NAMES)
+            and not (k in ENGINE_DEFAULTS and SET_BY_UB.get(k) == v)}
 
 
 def ray_init_kwargs(api_url: str | None) -> dict[str, Any]:
@@ -148,6 +153,11 @@ def start_workers(run: Any) -> list[Any]:
     roles = [("rollout", i, cluster.rollout) for i in range(cluster.rollout_workers)]
     roles += [("learner", i, cluster.learner) for i in range(cluster.learner_workers)]
     check_fits(roles, ray.cluster_resources())
+    if run.config.rollout.shards < cluster.rollout_workers:
+        log.warning("rollout.shards %d < cluster.rollout_workers %d: %d engine(s) idle every "
+                    "round; set rollout.shards to a multiple of %d", run.config.rollout.shards,
+                    cluster.rollout_workers, cluster.rollout_workers - run.config.rollout.shards,
+                    cluster.rollout_workers)
     handles = []
     for role, index, resources in roles:
         handles.append(worker_class.options(
@@ -168,7 +178,19 @@ def start_workers(run: Any) -> list[Any]:
 
 
 def check_fits(roles: list[tuple[str, int, Any]], available: dict[str, float]) -> None:
-    """Refuse workers the cluster can never hold at once (Ray would wait for them forever)."""
+    """Refuse workers the cluster can never hold at once (Ray would wait for them forever), and
+    workers without a GPU on a cluster that has GPUs: Ray hides no GPU from a worker that asked
+    for none, so every engine and learner would see them all and run on GPU 0 while the others
+    idle."""
+    gpus = available.get("GPU", 0.0)
+    for role in ("rollout", "learner"):
+        if gpus and any(r == role and not res.num_gpus for r, _, res in roles):
+            raise UbError(
+                f"the Ray cluster has {gpus:g} GPUs, but the run's {role} workers ask for none "
+                f"(cluster.{role}.num_gpus: 0): each would see every GPU and run on GPU 0 while "
+                "the others idle. Give each worker its GPU: cluster.rollout.num_gpus: 1 and "
+                "cluster.learner.num_gpus: 1 (0.5: two workers share one), as the GPU presets "
+                "do")
     for key, field in (("CPU", "num_cpus"), ("GPU", "num_gpus")):
         wanted = sum(getattr(resources, field) for _, _, resources in roles)
         if wanted > available.get(key, 0.0) + 1e-9:

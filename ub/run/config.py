@@ -179,7 +179,7 @@ def _check_sections(config: TrainConfig, source: str) -> None:
             check_env_id(env.env_id)
         except UbError as exc:
             raise fail(f"envs.{i}", str(exc)) from None
-    for env_id in config.eval.envs or []:
+    for env_id in config.eval.env_ids or []:
         try:
             check_env_id(env_id)
         except UbError as exc:
@@ -202,7 +202,7 @@ def _check_sections(config: TrainConfig, source: str) -> None:
 
     train_envs = [e.env_id for e in config.envs]
     seated = [("opponents", config.opponent_config().fixed_names(), train_envs),
-              ("eval.opponents", config.eval.opponents, config.eval.envs or train_envs)]
+              ("eval.opponents", config.eval.opponents, config.eval.env_ids or train_envs)]
     for field, names, env_ids in seated:
         for name in names:
             try:

@@ -19,11 +19,12 @@ from typing import Any
 
 import annotated_types
 import yaml
-from pydantic import BaseModel
+from pydantic import BaseModel, TypeAdapter
 from pydantic.fields import FieldInfo
 
 from ub.errors import UbError
 from ub.run.schema import TrainConfig
+from ub.run.sections import is_execution
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 REGENERATE = "python -m ub.run.config_docs --write"
@@ -43,6 +44,17 @@ def _model_of(annotation: Any) -> tuple[type[BaseModel] | None, bool]:
         if isinstance(item, type) and issubclass(item, BaseModel):
             return item, True
     return None, False
+
+
+def _section_in(annotation: Any) -> type[BaseModel] | None:
+    """The section class among the item types of a list field such as ``list[str | Model] |
+    None``, or ``None``."""
+    for arg in typing.get_args(annotation):
+        if typing.get_origin(arg) is list:
+            for item in typing.get_args(typing.get_args(arg)[0]) or typing.get_args(arg):
+                if isinstance(item, type) and issubclass(item, BaseModel):
+                    return item
+    return None
 
 
 def type_text(annotation: Any) -> str:
@@ -110,8 +122,30 @@ def sections(model: type[BaseModel] = TrainConfig, path: str = ""
     yield path, model
     for name, info in model.model_fields.items():
         child, many = _model_of(info.annotation)
+        if child is None:  # a list whose items may be sections (eval.envs: ids or entries)
+            child, many = _section_in(info.annotation), True
         if child is not None:
             yield from sections(child, f"{path}.{name}".lstrip(".") + ("[]" if many else ""))
+
+
+FREE_NOTE = "(may change on resume)"
+"""Said of a setting of how the work is executed (:data:`ub.run.sections.EXECUTION`)."""
+
+
+def free_sections(model: type[BaseModel] = TrainConfig, path: str = "",
+                  free: bool = False) -> Iterator[str]:
+    """The dotted paths of the sections whose every key may change on resume (those under an
+    execution field, e.g. ``cluster``, ``cluster.rollout``)."""
+    if free and path:
+        yield path
+    for name, info in model.model_fields.items():
+        child, many = _model_of(info.annotation)
+        if child is None:
+            child, many = _section_in(info.annotation), True
+        if child is not None:
+            yield from free_sections(child, f"{path}.{name}".lstrip(".") + ("[]" if many
+                                                                            else ""),
+                                     free or is_execution(info))
 
 
 def _markdown_text(docstring: str) -> str:
@@ -133,10 +167,19 @@ def markdown() -> str:
            "default and meaning. Types are strict: `true` is not a count and `2.0` is not an "
            "`int`. `ub config show PRESET|FILE|RUN` prints a resolved config with these "
            "meanings as comments. The presets are in `ub/presets/`; how a run uses the "
-           "settings is in [training.md](training.md).", ""]
+           "settings is in [training.md](training.md).", "",
+           "A run's settings are locked when it starts, except those of how its work is "
+           f"executed, marked \"{FREE_NOTE}\" (and whole sections said so): memory, batching, "
+           "kernels and where the work runs. They change nothing in the run's games or "
+           "adapters beyond float summation order, so `ub train CONFIG --run NAME` may resume "
+           "a run with other values; each round's manifest records those it ran with "
+           "(`execution`).", ""]
+    free = set(free_sections())
     for path, model in sections():
         title = f"`{path}`" if path else "Top level"
         doc = _markdown_text(model.__doc__ or "")
+        if path in free:
+            doc += " Every key here may change on resume."
         out += [f"## {title}", "", doc, "", "| key | type | default | meaning |",
                 "| --- | --- | --- | --- |"]
         for name, info in model.model_fields.items():
@@ -144,8 +187,11 @@ def markdown() -> str:
             kind = type_text(info.annotation)
             if bounds := constraint_text(info):
                 kind += f", {bounds}"
+            meaning = info.description or ""
+            if is_execution(info) and path not in free:
+                meaning += f" {FREE_NOTE}"
             out.append(f"| `{key}` | {_cell(kind)} | `{_cell(default_text(info))}` | "
-                       f"{_cell(info.description or '')} |")
+                       f"{_cell(meaning)} |")
         out.append("")
     return "\n".join(out)
 
@@ -161,15 +207,36 @@ def _comment(text: str, indent: int) -> list[str]:
                          subsequent_indent=f"{pad}# ")
 
 
-def _lines(model: BaseModel, indent: int, comments: bool = True) -> list[str]:
+def _eval_formats(config: TrainConfig, indent: int) -> list[str]:
+    """What prompt each eval env gets (:meth:`TrainConfig.eval_env`), as comment lines: an env
+    not trained on takes the training envs' format, which ``eval.envs`` does not spell out."""
+    from ub.games.templates import get_template
+
+    lines = []
+    for entry in config.eval.envs or []:
+        env = config.eval_env(entry)
+        extractor = env.extractor or get_template(env.template).extractor
+        trained = any(e.env_id == env.env_id for e in config.envs)
+        given = not isinstance(entry, str) and (entry.template or entry.extractor)
+        source = ("its entry's" if given else "as it trains" if trained
+                  else "the training envs' format")
+        lines.append(f"{env.env_id}: template {env.template}, extractor {extractor} "
+                     f"({source})")
+    return _comment("prompted as: " + "; ".join(lines), indent) if lines else []
+
+
+def _lines(model: BaseModel, indent: int, comments: bool = True,
+           root: TrainConfig | None = None) -> list[str]:
     pad, out = " " * indent, []
+    root = model if isinstance(model, TrainConfig) else root
     for name, info in type(model).model_fields.items():
         value = getattr(model, name)
         if comments and info.description:
-            out += _comment(info.description, indent)
+            free = f" {FREE_NOTE}" if is_execution(info) else ""
+            out += _comment(info.description + free, indent)
         child, many = _model_of(info.annotation)
         if child is not None and not many:
-            out += [f"{pad}{name}:", *_lines(value, indent + 2, comments)]
+            out += [f"{pad}{name}:", *_lines(value, indent + 2, comments, root)]
         elif child is not None and value:
             out.append(f"{pad}{name}:")
             if comments:
@@ -180,9 +247,11 @@ def _lines(model: BaseModel, indent: int, comments: bool = True) -> list[str]:
                 for i, (key, item_value) in enumerate(item.model_dump(mode="json").items()):
                     out.append(f"{pad}  {'- ' if i == 0 else '  '}{key}: {flow_yaml(item_value)}")
         else:
-            dumped = value.model_dump(mode="json") if isinstance(value, BaseModel) else [
-                v.model_dump(mode="json") for v in value] if child is not None else value
+            # (the field's own type: a list of ids or entries dumps as written)
+            dumped = TypeAdapter(info.annotation or Any).dump_python(value, mode="json")
             out.append(f"{pad}{name}: {flow_yaml(dumped)}")
+            if comments and root is not None and model is root.eval and name == "envs":
+                out += _eval_formats(root, indent)
     return out
 
 

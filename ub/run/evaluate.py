@@ -8,10 +8,9 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.parquet as pq
 
 from ub.data.shards import ShardId, committed_shards, next_free_shard, shard_path
-from ub.games.specs import GameSpec
 from ub.run.config import TrainConfig
 from ub.run.layout import checkpoint_name
-from ub.run.plan import actor_spec
+from ub.run.plan import actor_spec, game_specs
 from ub.run.play import play_shard, rollout_sampling
 from ub.run.rounds import Run
 from ub.seeding import derive_seed
@@ -51,10 +50,7 @@ def evaluate_checkpoint(run: Run, update: int, *, opponents: list[str] | None = 
     config = run.config
     actor = actor_spec(run, checkpoint_name(update))
     rivals = [actor_spec(run, n) for n in (opponents or config.eval.opponents)]
-    env_ids = envs or config.eval.envs or [e.env_id for e in config.envs]
-    by_id = {e.env_id: e for e in config.envs}
-    specs = [GameSpec(i, by_id[i].num_players, by_id[i].template, by_id[i].extractor,
-                      by_id[i].max_turns) if i in by_id else GameSpec(i) for i in env_ids]
+    specs = game_specs(config, envs or config.eval.envs)
     assignments = eval_assignments(actor, rivals, specs, games or config.eval.games,
                                    derive_seed(config.seed, "eval"))
     sampling = rollout_sampling(config, evaluation=True)

@@ -27,7 +27,7 @@ def initial_checkpoint(run: Run, *, worker: Worker) -> str:
 
     path = run.paths.checkpoint(0)
     fetch_checkpoint(run.paths, path)  # a resume elsewhere: the run's own start, not a new one
-    write_initial_checkpoint(run.config.learner_config(run.base_model), path, worker=worker)
+    write_initial_checkpoint(run.config.learner_config(run.model_folder()), path, worker=worker)
     publish_checkpoint(run.paths, path)
     return str(path)
 
@@ -69,7 +69,7 @@ def learn_round(run: Run, round_: int, *, worker: Worker) -> dict[str, Any]:
     # its memory (a no-op on the CPU, and where no engine lives in this process).
     lend = config.engine.sleep_mode and not config.pipeline.max_staleness
     with worker.engine_asleep() if lend else contextlib.nullcontext():
-        metrics = learn_on_batch(batch, config.learner_config(run.base_model),
+        metrics = learn_on_batch(batch, config.learner_config(run.model_folder()),
                                  paths.checkpoint(round_), paths.checkpoint(round_ + 1),
                                  worker=worker)
     if writer:

@@ -42,15 +42,26 @@ def round_manifest(run: Run, shards: list[ShardResult], metrics: dict[str, Any],
         "learner": {k: metrics[k] for k in (
             "update", "loss", "grad_norm", "entropy_mean", "logprob_mean", "tokens",
             "tokens_per_second", "seconds", "clip_fraction", "ratio_mean", "approx_kl",
-            "kl_to_base", "kernels", "micro_batch_tokens", "peak_gpu_gib", "reused",
-            "assemble_seconds") if k in metrics},
+            "tis_ratio_mean", "tis_ratio_max", "tis_capped_fraction", "kl_to_base", "kernels",
+            "micro_batch_tokens", "peak_gpu_gib", "reused", "assemble_seconds")
+            if k in metrics},
         "batch": {k: batch[k] for k in ("size", "total_tokens", "truncated", "reward_mean",
                                         "advantage_std") if k in batch},
         "evals": {str(u): e["rows"] for u, e in evaluated.items()},
         "leaderboard": leaderboard[:20],
         "timings": close_timings({"rollout": rollout_seconds, "eval": eval_seconds,
                                   "learner": learner_seconds, "tasks": phases}, seconds),
+        "execution": _execution(run, len(shards)),
     }
+
+
+def _execution(run: Run, shards: int) -> dict[str, Any]:
+    """How the round's work was executed (the settings that may change on resume), with the
+    shards it was split into (a round a process left unfinished keeps its own:
+    :func:`ub.run.plan.round_shards`)."""
+    record = run.config.execution_settings()
+    record["rollout"] = {**record["rollout"], "shards": shards}
+    return record
 
 
 class GcClock:

@@ -3,14 +3,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ub.actors.names import checkpoint_update
 from ub.actors.spec import ActorSpec, parse_actor
 from ub.games.specs import GameSpec
-from ub.run.config import TrainConfig
+from ub.run.config import EnvSection, TrainConfig
 from ub.run.layout import checkpoint_name, read_json
 from ub.run.rounds import Run
+from ub.run.schema import EvalEnvSection
 from ub.seeding import derive_seed
 
 
@@ -28,9 +30,20 @@ def behaviour_update(config: TrainConfig, round_: int) -> int:
     return max(0, round_ - config.pipeline.max_staleness)
 
 
-def game_specs(config: TrainConfig) -> list[GameSpec]:
-    return [GameSpec(e.env_id, e.num_players, e.template, e.extractor, e.max_turns)
-            for e in config.envs]
+def env_spec(env: EnvSection) -> GameSpec:
+    """The game a training env of a config plays."""
+    return GameSpec(env.env_id, env.num_players, env.template, env.extractor, env.max_turns)
+
+
+def game_specs(config: TrainConfig, env_ids: Sequence[str | EvalEnvSection] | None = None
+               ) -> list[GameSpec]:
+    """The games as ``config`` plays them: its training envs, or ``env_ids`` (an evaluation's
+    ids or ``eval.envs`` entries) as :meth:`TrainConfig.eval_env` says: a training env as it
+    trains, another with two seats (the checkpoint and an opponent) and the training envs'
+    prompt format, unless its entry gives its own."""
+    if env_ids is None:
+        return [env_spec(e) for e in config.envs]
+    return [env_spec(config.eval_env(i)) for i in env_ids]
 
 
 def split_by_weight(total: int, weights: list[float]) -> list[int]:
@@ -104,6 +117,23 @@ def plan_round(run: Run, round_: int) -> list[list[PlannedGame]]:
             seats = seat_players(view.current, list(opponents), env.num_players, index,
                                  derive_seed(config.seed, round_, index, "seats"))
             games.append(PlannedGame(env_index, index, tuple(seats)))
-    n = config.rollout.shards
+    n = round_shards(run, round_)
     size = -(-len(games) // n)
     return [games[i * size:(i + 1) * size] for i in range(n)]
+
+
+def round_shards(run: Run, round_: int) -> int:
+    """How many shards round ``round_`` is split into: ``rollout.shards``, unless a process
+    that died mid-round committed some of its shards with another value (it may change on
+    resume), which they record: an unfinished round keeps its split, so that no game is
+    played twice or never."""
+    from ub.data.shards import ShardId, is_committed, read_metadata, round_dir, shard_path
+
+    folder = round_dir(run.paths.train_data, "games", round_)
+    for file in sorted(folder.glob("shard-*.parquet")) if folder.is_dir() else []:
+        sid = ShardId(round_, int(file.stem.removeprefix("shard-")))
+        if is_committed(run.paths.train_data, sid):
+            recorded = read_metadata(shard_path(run.paths.train_data, "games", sid)).get("shards")
+            if isinstance(recorded, int) and recorded >= 1:
+                return recorded
+    return run.config.rollout.shards

@@ -4,9 +4,10 @@ committed (training rollouts here; evaluation shards through :mod:`ub.run.evalua
 from __future__ import annotations
 
 import logging
+import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -35,7 +36,7 @@ def run_engine_config(run: Run) -> EngineConfig:
 
     e = run.config.engine
     return EngineConfig(
-        model=run.base_model, dtype=e.dtype, max_model_len=e.max_model_len,
+        model=run.model_folder(), dtype=e.dtype, max_model_len=e.max_model_len,
         max_num_seqs=e.max_num_seqs, max_lora_rank=e.max_lora_rank, max_loras=e.max_loras,
         kv_cache_gib=e.kv_cache_gib, gpu_memory_utilization=e.gpu_memory_utilization,
         sleep_mode=e.sleep_mode, seed=run.config.seed)
@@ -43,11 +44,41 @@ def run_engine_config(run: Run) -> EngineConfig:
 
 def run_engine(worker: Worker, run: Run, sampling: SamplingConfig) -> InferenceEngine:
     """The worker's vLLM engine for this run (started once, kept across rounds), sampling with
-    ``sampling`` unless a request says otherwise."""
+    ``sampling`` unless a request says otherwise. A new engine's KV cache is checked against
+    what the run's games may ask of it (:func:`kv_cache_problem`): a warning says what to
+    change."""
     from ub.inference.environment import configure_vllm_environment
 
     configure_vllm_environment()
-    return worker.engine(run_engine_config(run), sampling)
+    handle = worker.engine(run_engine_config(run), sampling)
+    if handle.engine not in _KV_CHECKED:
+        _KV_CHECKED.add(handle.engine)
+        sequences = min(run.config.engine.max_num_seqs, run.config.rollout.concurrency)
+        problem = kv_cache_problem(handle.engine.kv_cache_tokens, sequences,
+                                   run.config.sampling.max_tokens)
+        if problem:
+            log_rollout.warning("%s", problem)
+    return handle
+
+
+_KV_CHECKED: weakref.WeakSet[Any] = weakref.WeakSet()  # engines whose KV cache was checked
+
+
+def kv_cache_problem(capacity: int | None, sequences: int, max_tokens: int) -> str | None:
+    """Why an engine whose KV cache holds ``capacity`` tokens is short for ``sequences``
+    concurrent completions of up to ``max_tokens`` tokens (their prompts come on top), or
+    ``None``. Short, vLLM preempts sequences and recomputes them later: it still works, at a
+    fraction of the speed."""
+    demand = sequences * max_tokens
+    if capacity is None or demand <= capacity:
+        return None
+    fits = max(1, capacity // max_tokens)
+    return (f"the engine's KV cache holds {capacity:,} tokens, but {sequences} concurrent "
+            f"completions (min of engine.max_num_seqs and rollout.concurrency) of up to "
+            f"sampling.max_tokens {max_tokens} need {demand:,} before their prompts: vLLM will "
+            f"preempt and recompute. Lower engine.max_num_seqs or rollout.concurrency to about "
+            f"{fits}, raise engine.gpu_memory_utilization (engine.kv_cache_gib on the CPU), or "
+            "lower sampling.max_tokens")
 
 
 def rollout_sampling(config: TrainConfig, *, evaluation: bool = False) -> SamplingConfig:
@@ -89,7 +120,8 @@ def eval_game_id_prefix(run_name: str, sid: ShardId) -> str:
 
 
 def play_shard(worker: Worker, run: Run, root: Path, sid: ShardId, assignments: list, *,
-                sampling: SamplingConfig, kind: str) -> ShardResult:
+                sampling: SamplingConfig, kind: str,
+                metadata: dict[str, Any] | None = None) -> ShardResult:
     from ub.rollout import play_games
     from ub.run.progress import progress_bar
 
@@ -132,7 +164,8 @@ def play_shard(worker: Worker, run: Run, root: Path, sid: ShardId, assignments: 
     invalid = int(pc.sum(model_rows["invalid_move"].cast(pa.int64())).as_py() or 0)
     extra = {"kind": kind, "model": run.base_model, "decisions": st.decisions,
              "model_decisions": st.model_decisions, "generated_tokens": st.generated_tokens,
-             "seconds": st.seconds, "invalid_moves": invalid, "outcomes": st.outcomes}
+             "seconds": st.seconds, "invalid_moves": invalid, "outcomes": st.outcomes,
+             **(metadata or {})}
     publish(run.paths, *write_shard(root, sid, run.name, rollout.steps, rollout.games, extra))
     logger.info("%s shard %s/%s committed: %d games (%s), %d model decisions, %d invalid, "
                 "%d tokens in %.1f s -> %s", kind, sid.round, sid.shard, st.games, st.outcomes,
@@ -141,10 +174,11 @@ def play_shard(worker: Worker, run: Run, root: Path, sid: ShardId, assignments: 
                        st.generated_tokens, st.seconds, False, invalid, dict(st.outcomes))
 
 
-def rollout_shard(run: Run, round_: int, shard: int, games: list[PlannedGame], *,
-                  worker: Worker) -> ShardResult:
+def rollout_shard(run: Run, round_: int, shard: int, games: list[PlannedGame],
+                  shards: int | None = None, *, worker: Worker) -> ShardResult:
     """Play one shard of round ``round_`` (or return it if already committed) on ``worker``'s
-    engine."""
+    engine; ``shards``: how many the round is split into (default ``rollout.shards``), which
+    the shard records (:func:`ub.run.plan.round_shards`)."""
     from ub.rollout import GameAssignment
 
     specs = game_specs(run.config)
@@ -155,4 +189,5 @@ def rollout_shard(run: Run, round_: int, shard: int, games: list[PlannedGame], *
         env_seed = derive_seed(run.config.seed, round_, g.game_index, "env")
         assignments.append(GameAssignment(specs[g.env], g.game_index, env_seed, seated))
     return play_shard(worker, run, run.paths.train_data, ShardId(round_, shard), assignments,
-                       sampling=rollout_sampling(run.config), kind="train")
+                       sampling=rollout_sampling(run.config), kind="train",
+                       metadata={"shards": shards or run.config.rollout.shards})

@@ -60,6 +60,16 @@ class Run:
     def name(self) -> str:
         return self.paths.name
 
+    def model_folder(self) -> str:
+        """The base model as the folder this process's engine and learner load: a hub model
+        fetched into this machine's Hugging Face cache on first use in the process (on a Ray
+        worker too), :func:`ub.model.hub.local_model`. ``base_model`` stays what the data and
+        checkpoints record."""
+        from ub.model.hub import local_model
+
+        return local_model(self.base_model)
+
+
 
 # --------------------------------------------------------------------------------------------
 # Starting and resuming (the base model's checks: ub.run.base_model)

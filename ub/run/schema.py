@@ -14,11 +14,13 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from ub.run.sections import (
+    EXECUTION,
     BatchSection,
     LearnerSection,
     OpponentsSection,
     RatingSection,
     Section,
+    is_execution,
 )
 
 MAX_GAMES = 100_000
@@ -42,18 +44,20 @@ class EngineSection(Section):
                        "float16).")
     max_model_len: int = Field(2048, ge=16, description="Context length: prompt + completion.")
     max_num_seqs: int = Field(256, ge=1, description="Most sequences the engine batches at "
-                              "once.")
+                              "once.", json_schema_extra=EXECUTION)
     max_lora_rank: int = Field(16, description="Largest LoRA rank the engine loads (one of "
-                               "vLLM's ranks: 1, 8, 16, 32, 64, ...).")
+                               "vLLM's ranks: 1, 8, 16, 32, 64, ...).",
+                               json_schema_extra=EXECUTION)
     max_loras: int = Field(4, ge=1, description="LoRA adapters resident at once (pool "
-                           "checkpoints beyond it are swapped).")
-    kv_cache_gib: float = Field(1.0, gt=0, description="KV cache size on the CPU, GiB.")
+                           "checkpoints beyond it are swapped).", json_schema_extra=EXECUTION)
+    kv_cache_gib: float = Field(1.0, gt=0, description="KV cache size on the CPU, GiB.",
+                                json_schema_extra=EXECUTION)
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="Share of GPU memory "
-                                          "vLLM may take.")
+                                          "vLLM may take.", json_schema_extra=EXECUTION)
     sleep_mode: bool = Field(True, description="On a GPU, when the learner shares the engine's "
                              "process and rounds are not pipelined: the engine releases its "
                              "memory (vLLM sleep mode, level 1) while the learner updates. "
-                             "Ignored on the CPU.")
+                             "Ignored on the CPU.", json_schema_extra=EXECUTION)
 
 
 class SamplingSection(Section):
@@ -87,8 +91,21 @@ class RolloutSection(Section):
 
     games_per_round: int = Field(128, ge=1, le=MAX_GAMES, description="Games played per round.")
     shards: int = Field(1, ge=1, description="Rollout tasks per round, one shard each (parallel "
-                        "on a Ray cluster).")
-    concurrency: int = Field(128, ge=1, description="Most games in flight at once per shard.")
+                        "on a Ray cluster; a round a process left unfinished keeps its own).",
+                        json_schema_extra=EXECUTION)
+    concurrency: int = Field(128, ge=1, description="Most games in flight at once per shard.",
+                             json_schema_extra=EXECUTION)
+
+
+class EvalEnvSection(Section):
+    """An eval env with its own prompt format (``eval.envs`` entries may be env ids or these)."""
+
+    env_id: str = Field(description="A TextArena env id, e.g. KuhnPoker-v0-train.")
+    template: str | None = Field(None, description="Prompt template; null: its training env's, "
+                                 "or else the training envs' (when they share one).")
+    extractor: str | None = Field(None, description="Move extractor; null: with template "
+                                  "null, the training env's or the training envs'; else the "
+                                  "template's.")
 
 
 class EvalSection(Section):
@@ -100,7 +117,17 @@ class EvalSection(Section):
                        "split evenly over the seats.")
     opponents: list[str] = Field(default_factory=lambda: ["random"], description="Fixed "
                                  "opponents (actor names).")
-    envs: list[str] | None = Field(None, description="Eval env ids; null: the training envs.")
+    envs: list[str | EvalEnvSection] | None = Field(
+        None, description="Eval envs: env ids, or {env_id, template, extractor}; null: the "
+        "training envs. An env not trained on is prompted as the training envs are (their "
+        "template and extractor) unless its entry says otherwise.")
+
+    @property
+    def env_ids(self) -> list[str] | None:
+        """The eval envs' ids (``None``: the training envs)."""
+        if self.envs is None:
+            return None
+        return [e if isinstance(e, str) else e.env_id for e in self.envs]
     temperature: float = Field(0.0, ge=0, description="Sampling temperature of the learner in "
                                "eval games (0: greedy).")
 
@@ -154,7 +181,8 @@ class TrainConfig(Section):
     """A whole run. Plain data: ``model_dump()`` is what ``config.yaml`` in the run holds."""
 
     seed: int = Field(0, description="The run's seed: every random choice derives from it.")
-    rounds: int = Field(8, ge=1, description="Rounds to train (may grow on resume).")
+    rounds: int = Field(8, ge=1, description="Rounds to train (more extends a finished run).",
+                        json_schema_extra=EXECUTION)
     model: ModelSection = Field(default_factory=ModelSection, description="The base model.")
     engine: EngineSection = Field(default_factory=EngineSection, description="vLLM engine "
                                   "settings.")
@@ -173,13 +201,48 @@ class TrainConfig(Section):
     learner: LearnerSection = Field(default_factory=LearnerSection, description="How the "
                                     "learner trains.")
     eval: EvalSection = Field(default_factory=EvalSection, description="Evaluation against "
-                              "fixed opponents.")
+                              "fixed opponents.", json_schema_extra=EXECUTION)
     pipeline: PipelineSection = Field(default_factory=PipelineSection, description="Rollout / "
                                       "learning overlap.")
     tracking: TrackingSection = Field(default_factory=TrackingSection, description="Metrics "
-                                      "tracking.")
+                                      "tracking.", json_schema_extra=EXECUTION)
     cluster: ClusterSection = Field(default_factory=ClusterSection, description="Where the "
-                                    "work runs.")
+                                    "work runs.", json_schema_extra=EXECUTION)
+
+    def eval_env(self, env: str | EvalEnvSection) -> EnvSection:
+        """How an eval env is played: a training env as it trains, unless its entry gives a
+        template or extractor; another env with two seats (the checkpoint and an opponent)
+        and the training envs' prompt format, which the policy learned to answer (another
+        format would score its moves invalid), unless its entry gives its own."""
+        entry = EvalEnvSection(env_id=env) if isinstance(env, str) else env
+        trained = next((e for e in self.envs if e.env_id == entry.env_id), None)
+        if entry.template is not None:  # the entry's format: its extractor, or the template's
+            base = trained or EnvSection(env_id=entry.env_id)
+            return base.model_copy(update={"template": entry.template,
+                                           "extractor": entry.extractor})
+        if trained is None:
+            template, extractor = self.prompt_format(entry.env_id)
+            trained = EnvSection(env_id=entry.env_id, template=template, extractor=extractor)
+        if entry.extractor is not None:
+            return trained.model_copy(update={"extractor": entry.extractor})
+        return trained
+
+    def prompt_format(self, env_id: str) -> tuple[str, str | None]:
+        """The training envs' (template, extractor), which an eval env not trained on takes;
+        a ValueError naming ``env_id`` when the training envs use several."""
+        formats = dict.fromkeys((e.template, e.extractor) for e in self.envs)
+        if len(formats) > 1:
+            shown = ", ".join(f"{t}/{x or 'its own'}" for t, x in formats)
+            raise ValueError(f"eval.envs: {env_id} is not a training env, and the training "
+                             f"envs use several prompt formats ({shown}): give its own, e.g. "
+                             f"{{env_id: {env_id}, template: {next(iter(formats))[0]}}}")
+        return next(iter(formats))
+
+    @model_validator(mode="after")
+    def _eval_envs_have_a_format(self) -> TrainConfig:
+        for env in self.eval.envs or []:
+            self.eval_env(env)
+        return self
 
     @model_validator(mode="after")
     def _room_for_the_prompt(self) -> TrainConfig:
@@ -224,10 +287,34 @@ class TrainConfig(Section):
         return RatingConfig.from_dict(self.rating.model_dump())
 
     def training_settings(self) -> dict[str, Any]:
-        """The settings a run's data depends on. Changing one of these on an existing run is
-        refused; ``rounds``, ``eval``, ``tracking`` and ``cluster`` may change (more rounds extend
-        a finished run; where the work runs does not change what it computes)."""
-        data = self.model_dump(mode="json")
-        for key in ("rounds", "eval", "tracking", "cluster"):
-            data.pop(key)
-        return data
+        """The settings a run's data depends on (every field not marked
+        :data:`~ub.run.sections.EXECUTION`). Changing one of these on an existing run is
+        refused: its data would mix two setups."""
+        return _split(self)[0]
+
+    def execution_settings(self) -> dict[str, Any]:
+        """How the work is executed (the fields marked :data:`~ub.run.sections.EXECUTION`:
+        ``rounds``, ``eval``, ``tracking``, ``cluster``, the engine's memory and batching,
+        ``rollout.shards`` and ``concurrency``, the learner's micro-batching, checkpointing,
+        kernels, attention and threads). They may change when a run resumes: they change
+        nothing in its games or adapters beyond float summation order. Each round's manifest
+        records them."""
+        return _split(self)[1]
+
+
+def _split(section: Section) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``section``'s settings as (locked, execution) nested mappings."""
+    locked: dict[str, Any] = {}
+    execution: dict[str, Any] = {}
+    for name, info in type(section).model_fields.items():
+        value = getattr(section, name)
+        if is_execution(info):
+            execution[name] = section.model_dump(mode="json", include={name})[name]
+        elif isinstance(value, Section) and not isinstance(value, OpponentsSection):
+            inner_locked, inner_execution = _split(value)
+            locked[name] = inner_locked
+            if inner_execution:
+                execution[name] = inner_execution
+        else:
+            locked[name] = section.model_dump(mode="json", include={name})[name]
+    return locked, execution

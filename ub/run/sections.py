@@ -44,6 +44,20 @@ LAGGED_K = 4
 RENAMED = {"batch": {"drop_zero_advantage": "drop_zero_reward"}}
 
 
+EXECUTION: dict[str, Any] = {"execution": True}
+"""``json_schema_extra`` of a field that says how a run's work is executed (memory, batching,
+kernels, where it runs), not what it computes: the run's data does not depend on it beyond
+float summation order, so it may change when a run resumes; each round's manifest records the
+values it ran with. Every other field is locked at the run's start
+(:meth:`ub.run.schema.TrainConfig.training_settings`)."""
+
+
+def is_execution(info: Any) -> bool:
+    """Whether a field (its pydantic ``FieldInfo``) is marked :data:`EXECUTION`."""
+    extra = getattr(info, "json_schema_extra", None)
+    return isinstance(extra, dict) and bool(extra.get("execution"))
+
+
 class Section(BaseModel):
     """Base of every config section."""
 
@@ -173,7 +187,7 @@ class LearnerSection(Section):
                                    "a GPU, float32 on the CPU.")
     attn_implementation: Attention = Field(
         "auto", description="auto: flash_attention_2 on a GPU with a 16-bit dtype when "
-        "installed, else sdpa.")
+        "installed, else sdpa.", json_schema_extra=EXECUTION)
     device: str = Field("auto", description="auto: cuda if available, else cpu; or a torch "
                         "device string.")
     lora: LoraSection = Field(default_factory=LoraSection, description="The LoRA adapter.")
@@ -210,17 +224,19 @@ class LearnerSection(Section):
                                      "and after step decay_steps, as a fraction, in [0, 1].")
     kernels: Kernels = Field("auto", description="GPU kernels of the transformer body: liger "
                              "(Liger Kernel's RoPE, RMSNorm, SwiGLU; CUDA, the gpu extra), none, "
-                             "or auto: liger where it runs, else none.")
+                             "or auto: liger where it runs, else none.",
+                             json_schema_extra=EXECUTION)
     micro_batch_tokens: int | Literal["auto"] | None = Field(
         "auto", description="Most tokens per micro-batch, padding included; auto: sized from "
         "the memory the learner has (at most 4096 on the CPU); null: no limit. An update that "
-        "runs out of memory is retried at half the size.")
+        "runs out of memory is retried at half the size.", json_schema_extra=EXECUTION)
     micro_batch_size: int | None = Field(None, description="Most rows per micro-batch; null: no "
-                                         "limit.")
+                                         "limit.", json_schema_extra=EXECUTION)
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the "
-                                         "backward pass (less memory, ~1/3 more compute).")
+                                         "backward pass (less memory, ~1/3 more compute).",
+                                         json_schema_extra=EXECUTION)
     num_threads: int | None = Field(None, description="torch CPU threads; null: torch's "
-                                    "setting.")
+                                    "setting.", json_schema_extra=EXECUTION)
 
 
 class OpponentMode(Section):

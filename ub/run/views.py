@@ -50,6 +50,8 @@ LEARNER_SCHEMA = pa.schema([
     ("grad_norm", pa.float64()), ("entropy_mean", pa.float64()),
     ("logprob_mean", pa.float64()), ("clip_fraction", pa.float64()),
     ("ratio_mean", pa.float64()), ("approx_kl", pa.float64()), ("kl_to_base", pa.float64()),
+    ("tis_ratio_mean", pa.float64()), ("tis_ratio_max", pa.float64()),
+    ("tis_capped_fraction", pa.float64()),
     ("tokens", pa.int64()), ("tokens_per_second", pa.float64()),
     ("seconds", pa.float64()), ("micro_batch_tokens", pa.int64()), ("kernels", pa.string()),
     ("peak_gpu_gib", pa.float64()), ("batch_size", pa.int64()), ("batch_tokens", pa.int64()),
