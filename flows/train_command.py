@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ub.cli.args import catch_up, check_can_create, positive_int
+from ub.cli.args import catch_up, check_can_create, removed_if_refused, round_number
 from ub.errors import UbError
 
 
@@ -22,7 +22,8 @@ def add_parser(sub) -> None:
     train.add_argument("--resume", metavar="NAME", help="continue run NAME with its own config")
     train.add_argument("--root", default="runs", help="folder of runs, or an fsspec URL such "
                        "as s3://bucket/runs (docs/scaling.md; default: runs)")
-    train.add_argument("--rounds", type=positive_int, help="total rounds (extends a finished run)")
+    train.add_argument("--rounds", type=round_number(1),
+                       help="total rounds (extends a finished run)")
     train.add_argument("--ray", metavar="ADDRESS",
                        help="run rollouts and the learner on this Ray cluster (auto, HOST:PORT, "
                        "ray://HOST:10001; 'local': in this process); overrides cluster.address")
@@ -60,7 +61,7 @@ def _check_manifests(paths) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from flows.prefect_env import configure_prefect
-    from ub.run.base_model import check_base_model
+    from ub.run.base_model import check_base_model, check_fits_base_model
     from ub.run.config import load_config
     from ub.run.layout import RunPaths
     from ub.run.lock import RunLock
@@ -71,22 +72,26 @@ def cmd_train(args: argparse.Namespace) -> int:
                       "one with its own config, not both")
     name = args.resume or args.run or (Path(args.config).stem if args.config else "tiny-cpu")
     paths = RunPaths.of(args.root, name)
-    catch_up(paths)
-    config, source = None, None
-    if not args.resume and (args.config or not paths.config.exists()):
-        source = args.config or "tiny-cpu"
-        config = load_config(source, args.set)
-    elif args.set:
-        raise UbError("--set changes a run's settings: it needs CONFIG (the run's data must "
-                      "come from one config; start a new --run to change them)")
-    # Everything that can be refused is refused here, in a second, before Prefect starts.
-    resolved = resolve_run_config(paths, config, rounds=args.rounds, ray_address=args.ray)[0]
-    check_base_model(resolved.model.base)
-    _check_services(resolved)
-    _check_manifests(paths)
-    if paths.root.exists():
-        RunLock(paths.lock).acquire().release()
-    check_can_create(paths.root.parent)
+    # Everything that can be refused is refused here, in a second, before Prefect starts; a
+    # store run's working copy that catch_up made for a refused command goes again.
+    with removed_if_refused(paths):
+        catch_up(paths)
+        config, source = None, None
+        if not args.resume and (args.config or not paths.config.exists()):
+            source = args.config or "tiny-cpu"
+            config = load_config(source, args.set)
+        elif args.set:
+            raise UbError("--set changes a run's settings: it needs CONFIG (the run's data "
+                          "must come from one config; start a new --run to change them)")
+        resolved = resolve_run_config(paths, config, rounds=args.rounds,
+                                      ray_address=args.ray)[0]
+        check_base_model(resolved.model.base)
+        check_fits_base_model(resolved)
+        _check_services(resolved)
+        _check_manifests(paths)
+        if paths.root.exists():
+            RunLock(paths.lock).acquire().release()
+        check_can_create(paths.root.parent)
 
     configure_prefect((paths.root.parent if paths.store else Path(args.root)) / ".prefect")
     from flows.prefect_env import start_tied_server

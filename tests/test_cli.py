@@ -61,9 +61,9 @@ def rank32_adapter(tiny_model, tmp_path_factory):
 @pytest.fixture(scope="module")
 def bad(tiny_adapters, tmp_path_factory) -> Path:
     """Damaged and foreign files the sweep feeds to commands (``{bad}``): configs that are not
-    UTF-8 or repeat a key, adapters that are pickled or truncated, a Parquet file of another
-    schema in a shard's place, and runs (``{bad}/runs``) with a truncated checkpoint adapter,
-    a truncated round manifest and a config that is not UTF-8."""
+    UTF-8, repeat a key or hold a nan, adapters that are pickled or truncated, a Parquet file of
+    another schema in a shard's place, and runs (``{bad}/runs``) with a truncated checkpoint
+    adapter, a truncated round manifest and a config that is not UTF-8."""
     import shutil
 
     import pyarrow as pa
@@ -77,6 +77,7 @@ def bad(tiny_adapters, tmp_path_factory) -> Path:
     (root / "latin1.yaml").write_bytes(b"seed: 1  # caf\xe9\n")
     (root / "twice.yaml").write_text("seed: 1\nrounds: 2\nseed: 2\n"
                                      "envs: [{env_id: TicTacToe-v0-train}]\n")
+    (root / "nan.yaml").write_text("batch:\n  final: [{name: win_draw_loss, win: .nan}]\n")
     pickled = root / "pickled"
     pickled.mkdir()
     shutil.copy(Path(tiny_adapters[0]) / "adapter_config.json", pickled)
@@ -140,7 +141,7 @@ BAD_INPUTS = [
     (["train", "--root", "{file}/sub"], "not writable"),
     (["frobnicate"], "invalid choice"),
     (["envs", "--bogus"], "unrecognized arguments"),
-    (["model", "tiny", "--seed", "x"], "invalid int value"),
+    (["model", "tiny", "--seed", "x"], "--seed: expected a whole number, got 'x'"),
     (["model", "tiny", "--out", "{file}/sub"], "not writable"),
     (["model", "tiny", "--set", "layers=6"], "the tiny model has no setting 'layers'"),
     (["sql", "{out}", "DROP TABLE steps"], "read-only"),
@@ -206,6 +207,86 @@ BAD_INPUTS = [
     (["train", "--root", "{out}", "--set", "eval.opponents=[hosted:m@http://127.0.0.1:1/v1]"],
      "is unreachable"),
     (["train", "--resume", "broken", "--root", "{bad}/runs"], "round-000000.json is corrupt"),
+    # Issue 38, 1: a setting valid in type but not for what it feeds (the game's player counts,
+    # the engine's seeds and context, the data's columns, the model's vocabulary, a socket).
+    (["train", "--root", "{out}", "--set", "envs=[{{env_id: TicTacToe-v0-train, num_players: 3}}]"],
+     "envs.0.num_players: env 'TicTacToe-v0-train' failed to start with 3 player(s)"),
+    (["train", "--root", "{out}", "--set", "envs=[{{env_id: TowerOfHanoi-v0-train}}]"],
+     "envs.0.num_players: env 'TowerOfHanoi-v0-train' failed to start with 2 player(s)"),
+    (["train", "--root", "{out}", "--set", "eval.envs=[TowerOfHanoi-v0-train]"],
+     "eval.envs: env 'TowerOfHanoi-v0-train' failed to start with 2 player(s)"),
+    (["eval", "exp", "--root", "{bad}/runs", "--checkpoint", "0", "--envs",
+      "TowerOfHanoi-v0-train"],
+     "--envs: env 'TowerOfHanoi-v0-train' failed to start with 2 player(s)"),
+    (["train", "--root", "{out}", "--set", "seed=18446744073709551616"],
+     "seed: got 18446744073709551616; it is also vLLM's engine seed"),
+    (["train", "--root", "{out}", "--set", "seed=-1"], "seed: got -1; it is also vLLM's"),
+    (["train", "--root", "{out}", "--set", "rounds=3000000000"],
+     "rounds: got 3000000000; the data's round column holds round numbers up to 2147483647"),
+    (["train", "--root", "{out}", "--rounds", "3000000000"], "--rounds: must be <= 2147483647"),
+    (["play", "--env", "TicTacToe-v0", "--players", "random,random", "--round", "2147483648",
+      "--out", "{out}/new"], "--round: must be <= 2147483647"),
+    (["train", "--root", "{out}", "--set", "engine.max_model_len=4096"],
+     "engine.max_model_len 4096 exceeds the model's context of 2048 tokens"),
+    (["train", "--root", "{out}", "--set", "batch.pad_token_id=5000"],
+     "batch.pad_token_id 5000 is not a token id of the model"),
+    (["train", "--root", "{out}", "--set", "batch.pad_token_id=3000000000"],
+     "batch: pad_token_id must be a token id (<= 2147483647"),
+    (["train", "--root", "{out}", "--set", "engine.dtype=float8"],
+     "engine.dtype: got 'float8'; allowed: auto, float32, bfloat16, float16"),
+    (["eval", "exp", "--root", "{bad}/runs", "--checkpoint", "-1"], "--checkpoint: must be >= 0"),
+    (["model", "tiny", "--set", "learning_rate=-1", "--out", "{out}/m"],
+     "TinyModelConfig.learning_rate must be > 0"),
+    (["model", "tiny", "--set", "env_ids=TowerOfHanoi-v0-train", "--out", "{out}/m"],
+     "cannot play 'TowerOfHanoi-v0-train' for transcripts (2 random players)"),
+    (["dashboard", "ghost", "--refresh", "1e300"], "--refresh: must be <= 86400"),
+    (["train", "--root", "{out}", "--set",
+      'eval.opponents=["hosted:m@http://127.0.0.1:1/v1?timeout=1e300"]'],
+     "option timeout: must be <= 86400"),
+    # Issue 38, 2: every number parsed from text, inside compound values too (actor specs,
+    # --set values and config files, ports in URLs and addresses), is finite and in range.
+    (["train", "--root", "{out}", "--set",
+      'eval.opponents=["hosted:m@http://127.0.0.1:1/v1?timeout=nan"]'],
+     "option timeout: expected a finite number, got 'nan'"),
+    (["play", "--env", "TicTacToe-v0", "--players",
+      "random,hosted:m@http://127.0.0.1:1/v1?temperature=inf", "--out", "{out}/new"],
+     "option temperature: expected a finite number, got 'inf'"),
+    (["play", "--env", "TicTacToe-v0", "--players", "random,hosted:m@http://127.0.0.1:nan/v1",
+      "--out", "{out}/new"], "a port is a whole number from 1 to 65535, got 'nan'"),
+    (["train", "--root", "{out}", "--ray", "127.0.0.1:99999"],
+     "cluster.address=127.0.0.1:99999: a port is a whole number from 1 to 65535"),
+    (["train", "--root", "http://127.0.0.1:nan/runs"], "a port is a whole number from 1 to"),
+    (["serve", "ghost", "--root", "{out}", "--port", "70000"],
+     "--port: a port is a whole number from 1 to 65535, got '70000'"),
+    (["train", "--root", "{out}", "--set", "learner.algorithm=ppo", "--set",
+      "learner.algorithm_params={{clip_eps_high: .inf}}"],
+     "learner.algorithm_params.clip_eps_high: expected a finite number, got inf"),
+    (["train", "--root", "{out}", "--set", "batch.final=[{{name: win_draw_loss, win: .nan}}]"],
+     "batch.final.0.win: expected a finite number, got nan"),
+    (["config", "show", "tiny-cpu", "--set", "learner.algorithm_params={{clip_eps: .nan}}"],
+     "learner.algorithm_params.clip_eps: expected a finite number, got nan"),
+    (["batch", "{out}", "--config", "{bad}/nan.yaml"],
+     "nan.yaml: final.0.win: expected a finite number, got nan"),
+    (["model", "tiny", "--set", "learning_rate=nan", "--out", "{out}/m"],
+     "learning_rate takes a finite number"),
+    (["model", "tiny", "--set", "rope_theta=inf", "--out", "{out}/m"],
+     "rope_theta takes a finite number"),
+    # Issue 38, 3: a command refused after it made something (a store run's working copy with
+    # its lock, a model build's lock, an output folder) removes it; the sweep checks the disk.
+    (["train", "--root", "file://{tmp}/store", "--set",
+      "eval.opponents=[hosted:m@http://127.0.0.1:1/v1]"], "is unreachable"),
+    (["train", "--root", "file://{tmp}/store", "--ray", "127.0.0.1:1"],
+     "cannot reach the Ray cluster"),
+    (["train", "--root", "file://{tmp}/store", "--set", "seed=-1"], "seed: got -1"),
+    (["train", "--resume", "ghost", "--root", "file://{tmp}/store"],
+     "no run ghost under file://"),
+    (["eval", "ghost", "--root", "file://{tmp}/store"], "no run ghost under file://"),
+    (["train", "--root", "http://127.0.0.1:1/runs"], "http://127.0.0.1:1/runs/tiny-cpu is "
+     "unreachable"),
+    (["eval", "ghost", "--root", "http://127.0.0.1:1/runs"], "is unreachable"),
+    (["model", "tiny", "--set", "env_ids=Foo-v0", "--out", "{out}/deep/m"],
+     "cannot play 'Foo-v0' for transcripts"),
+    (["learn", "--shards", "{out}", "--out", "{out}/deep/c"], "no committed shards"),
 ]
 
 # Every section of a training config with a wrong value: the error names the field.
@@ -262,6 +343,26 @@ def test_bad_input_is_one_clear_line_and_changes_nothing(
     assert (files_under(tmp_path), files_under(bad)) == before
     assert not any(name.startswith(".") for name in os.listdir(out_dir))
     ledger["bad inputs clear"] += 1
+
+
+def test_a_refused_command_leaves_the_disk_as_it_found_it(capsys, tmp_path, monkeypatch,
+                                                          tiny_model):
+    """Issue 38: what a command makes before it is refused goes with the refusal. Before, a
+    store run's working copy kept its lock (an unreachable endpoint, a missing run), a model
+    build its lock file and the folders made for it, ``ub learn`` its output's parents."""
+    monkeypatch.setenv("UB_WORK_DIR", str(tmp_path / "work"))  # store runs' working copies
+    store = f"file://{tmp_path}/store"
+    refused = [
+        ["train", "--root", store, "--set", "eval.opponents=[hosted:m@http://127.0.0.1:1/v1]"],
+        ["train", "--root", store, "--set", "seed=-1"],  # (refused after the copy is made)
+        ["eval", "ghost", "--root", store],
+        ["model", "tiny", "--set", "env_ids=Foo-v0", "--out", str(tmp_path / "deep" / "m")],
+        ["learn", "--shards", str(tmp_path), "--out", str(tmp_path / "deep" / "c")],
+    ]
+    for argv in refused:
+        code, _, err = run(capsys, *argv)
+        assert code == 2 and err.startswith("ub: error:"), (argv, err)
+        assert files_under(tmp_path) == [], (argv, files_under(tmp_path))
 
 
 def test_the_installed_command_prints_everything_and_exits_with_its_code(capsys, tmp_path):

@@ -103,6 +103,55 @@ def test_bad_fields_name_the_field_and_what_is_allowed(change, message):
     assert text.startswith("invalid config test.yaml: ") and "\n" not in text
 
 
+# Issue 38: valid in type, refused for what it feeds; each passed validation before and failed
+# once a run had begun (after its first round, at the engine's start, or in the learner).
+FED = [
+    ({"envs": [{"env_id": "TicTacToe-v0-train", "num_players": 3}]},
+     r"envs.0.num_players: env 'TicTacToe-v0-train' failed to start with 3 player\(s\): "
+     r"AssertionError: The number of players has to be 2"),
+    ({"envs": [{"env_id": "KuhnPoker-v0-train", "num_players": 1}]}, r"envs.0.num_players: "),
+    ({"envs": [{"env_id": "TowerOfHanoi-v0-train"}]},
+     r"envs.0.num_players: .*The number of players has to be 1, received 2"),
+    ({"eval": {"envs": ["TowerOfHanoi-v0-train"]}},
+     r"eval.envs: .* \(an env not trained on is evaluated with two seats"),
+    ({"seed": 2**64}, r"seed: got 18446744073709551616; it is also vLLM's engine seed, which "
+     r"takes 0 to 4294967295"),
+    ({"seed": -1}, r"seed: got -1"),
+    ({"rounds": 2**31}, r"rounds: got 2147483648; the data's round column holds round numbers "
+     r"up to 2147483647"),
+    ({"engine": {"dtype": "float8"}}, r"engine.dtype: got 'float8'; allowed: auto, float32"),
+    ({"batch": {"pad_token_id": 2**31}}, r"batch: pad_token_id must be a token id \(<= "
+     r"2147483647"),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), FED, ids=[str(c) for c, _ in FED])
+def test_a_setting_is_checked_against_what_it_feeds(change, message):
+    with pytest.raises(UbError, match=message) as info:
+        validate_config({**MINIMAL, **change}, "test.yaml")
+    assert str(info.value).startswith("invalid config test.yaml: ")
+
+
+def test_the_base_model_bounds_the_context_and_the_pad_id(tmp_path):
+    """The engine's context and the batch's pad id against the model's config.json (vLLM
+    refused the first at its start, the learner's embedding the second mid-round)."""
+    from ub.run.base_model import check_fits_base_model
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"max_position_embeddings": 256, "vocab_size": 100}')
+    (model / "model.safetensors").write_bytes(b"")
+    base = {**MINIMAL, "model": {"base": str(model)}, "sampling": {"max_tokens": 8}}
+    check_fits_base_model(validate_config({**base, "engine": {"max_model_len": 256}}))
+    with pytest.raises(UbError, match=r"engine.max_model_len 512 exceeds the model's context "
+                       r"of 256 tokens"):
+        check_fits_base_model(validate_config({**base, "engine": {"max_model_len": 512}}))
+    with pytest.raises(UbError, match=r"batch.pad_token_id 100 is not a token id of the model "
+                       r"\(its vocabulary has ids 0 to 99\)"):
+        check_fits_base_model(validate_config({**base, "engine": {"max_model_len": 256},
+                                               "batch": {"pad_token_id": 100}}))
+
+
 def test_unknown_preset_lists_the_presets():
     with pytest.raises(UbError, match=r"unknown preset 'tiny-gpu'; presets: .*tiny-cpu"):
         load_config("tiny-gpu")

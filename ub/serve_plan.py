@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from ub.errors import UbError
+from ub.numbers import PORTS, NumberError, parse_int
 
 
 @dataclass(frozen=True)
@@ -130,8 +131,8 @@ def _choose(checkpoint: str | None, updates: list[int], run: str) -> list[int]:
     if text == "latest":
         return updates[-1:]
     try:
-        update = int(text.removeprefix("ckpt-"))
-    except ValueError:
+        update = parse_int(text.removeprefix("ckpt-"))
+    except NumberError:
         raise UbError(f"--checkpoint takes a checkpoint number, 'latest' or 'all', got "
                       f"{checkpoint!r}") from None
     if update not in updates:
@@ -149,8 +150,8 @@ def _ranges(updates: list[int]) -> str:
 def _check_port(host: str, port: int) -> None:
     """Refuse a port that is taken (or a host this machine cannot listen on) before the minute
     a server start takes. vLLM's server sets SO_REUSEADDR too, so a port in TIME_WAIT is free."""
-    if not 0 < port < 65536:
-        raise UbError(f"--port must be in 1..65535, got {port}")
+    if not PORTS[0] <= port <= PORTS[1]:
+        raise UbError(f"--port must be in {PORTS[0]}..{PORTS[1]}, got {port}")
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]

@@ -26,10 +26,15 @@ import time
 import urllib.parse
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 from ub.errors import UbError
+from ub.numbers import NumberError, parse_float, parse_int, url_port
 
 PREFIX = "hosted:"
+MAX_TIMEOUT_S = 86_400.0
+"""The longest ``timeout`` (a day): the socket under the HTTP client refuses one that does not fit
+its C type, mid-game."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +63,10 @@ def parse_hosted(name: str) -> HostedSettings:
     parsed = urllib.parse.urlparse(url)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
         raise UbError(f"hosted actor {name!r}: {url!r} is not an http(s) URL")
+    try:
+        url_port(url)
+    except NumberError as exc:
+        raise UbError(f"hosted actor {name!r}: {url!r}: {exc}") from None
     options = dict(urllib.parse.parse_qsl(query, keep_blank_values=True))
     known = {"key", "timeout", "retries", "concurrency", "on_failure", "max_tokens",
              "temperature"}
@@ -65,17 +74,18 @@ def parse_hosted(name: str) -> HostedSettings:
     if unknown:
         raise UbError(f"hosted actor {name!r}: unknown option(s) {', '.join(unknown)}; valid: "
                       f"{', '.join(sorted(known))}")
-    try:
-        settings = HostedSettings(
-            model=model, base_url=url.rstrip("/"), key_env=options.get("key") or None,
-            timeout=float(options.get("timeout", 30.0)),
-            retries=int(options.get("retries", 2)),
-            concurrency=int(options.get("concurrency", 8)),
-            on_failure=options.get("on_failure", "error"),
-            max_tokens=int(options.get("max_tokens", 256)),
-            temperature=float(options.get("temperature", 0.0)))
-    except ValueError as exc:
-        raise UbError(f"hosted actor {name!r}: bad option value ({exc})") from None
+    numbers: dict[str, Any] = {}  # each option through ub.numbers: finite, within what it feeds
+    for key, parse in (("timeout", lambda t: parse_float(t, maximum=MAX_TIMEOUT_S)),
+                       ("retries", parse_int), ("concurrency", parse_int),
+                       ("max_tokens", parse_int), ("temperature", parse_float)):
+        if key in options:
+            try:
+                numbers[key] = parse(options[key])
+            except NumberError as exc:
+                raise UbError(f"hosted actor {name!r}: option {key}: {exc}") from None
+    settings = HostedSettings(model=model, base_url=url.rstrip("/"),
+                              key_env=options.get("key") or None,
+                              on_failure=options.get("on_failure", "error"), **numbers)
     if settings.timeout <= 0 or settings.retries < 0 or settings.concurrency < 1 \
             or settings.max_tokens < 1 or settings.temperature < 0:
         raise UbError(f"hosted actor {name!r}: timeout and max_tokens must be > 0, retries "

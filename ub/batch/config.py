@@ -7,6 +7,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ub.data.schema import int_column_range
 from ub.errors import UbError, settings_from_mapping
 from ub.rewards import FinalRewardChain, InvalidMovePenalty, build_transforms
 from ub.run.sections import BatchSection, check_types, default_of, renamed_keys
@@ -85,6 +86,10 @@ class BatchConfig:
             raise UbError(f"seed must be an integer, got {self.seed!r}")
         if not isinstance(self.pad_token_id, int) or self.pad_token_id < 0:
             raise UbError(f"pad_token_id must be an integer >= 0, got {self.pad_token_id!r}")
+        largest = int_column_range("steps", "prompt_token_ids")[1]
+        if self.pad_token_id > largest:  # (it pads the stored token ids)
+            raise UbError(f"pad_token_id must be a token id (<= {largest}, what the data's "
+                          f"token columns hold), got {self.pad_token_id}")
         FinalRewardChain(self.final)
         steps = [t.name for t in build_transforms("step", self.step)]
         if InvalidMovePenalty.name in steps[:-1]:

@@ -4,30 +4,56 @@ the run a command names."""
 from __future__ import annotations
 
 import argparse
-import math
+import contextlib
 import os
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from ub.errors import UbError
+from ub.numbers import NumberError, first_non_finite, parse_float, parse_int, parse_port
+
+T = TypeVar("T")
+
+MAX_WAIT_S = 86_400.0
+"""Most seconds a command waits between two steps (``--refresh``): select() and sleep() refuse
+a timeout that does not fit the C types under them, long after the command started."""
 
 
-def int_at_least(minimum: int) -> Callable[[str], int]:
-    """An argparse ``type``: a whole number >= ``minimum``."""
-    def parse(text: str) -> int:
+def argument_type(parse: Callable[[str], T], name: str) -> Callable[[str], T]:
+    """An argparse ``type`` from a parser of :mod:`ub.numbers`: its message, not argparse's
+    "invalid value"."""
+    def typed(text: str) -> T:
         try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        return value
-    return parse
+            return parse(text)
+        except NumberError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    typed.__name__ = name
+    return typed
 
 
+def int_at_least(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number >= ``minimum`` (and <= ``maximum``)."""
+    return argument_type(lambda text: parse_int(text, minimum, maximum), "int")
+
+
+whole_number = argument_type(parse_int, "int")
 positive_int = int_at_least(1)
 non_negative_int = int_at_least(0)
+port_number = argument_type(parse_port, "port")
+non_negative_float = argument_type(lambda text: parse_float(text, 0), "float")
+wait_seconds = argument_type(lambda text: parse_float(text, 0, MAX_WAIT_S), "seconds")
+
+
+def round_number(minimum: int = 0) -> Callable[[str], int]:
+    """An argparse ``type``: a whole number >= ``minimum`` that the data's ``round`` column
+    holds (a round, or a count of rounds)."""
+    def parse(text: str) -> int:
+        from ub.data.schema import int_column_range  # (pyarrow: only when the option is given)
+
+        return int_at_least(minimum, int_column_range("games", "round")[1])(text)
+    parse.__name__ = "int"
+    return parse
 
 
 def add_batch_options(parser: argparse.ArgumentParser, *, rounds: bool = True) -> None:
@@ -37,7 +63,7 @@ def add_batch_options(parser: argparse.ArgumentParser, *, rounds: bool = True) -
     parser.add_argument("--batch-size", type=positive_int)
     if rounds:
         parser.add_argument("--rounds", help="window of rounds, A:B inclusive (A: or :B open)")
-    parser.add_argument("--seed", type=int)
+    parser.add_argument("--seed", type=whole_number)
     parser.add_argument("--max-train-len", type=positive_int)
 
 
@@ -70,18 +96,6 @@ def game_count(text: str) -> int:
     return value
 
 
-def non_negative_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value):  # nan passes every comparison
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
 def check_can_create(folder: Path) -> None:
     """Fail before any work if ``folder`` could not be created and written, creating nothing
     (the folder appears only when its first file is written)."""
@@ -91,16 +105,6 @@ def check_can_create(folder: Path) -> None:
     if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
         reason = "not a folder" if not existing.is_dir() else "permission denied"
         raise UbError(f"output folder {folder} is not writable ({existing}: {reason})")
-
-
-def check_writable(folder: Path) -> None:
-    """Fail before any work if ``folder`` cannot take our files."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".ub-write-check-"):
-            pass
-    except OSError as exc:
-        raise UbError(f"output folder {folder} is not writable ({exc.strerror or exc})") from None
 
 
 def yaml_section(path_text: str | None, section: str) -> dict:
@@ -121,6 +125,9 @@ def yaml_section(path_text: str | None, section: str) -> dict:
     value = loaded.get(section, loaded)
     if not isinstance(value, dict):
         raise UbError(f"{path}: `{section}` must be a mapping of settings")
+    found = first_non_finite(value)
+    if found:
+        raise UbError(f"{path}: {found[0]}: expected a finite number, got {found[1]}")
     return dict(value)
 
 
@@ -155,14 +162,31 @@ def catch_up(paths) -> None:
             sync(paths)
 
 
+def removed_if_refused(paths) -> contextlib.AbstractContextManager[None]:
+    """Around a command's checks: a run folder or working copy (a store run's, made by
+    :func:`catch_up`) that did not exist before them is removed if they refuse the command,
+    unless another process holds the run by now."""
+    from ub.data.atomic import removed_on_failure
+    from ub.run.lock import holder
+
+    return removed_on_failure(paths.root, keep=lambda: holder(paths.lock) is not None)
+
+
 def check_store(paths) -> None:
-    """A run in a store: its URL opens and lists (known scheme, package installed, endpoint
-    reachable) before anything is written locally."""
+    """A run in a store: its URL opens and answers (known scheme, package installed, a port
+    that is one, endpoint reachable) before anything is written locally."""
     if paths.store:
+        from ub.numbers import url_port
         from ub.run.store import RunStore
 
         try:
-            RunStore(paths.store).files("rounds")
+            url_port(paths.store)
+        except NumberError as exc:
+            raise UbError(f"run store {paths.store}: {exc}") from None
+        try:
+            store = RunStore(paths.store)
+            store.files("rounds")
+            store.probe()
         except OSError as exc:  # (some filesystems connect when they are opened)
             raise UbError(f"run store {paths.store} is unreachable ({exc}): check the URL, "
                           "the credentials and the network") from None

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ub.cli.args import add_batch_options, yaml_section
 from ub.errors import UbError
+from ub.numbers import NumberError, parse_int
 
 
 def add_parser(sub) -> None:
@@ -29,9 +30,10 @@ def batch_config(args: argparse.Namespace):
     if args.rounds:
         first, _, last = args.rounds.partition(":")
         try:
-            data["first_round"] = int(first) if first else None
-            data["last_round"] = int(last) if last else (None if _ else data["first_round"])
-        except ValueError:
+            data["first_round"] = parse_int(first) if first else None
+            data["last_round"] = (parse_int(last) if last
+                                  else (None if _ else data["first_round"]))
+        except NumberError:
             raise UbError(
                 f"--rounds takes A:B, A: or :B with round numbers, got {args.rounds!r}"
             ) from None

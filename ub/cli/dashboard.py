@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ub.cli.args import non_negative_float, run_dir
+from ub.cli.args import run_dir, wait_seconds
 
 
 def add_parser(sub) -> None:
@@ -12,7 +12,7 @@ def add_parser(sub) -> None:
     dashboard.add_argument("run", help="run name (under --root) or run directory")
     dashboard.add_argument("--root", default="runs", help="folder of runs (default: runs)")
     dashboard.add_argument("--once", action="store_true", help="print one frame and exit")
-    dashboard.add_argument("--refresh", type=non_negative_float, default=2.0,
+    dashboard.add_argument("--refresh", type=wait_seconds, default=2.0,
                            help="seconds between refreshes (default 2)")
     dashboard.set_defaults(func=cmd_dashboard)
 

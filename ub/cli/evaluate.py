@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-from ub.cli.args import catch_up, game_count
+from ub.cli.args import catch_up, game_count, non_negative_int, removed_if_refused
 from ub.errors import UbError
+
+if TYPE_CHECKING:
+    from ub.run.layout import RunPaths
+    from ub.run.rounds import Run
 
 
 def add_parser(sub) -> None:
@@ -13,7 +18,8 @@ def add_parser(sub) -> None:
     evaluate.add_argument("run", help="run name")
     evaluate.add_argument("--root", default="runs",
                           help="folder of runs, or an fsspec URL (default: runs)")
-    evaluate.add_argument("--checkpoint", type=int, help="checkpoint update (default: latest)")
+    evaluate.add_argument("--checkpoint", type=non_negative_int,
+                          help="checkpoint update (default: latest)")
     evaluate.add_argument("--opponents", help="comma-separated actors (default: the run's)")
     evaluate.add_argument("--envs", help="comma-separated env ids (default: the run's)")
     evaluate.add_argument("--games", type=game_count, help="games per (env, opponent)")
@@ -24,18 +30,46 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from ub.learner.checkpoint import latest_checkpoint
-    from ub.run.base_model import resolve_base_model
     from ub.run.evaluate import evaluate_checkpoint
     from ub.run.layout import RunPaths, checkpoint_name
     from ub.run.lock import RunLock
-    from ub.run.plan import actor_spec
     from ub.run.progress import baseline_cell, eval_cell
-    from ub.run.rounds import Run, resolve_run_config
-    from ub.run.store import fetch_checkpoint
     from ub.run.worker import process_worker
 
     paths = RunPaths.of(args.root, args.run)
+    # Everything that can be refused is refused before the lock and the engine (an eval that
+    # starts writes a shard); a store run's working copy made for a refused one goes again.
+    with removed_if_refused(paths):
+        run, update, opponents, envs = _checked(args, paths)
+    with RunLock(paths.lock):
+        custom = opponents is not None or envs is not None or args.games is not None
+        shard = None if custom else 0  # None: the stored ad-hoc shard of these games or a new one
+        result = evaluate_checkpoint(run, update, opponents=opponents, envs=envs,
+                                     games=args.games, shard=shard, worker=process_worker())
+    table = Table(title=f"{args.run}: {checkpoint_name(update)}")
+    for column in ("env", "opponent", "games", "win rate [95% CI]", "random in its seats",
+                   "draws", "losses", "invalid moves", "format ok"):
+        table.add_column(column)
+    for row in result["rows"]:
+        table.add_row(row["env_id"], row["opponent"], str(row["games"]), eval_cell(row),
+                      baseline_cell(row), str(row["draws"]), str(row["losses"]),
+                      f"{row['invalid_move_rate']:.1%}", f"{row['format_rate']:.1%}")
+    Console(highlight=False).print(table)
+    print(f"games: {result['shard']}" + (" (stored earlier)" if result["reused"] else ""))
+    return 0
+
+
+def _checked(args: argparse.Namespace, paths: RunPaths
+             ) -> tuple[Run, int, list[str] | None, list[str] | None]:
+    """The run, the checkpoint's update, the opponents and envs ``ub eval`` was asked for,
+    each checked (the envs started with the seats the evaluation gives them)."""
+    from ub.games.specs import check_env
+    from ub.learner.checkpoint import latest_checkpoint, read_adapter
+    from ub.run.base_model import resolve_base_model
+    from ub.run.plan import actor_spec, game_specs
+    from ub.run.rounds import Run, resolve_run_config
+    from ub.run.store import fetch_checkpoint
+
     catch_up(paths)
     config, _ = resolve_run_config(paths, None)
     if args.checkpoint is None:
@@ -54,13 +88,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.games is not None and args.games % 2:
         raise UbError(f"--games must be even so both seats get the same number, got "
                       f"{args.games}")
-    # Everything that can be refused is refused before the lock and the engine: an eval that
-    # starts writes a shard.
-    from ub.games.specs import check_env_id
-    from ub.learner.checkpoint import read_adapter
-
-    for env_id in envs or []:
-        check_env_id(env_id)
+    try:  # each started with the seats and the prompt format the evaluation gives it
+        for spec in game_specs(config, envs) if envs else []:
+            check_env(spec)
+    except (UbError, ValueError) as exc:  # (ValueError: no prompt format to take)
+        raise UbError(f"--envs: {exc}") from None
     read_adapter(paths.checkpoint(update))  # safetensors that load, before vLLM meets them
     run = Run(paths, config, resolve_base_model(config))
     # Unknown names list the valid ones, before the engine starts.
@@ -71,22 +103,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
             for env_id in envs or config.eval.env_ids or [e.env_id for e in config.envs]:
                 check_expert_supports(env_id)
-    with RunLock(paths.lock):
-        custom = opponents is not None or envs is not None or args.games is not None
-        shard = None if custom else 0  # None: the stored ad-hoc shard of these games or a new one
-        result = evaluate_checkpoint(run, update, opponents=opponents, envs=envs,
-                                     games=args.games, shard=shard, worker=process_worker())
-    table = Table(title=f"{args.run}: {checkpoint_name(update)}")
-    for column in ("env", "opponent", "games", "win rate [95% CI]", "random in its seats",
-                   "draws", "losses", "invalid moves", "format ok"):
-        table.add_column(column)
-    for row in result["rows"]:
-        table.add_row(row["env_id"], row["opponent"], str(row["games"]), eval_cell(row),
-                      baseline_cell(row), str(row["draws"]), str(row["losses"]),
-                      f"{row['invalid_move_rate']:.1%}", f"{row['format_rate']:.1%}")
-    Console(highlight=False).print(table)
-    print(f"games: {result['shard']}" + (" (stored earlier)" if result["reused"] else ""))
-    return 0
+    return run, update, opponents, envs
 
 
 def _names(text: str | None) -> list[str] | None:

@@ -9,7 +9,7 @@ from ub.cli.args import (
     add_batch_options,
     add_checkpoint_io,
     add_learner_options,
-    check_writable,
+    check_can_create,
     yaml_section,
 )
 from ub.cli.batch import batch_config
@@ -42,7 +42,7 @@ def cmd_learn(args: argparse.Namespace) -> int:
     batch = batch_config(args)
     learner = learner_config(args)
     out = Path(args.out)
-    check_writable(out.parent)
+    check_can_create(out.parent)
     metrics = learn_step(root, batch, learner, args.from_checkpoint, out,
                          overwrite=args.overwrite)
     summary = {k: v for k, v in metrics.items() if not isinstance(v, dict)}

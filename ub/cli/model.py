@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ub.cli.args import check_writable
+from ub.cli.args import check_can_create, whole_number
 from ub.cli.parser import Parser
 from ub.errors import UbError
 
@@ -20,7 +20,7 @@ def add_parser(sub) -> None:
 
 def add_tiny_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of ``ub model tiny`` (also ``python -m ub.model.tiny``)."""
-    parser.add_argument("--seed", type=int, default=0, help="build seed (default 0)")
+    parser.add_argument("--seed", type=whole_number, default=0, help="build seed (default 0)")
     parser.add_argument("--out", help="build into this folder instead of the cache")
     parser.add_argument("--set", action="append", default=[], dest="overrides",
                         metavar="NAME=VALUE",
@@ -39,7 +39,7 @@ def cmd_model_tiny(args: argparse.Namespace) -> int:
     config = config_with_overrides(args.overrides)
     out = Path(args.out) if args.out else None
     if out is not None:
-        check_writable(out.parent if out.parent != Path("") else Path("."))
+        check_can_create(out.parent)  # (creates nothing: a refused build leaves no folder)
     path = build_tiny_model(out, seed=args.seed, config=config)
     print(path)
     return 0

@@ -9,8 +9,9 @@ from ub.cli.args import (
     check_can_create,
     game_count,
     non_negative_float,
-    non_negative_int,
     positive_int,
+    round_number,
+    whole_number,
 )
 from ub.errors import UbError
 
@@ -25,8 +26,8 @@ def add_parser(sub) -> None:
     play.add_argument("--model", help="model directory (default: the base model the "
                       "adapters record, else the tiny CPU model)")
     play.add_argument("--template", default="plain", help="prompt template (plain, qwen3-zs, chat)")
-    play.add_argument("--seed", type=int, default=0, help="seed of games and sampling")
-    play.add_argument("--round", type=non_negative_int, default=0,
+    play.add_argument("--seed", type=whole_number, default=0, help="seed of games and sampling")
+    play.add_argument("--round", type=round_number(), default=0,
                       help="round number stored with the data")
     play.add_argument("--run", default="play", help="run name stored with the data")
     play.add_argument("--temperature", type=non_negative_float, default=1.0)
@@ -130,13 +131,11 @@ def _adapters_base(adapters: list[str]) -> str:
 def _check_context(model: str, max_model_len: int, max_tokens: int) -> None:
     """Refuse a context the model cannot hold before vLLM starts (it refuses with a long
     traceback), and completions that leave no room for a prompt."""
-    from ub.inference.validation import validate_model_dir
+    from ub.inference.validation import context_problem, validate_model_dir
 
-    limit = (validate_model_dir(model) or {}).get("max_position_embeddings")
-    if isinstance(limit, int) and max_model_len > limit:
-        raise UbError(f"--max-model-len {max_model_len} exceeds the model's context of {limit} "
-                      f"tokens (max_position_embeddings in {model}/config.json): use at most "
-                      f"{limit}")
+    problem = context_problem(validate_model_dir(model), max_model_len)
+    if problem:
+        raise UbError(f"--max-model-len {problem} ({model})")
     if max_tokens >= max_model_len:
         raise UbError(f"--max-tokens {max_tokens} must be below --max-model-len "
                       f"{max_model_len} (the context holds the prompt and the completion)")

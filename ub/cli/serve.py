@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ub.cli.args import positive_int, run_dir
+from ub.cli.args import port_number, run_dir
 
 
 def add_parser(sub) -> None:
@@ -16,7 +16,7 @@ def add_parser(sub) -> None:
                        help="checkpoint number, latest (default) or all")
     serve.add_argument("--host", default="127.0.0.1",
                        help="address to listen on (default 127.0.0.1; 0.0.0.0: every interface)")
-    serve.add_argument("--port", type=positive_int, default=8000, help="port (default 8000)")
+    serve.add_argument("--port", type=port_number, default=8000, help="port (default 8000)")
     serve.set_defaults(func=cmd_serve)
 
 

@@ -9,7 +9,7 @@ from ub.cli.args import (
     add_batch_options,
     add_checkpoint_io,
     add_learner_options,
-    check_writable,
+    check_can_create,
     positive_int,
     yaml_section,
 )
@@ -43,7 +43,7 @@ def cmd_sft(args: argparse.Namespace) -> int:
     config = SftConfig.from_dict(data)
     learner = learner_config(args)
     out = Path(args.out)
-    check_writable(out.parent)
+    check_can_create(out.parent)
     summary = train_sft(root, config, learner, out, overwrite=args.overwrite)
     print(f"{summary['decisions']} decisions, {summary['steps']} steps, final loss "
           f"{summary['loss']:.4f}")

@@ -7,9 +7,11 @@ A reader sees the whole file or nothing; a writer killed midway leaves only a hi
 
 from __future__ import annotations
 
+import contextlib
 import os
+import shutil
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -54,3 +56,33 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> Path:
         tmp.unlink(missing_ok=True)
         raise
     return path
+
+
+@contextlib.contextmanager
+def removed_on_failure(path: Path, keep: Callable[[], bool] = lambda: False) -> Iterator[None]:
+    """If the block fails and ``path`` did not exist before it, remove ``path`` and the parent
+    folders the block created for it, unless ``keep()`` says otherwise: a command refused after
+    it made a folder (a lock, a working copy) leaves the disk as it found it. A parent goes only
+    while empty (another process may be writing beside it)."""
+    path = Path(path).absolute()
+    new = []  # path and its missing parents, innermost first
+    folder = path
+    while not os.path.lexists(folder) and folder != folder.parent:
+        new.append(folder)
+        folder = folder.parent
+    try:
+        yield
+    except BaseException:
+        if new and os.path.lexists(path) and not keep():
+            if path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):  # (the command's own error is the news)
+                    path.unlink()
+        if new and not os.path.lexists(path):
+            for parent in new[1:]:
+                try:
+                    parent.rmdir()
+                except OSError:
+                    break
+        raise

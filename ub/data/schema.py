@@ -86,6 +86,20 @@ RENAMED: dict[str, dict[str, tuple[str, int]]] = {
 renamed it)."""
 
 
+def int_column_range(table: str, column: str) -> tuple[int, int]:
+    """The smallest and largest value ``table``'s integer ``column`` holds (a list column: its
+    items'), so that a setting that ends up in it is refused before any game is played."""
+    kind = TABLES[table].field(column).type
+    if pa.types.is_list(kind):
+        kind = kind.value_type
+    if not pa.types.is_integer(kind):
+        raise ValueError(f"{table}.{column} is not an integer column ({kind})")
+    bits = kind.bit_width
+    if pa.types.is_signed_integer(kind):
+        return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    return 0, (1 << bits) - 1
+
+
 READING_TABLE = b"ub.reading_table"
 """The schema metadata key of a :func:`reading_schema`: the table it reads."""
 

@@ -26,6 +26,11 @@ NETWORK_GAMES = frozenset(
 )
 
 
+class EnvStartError(UbError):
+    """An env that exists but does not start with a spec's settings: most often a player count
+    the game does not have (TextArena checks it at reset)."""
+
+
 @dataclass(frozen=True)
 class GameSpec:
     """One game a rollout can play.
@@ -118,7 +123,7 @@ def check_env(spec: GameSpec) -> None:
     except (LookupError, ConnectionError, TimeoutError) as exc:
         raise UbError(f"env {spec.env_id!r} needs the network or a download: {exc}") from None
     except Exception as exc:
-        raise UbError(
+        raise EnvStartError(
             f"env {spec.env_id!r} failed to start with {spec.num_players} player(s): "
             f"{type(exc).__name__}: {exc}"
         ) from None

@@ -15,6 +15,30 @@ from ub.inference.types import VLLM_LORA_RANKS
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?$")
 
+ENGINE_SEEDS = range(2**32)
+"""The engine seeds vLLM starts with: it seeds NumPy's global RNG with its seed, which takes
+0 to 2**32 - 1 (any other value fails the engine's start, after a run has begun)."""
+
+
+def context_problem(model_config: dict[str, Any] | None, max_model_len: int) -> str | None:
+    """Why a model (its ``config.json``) cannot hold a context of ``max_model_len`` tokens, or
+    ``None`` (also when its config does not say)."""
+    limit = (model_config or {}).get("max_position_embeddings")
+    if isinstance(limit, int) and max_model_len > limit:
+        return (f"{max_model_len} exceeds the model's context of {limit} tokens "
+                f"(max_position_embeddings in its config.json): use at most {limit}")
+    return None
+
+
+def token_id_problem(model_config: dict[str, Any] | None, token_id: int) -> str | None:
+    """Why ``token_id`` is not an id of a model's vocabulary (which its embedding looks up),
+    or ``None`` (also when its config does not say)."""
+    vocab = (model_config or {}).get("vocab_size")
+    if isinstance(vocab, int) and not 0 <= token_id < vocab:
+        return (f"{token_id} is not a token id of the model (its vocabulary has ids 0 to "
+                f"{vocab - 1}): use one of them")
+    return None
+
 
 def _looks_like_local_path(model: str) -> bool:
     # A hub id is "name" or "org/name"; anything else (or anything that exists) is a path.

@@ -63,6 +63,36 @@ class TranscriptStep:
         return self.prompt, self.completion
 
 
+TRANSCRIPT_SEATS = 2
+"""Random players per transcript game."""
+
+
+def _require_legal_actions(env_id: str) -> None:
+    from ub.games.legal import supports_legal_actions
+
+    if not supports_legal_actions(env_id):
+        raise UbError(
+            f"cannot play {env_id!r} for transcripts: not a TextArena id with a legal-move "
+            "function (see ub.games.legal)"
+        )
+
+
+def check_transcript_env(env_id: str) -> None:
+    """Refuse a game transcripts cannot be played of: not a TextArena id with a legal-move
+    function, or a game that does not start with :data:`TRANSCRIPT_SEATS` players.
+
+    :raises UbError: naming the env and why.
+    """
+    from ub.games.specs import GameSpec, check_env
+
+    _require_legal_actions(env_id)
+    try:
+        check_env(GameSpec(env_id, TRANSCRIPT_SEATS))
+    except UbError as exc:
+        raise UbError(f"cannot play {env_id!r} for transcripts ({TRANSCRIPT_SEATS} random "
+                      f"players): {exc}") from None
+
+
 def play_game(env_id: str, game_seed: int, player_seed: int) -> list[TranscriptStep]:
     """Play one game of ``env_id`` with random legal players; return every decision in order.
 
@@ -71,20 +101,16 @@ def play_game(env_id: str, game_seed: int, player_seed: int) -> list[TranscriptS
     import textarena as ta
 
     from ub.actors.scripted import random_action
-    from ub.games.legal import legal_actions, supports_legal_actions
+    from ub.games.legal import legal_actions
     from ub.games.templates import get_template
 
-    if not supports_legal_actions(env_id):
-        raise UbError(
-            f"cannot play {env_id!r} for transcripts: not a TextArena id with a legal-move "
-            "function (see ub.games.legal)"
-        )
+    _require_legal_actions(env_id)
     template = get_template("plain")
     rng = random.Random(player_seed)  # one stream for both seats; never the global one
     outer_state = random.getstate()
     try:
         env = ta.make(env_id=env_id)
-        env.reset(num_players=2, seed=game_seed)
+        env.reset(num_players=TRANSCRIPT_SEATS, seed=game_seed)
         steps: list[TranscriptStep] = []
         done = False
         while not done:

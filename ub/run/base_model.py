@@ -122,3 +122,50 @@ def check_base_model(base: str) -> None:
             raise UbError(f"model.base {base} is not in the Hugging Face cache and "
                           "HF_HUB_OFFLINE is set: download it first (huggingface-cli download "
                           f"{base}) or unset HF_HUB_OFFLINE")
+
+
+def base_model_config(config: TrainConfig) -> dict[str, Any] | None:
+    """The base model's ``config.json`` where this machine has it without building or
+    downloading anything: a model folder, the tiny build once made (before: the recipe's
+    context only), a hub id in the Hugging Face cache; else ``None``."""
+    import json
+
+    base = config.model.base
+    if base == "tiny":
+        from ub.model.tiny.cache import cache_key, is_complete, tiny_model_path
+        from ub.model.tiny.config import DEFAULT_CONFIG
+
+        seed = config.model.tiny_seed
+        path = tiny_model_path(seed)
+        if not is_complete(path, cache_key(seed)):
+            return {"max_position_embeddings": DEFAULT_CONFIG.max_position_embeddings}
+        base = str(path)
+    path = Path(base).expanduser()
+    if path.is_dir():
+        from ub.inference.validation import validate_model_dir
+
+        return validate_model_dir(str(path))
+    from huggingface_hub import try_to_load_from_cache
+
+    cached = try_to_load_from_cache(base, "config.json")
+    if not isinstance(cached, str):
+        return None
+    try:
+        data = json.loads(Path(cached).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def check_fits_base_model(config: TrainConfig) -> None:
+    """Refuse, before any work, the settings the base model bounds: the engine's context (vLLM
+    refuses one longer than the model's at its start, after the run has begun) and the batch's
+    pad id (the learner's embedding looks it up)."""
+    from ub.inference.validation import context_problem, token_id_problem
+
+    model_config = base_model_config(config)
+    for key, problem in (
+            ("engine.max_model_len", context_problem(model_config, config.engine.max_model_len)),
+            ("batch.pad_token_id", token_id_problem(model_config, config.batch.pad_token_id))):
+        if problem:
+            raise UbError(f"{key} {problem} (model.base {config.model.base})")

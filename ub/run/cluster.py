@@ -114,12 +114,22 @@ def connect_error(address: str, exc: BaseException) -> UbError:
 
 
 def check_reachable(address: str, timeout: float = 5.0) -> None:
-    """Fail fast on a ``HOST:PORT`` nobody listens on (Ray itself retries for minutes)."""
-    host, _, port = address.rpartition(":")
-    if address == "auto" or "://" in address or not port.isdigit():
-        return  # Ray resolves these itself
+    """Fail fast on a port that is none (``HOST:99999``) and on a ``HOST:PORT`` nobody listens
+    on (Ray itself retries for minutes)."""
+    from ub.numbers import NumberError, parse_port, url_port
+
+    if address == "auto":
+        return  # Ray resolves it itself
+    host, colon, port_text = address.rpartition(":")
     try:
-        socket.create_connection((host, int(port)), timeout=timeout).close()
+        port = url_port(address) if "://" in address else (
+            parse_port(port_text) if colon else None)
+    except NumberError as exc:
+        raise UbError(f"cluster.address={address}: {exc}") from None
+    if "://" in address or port is None:
+        return  # (ray://HOST:PORT: Ray's client connects, and says why it cannot)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
     except OSError as exc:
         raise connect_error(address, exc) from None
 

@@ -24,6 +24,7 @@ import yaml
 from pydantic import ValidationError
 
 from ub.errors import UbError
+from ub.numbers import first_non_finite
 from ub.run.schema import (  # re-exported: the schema's names are imported from here too
     MAX_GAMES,
     ClusterSection,
@@ -154,34 +155,59 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 def validate_config(data: dict[str, Any], source: str = "") -> TrainConfig:
     """A :class:`TrainConfig` from a mapping, with every section checked (batch, learner,
-    opponents and rating by their own validators), or one :class:`UbError` line."""
+    opponents and rating by their own validators) and every setting against what it feeds (the
+    games, the engine, the data's columns), or one :class:`UbError` line."""
     try:
         config = TrainConfig.model_validate(data)
     except ValidationError as exc:
         raise UbError(_format_error(exc, source or "(from mapping)")) from None
+    # The typed fields refuse nan and inf themselves; this finds them in free-form ones
+    # (algorithm_params, a transform's parameters) before a learner or a query gets them.
+    found = first_non_finite(data)
+    if found:
+        raise UbError(f"invalid config {source}: {found[0]}: expected a finite number, got "
+                      f"{found[1]}")
     _check_sections(config, source)
     return config
 
 
 def _check_sections(config: TrainConfig, source: str) -> None:
-    from ub.games.specs import GameSpec, check_env_id
+    from ub.data.schema import int_column_range
+    from ub.games.specs import EnvStartError, check_env
     from ub.inference.types import VLLM_LORA_RANKS
+    from ub.inference.validation import ENGINE_SEEDS
+    from ub.run.plan import env_spec, game_specs
+    from ub.run.sections import DTYPES
 
     def fail(field: str, message: str) -> UbError:
         return UbError(f"invalid config {source}: {field}: {message}")
 
+    if config.seed not in ENGINE_SEEDS:
+        raise fail("seed", f"got {config.seed}; it is also vLLM's engine seed, which takes "
+                   f"{ENGINE_SEEDS.start} to {ENGINE_SEEDS.stop - 1}: choose one in that range")
+    last_round = int_column_range("games", "round")[1]
+    if config.rounds > last_round:
+        raise fail("rounds", f"got {config.rounds}; the data's round column holds round "
+                   f"numbers up to {last_round}")
+    if config.engine.dtype not in DTYPES:
+        raise fail("engine.dtype", f"got {config.engine.dtype!r}; allowed: {', '.join(DTYPES)}")
     if config.engine.max_lora_rank not in VLLM_LORA_RANKS:
         raise fail("engine.max_lora_rank", f"got {config.engine.max_lora_rank}; allowed: "
                    + ", ".join(map(str, VLLM_LORA_RANKS)))
     for i, env in enumerate(config.envs):
         try:
-            GameSpec(env.env_id, env.num_players, env.template, env.extractor, env.max_turns)
-            check_env_id(env.env_id)
+            check_env(env_spec(env))  # (a reset: TextArena checks the player count there)
+        except EnvStartError as exc:
+            raise fail(f"envs.{i}.num_players", f"{exc}: give a player count the game has"
+                       ) from None
         except UbError as exc:
             raise fail(f"envs.{i}", str(exc)) from None
-    for env_id in config.eval.env_ids or []:
+    for entry in config.eval.envs or []:
         try:
-            check_env_id(env_id)
+            check_env(game_specs(config, [entry])[0])
+        except EnvStartError as exc:
+            raise fail("eval.envs", f"{exc} (an env not trained on is evaluated with two seats, "
+                       "the checkpoint and an opponent)") from None
         except UbError as exc:
             raise fail("eval.envs", str(exc)) from None
     sections = {

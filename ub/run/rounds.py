@@ -70,7 +70,6 @@ class Run:
         return local_model(self.base_model)
 
 
-
 # --------------------------------------------------------------------------------------------
 # Starting and resuming (the base model's checks: ub.run.base_model)
 # --------------------------------------------------------------------------------------------
@@ -126,7 +125,8 @@ def resolve_run_config(paths: RunPaths, config: TrainConfig | None, *,
                     f"Resume it as it is with `ub train --resume {paths.name}` (optionally "
                     "--rounds N), or start a new run with another --run NAME")
     elif config is None:
-        raise UbError(f"no run {paths.name} under {paths.root.parent}: start it with "
+        where = paths.store.rpartition("/")[0] if paths.store else paths.root.parent
+        raise UbError(f"no run {paths.name} under {where}: start it with "
                       f"`ub train CONFIG --run {paths.name}`")
     chosen = config if config is not None else stored
     assert chosen is not None

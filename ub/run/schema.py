@@ -180,7 +180,8 @@ class ClusterSection(Section):
 class TrainConfig(Section):
     """A whole run. Plain data: ``model_dump()`` is what ``config.yaml`` in the run holds."""
 
-    seed: int = Field(0, description="The run's seed: every random choice derives from it.")
+    seed: int = Field(0, description="The run's seed: every random choice derives from it "
+                      "(0 to 2**32 - 1: it is also vLLM's engine seed).")
     rounds: int = Field(8, ge=1, description="Rounds to train (more extends a finished run).",
                         json_schema_extra=EXECUTION)
     model: ModelSection = Field(default_factory=ModelSection, description="The base model.")

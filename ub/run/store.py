@@ -24,6 +24,7 @@ On ``file://`` the last step of a put is a rename within the folder instead of a
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
@@ -116,6 +117,13 @@ class RunStore:
             if key and not any(part.startswith(".") for part in key.split("/")):
                 out[key] = int(info.get("size") or 0)
         return out
+
+    def probe(self) -> None:
+        """One round trip to the store; :class:`OSError` when nothing answers (``exists``, which
+        :meth:`files` asks first, says False then on some filesystems, HTTP's). A missing run
+        folder is fine: a new run."""
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.ls(self._fs_and_root[1], detail=False)
 
     def committed_rounds(self, listing: dict[str, int] | None = None) -> list[int]:
         """The rounds whose manifest is published (from ``listing``, :meth:`files`, if the

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ub.data.atomic import removed_on_failure
 from ub.errors import UbError
 from ub.model.builder import init_model, save_model, train_tokenizer
 from ub.model.tiny.cache import (
@@ -22,6 +23,7 @@ from ub.model.tiny.cache import (
     cache_key,
     check_replaceable,
     is_complete,
+    lock_path,
     publishable,
     replace_dir,
     textarena_version,
@@ -57,20 +59,23 @@ def build_tiny_model(
     if is_complete(target, key):
         return target
     check_replaceable(target)
+    config.check_games()  # (before anything is created: a refused build leaves nothing)
     log = _stderr_logger("ub model tiny") if verbose else silent
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with build_lock(target):
-        if is_complete(target, key):  # another process finished it while we waited
-            return target
-        check_replaceable(target)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
-        try:
-            _build_into(tmp, seed=seed, config=config, key=key, log=log)
-            publishable(tmp)
-            replace_dir(tmp, target)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+    # A build that fails takes its lock file, and the folders made for it, with it.
+    with removed_on_failure(lock_path(target), keep=target.exists):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with build_lock(target):
+            if is_complete(target, key):  # another process finished it while we waited
+                return target
+            check_replaceable(target)
+            tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+            try:
+                _build_into(tmp, seed=seed, config=config, key=key, log=log)
+                publishable(tmp)
+                replace_dir(tmp, target)
+            except BaseException:
+                shutil.rmtree(tmp, ignore_errors=True)
+                raise
     log(f"ready: {target}")
     return target
 
@@ -165,6 +170,10 @@ def _train(seed: int, config: TinyModelConfig, log: Log) -> _Trained:
     log(f"model: Qwen3, {params / 1e6:.2f} M parameters")
 
     examples = encode_examples(steps, tokenizer, config.max_position_embeddings)
+    if not examples:
+        raise UbError(f"TinyModelConfig.max_position_embeddings {config.max_position_embeddings} "
+                      "holds no pre-training example (a prompt and its move, ~50-150 tokens): "
+                      "raise it")
     from ub.run.progress import progress_bar
 
     with progress_bar("pre-training", config.train_steps, "steps",

@@ -111,11 +111,15 @@ def check_replaceable(path: Path) -> None:
         )
 
 
+def lock_path(target: Path) -> Path:
+    """The file :func:`build_lock` locks for ``target``."""
+    return target.parent / f".{target.name}.lock"
+
+
 @contextlib.contextmanager
 def build_lock(target: Path) -> Iterator[None]:
     """An exclusive lock per target, so concurrent builds of one key run once, not twice."""
-    lock_path = target.parent / f".{target.name}.lock"
-    with open(lock_path, "a") as handle:
+    with open(lock_path(target), "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield

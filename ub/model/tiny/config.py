@@ -4,6 +4,7 @@ the cache key, with the seed and the textarena version)."""
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -11,6 +12,7 @@ from typing import Any
 from ub.errors import UbError
 from ub.model.builder import Qwen3Shape
 from ub.model.transcripts import DEFAULT_ENV_IDS
+from ub.numbers import NumberError, parse_float, parse_int
 
 # Bump whenever the recipe changes what gets built (code, not config): it is part of the cache
 # key, so old cached models are never mistaken for new ones.
@@ -85,14 +87,30 @@ class TinyModelConfig:
     def __post_init__(self) -> None:
         if not self.env_ids:
             raise UbError("TinyModelConfig.env_ids is empty: name at least one game")
+        # Each number against what it feeds (the model's shape, AdamW, the schedule, the
+        # check), so a bad one is refused here and not as a traceback minutes into a build.
+        for names, low, above in ((_SIZES, 1, False), (_COUNTS, 0, False),
+                                  (_POSITIVE, 0.0, True), (_NON_NEGATIVE, 0.0, False)):
+            for name in names:
+                value = getattr(self, name)
+                if not math.isfinite(value) or value < low or (above and value == low):
+                    raise UbError(f"TinyModelConfig.{name} must be {'>' if above else '>='} "
+                                  f"{low}, got {value}")
+        if self.min_lr_ratio > 1:
+            raise UbError(f"TinyModelConfig.min_lr_ratio must be <= 1, got {self.min_lr_ratio}")
         if self.hidden_size != self.num_heads * self.head_dim:
             # Qwen3 allows it, but vLLM's CPU attention and this recipe are only checked for it.
             raise UbError("TinyModelConfig: hidden_size must equal num_heads * head_dim")
         if self.num_heads % self.num_kv_heads:
             raise UbError("TinyModelConfig: num_heads must be a multiple of num_kv_heads")
-        for name in ("positions_per_env", "train_steps", "batch_tokens", "num_threads"):
-            if getattr(self, name) < 1:
-                raise UbError(f"TinyModelConfig.{name} must be >= 1")
+
+    def check_games(self) -> None:
+        """Every game of ``env_ids`` can be played for transcripts (random legal moves, two
+        seats), before a build starts (it plays them first)."""
+        from ub.model.transcripts import check_transcript_env
+
+        for env_id in self.env_ids:
+            check_transcript_env(env_id)
 
     @property
     def shape(self) -> Qwen3Shape:
@@ -109,6 +127,13 @@ class TinyModelConfig:
             rope_theta=self.rope_theta,
         )
 
+
+_SIZES = ("positions_per_env", "vocab_size", "hidden_size", "num_layers", "num_heads",
+          "num_kv_heads", "head_dim", "intermediate_size", "max_position_embeddings",
+          "train_steps", "batch_tokens", "num_threads", "eval_max_new_tokens")
+_COUNTS = ("warmup_steps", "eval_positions_per_env")
+_POSITIVE = ("rope_theta", "learning_rate", "max_grad_norm")
+_NON_NEGATIVE = ("min_lr_ratio", "weight_decay", "prompt_loss_weight")
 
 DEFAULT_CONFIG = TinyModelConfig()
 """The CPU default's config (what ``ub model tiny`` builds)."""
@@ -134,8 +159,8 @@ def config_with_overrides(
             if isinstance(current, tuple):
                 changes[name] = tuple(part.strip() for part in text.split(",") if part.strip())
             else:
-                changes[name] = type(current)(text)
-        except ValueError:
-            kind = "a whole number" if isinstance(current, int) else "a number"
+                changes[name] = (parse_int if isinstance(current, int) else parse_float)(text)
+        except NumberError:
+            kind = "a whole number" if isinstance(current, int) else "a finite number"
             raise UbError(f"--set {item!r}: {name} takes {kind} (default {current!r})") from None
     return dataclasses.replace(base, **changes)
