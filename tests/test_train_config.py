@@ -122,6 +122,8 @@ FED = [
     ({"engine": {"dtype": "float8"}}, r"engine.dtype: got 'float8'; allowed: auto, float32"),
     ({"batch": {"pad_token_id": 2**31}}, r"batch: pad_token_id must be a token id \(<= "
      r"2147483647"),
+    ({"learner": {"seed": 2**64}}, r"learner: seed must be an integer in \[-2\*\*63, "
+     r"2\*\*64\), got 18446744073709551616"),
 ]
 
 

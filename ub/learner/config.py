@@ -154,8 +154,10 @@ class LearnerConfig:
         if self.device_share is not None and not (
                 isinstance(self.device_share, int | float) and 0 <= self.device_share <= 1):
             raise UbError(f"device_share must be in [0, 1], got {self.device_share!r}")
-        if not isinstance(self.seed, int):
-            raise UbError(f"seed must be an integer, got {self.seed!r}")
+        # (torch's generators take seeds in [-2**63, 2**64))
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) \
+                or not -2**63 <= self.seed < 2**64:
+            raise UbError(f"seed must be an integer in [-2**63, 2**64), got {self.seed!r}")
 
 
 def lora_to_dict(lora: LoraSettings) -> dict[str, Any]:
