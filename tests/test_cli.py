@@ -166,7 +166,7 @@ BAD_INPUTS = [
     (["report", "{out}"], "is not a ub run"),
     (["doctor", "ghost", "--root", "{out}"], "no run 'ghost'"),
     (["doctor", "{out}"], "is not a ub run"),
-    (["doctor", "../x"], "invalid run name"),
+    (["doctor", "../.ub-no-such-run"], "invalid run name"),  # (a name, as no folder is there)
     # Issue 18: tracebacks before, accepted before, unbounded, or output left behind. Every
     # `ub play` here writes to a folder that does not exist yet: a refusal must not create it.
     (["train", "{bad}/latin1.yaml", "--root", "{out}"], "is not UTF-8 text"),
