@@ -211,7 +211,7 @@ class Learner(LearnerState):
         until it fits or a micro-batch holds one row. The smaller size stays for later
         updates."""
         while True:
-            rng = (torch.get_rng_state(), self._cuda_rng_state(), self.py_rng.getstate())
+            torch_rng, py_rng = self._capture_rng(), self.py_rng.getstate()
             try:
                 return self._accumulate(batch)
             except torch.OutOfMemoryError as e:
@@ -221,18 +221,16 @@ class Learner(LearnerState):
                 p.grad = None
             if self.device.type == "cuda":
                 torch.cuda.empty_cache()
-            torch.set_rng_state(rng[0])
-            if rng[1] is not None:
-                torch.cuda.set_rng_state(rng[1], self.device)
-            self.py_rng.setstate(rng[2])
+            self._set_rng(torch_rng)
+            self.py_rng.setstate(py_rng)
             self._halve_micro_batch(TrainBatch.from_batch(batch), message)
 
     def _halve_micro_batch(self, batch: TrainBatch, message: str) -> None:
+        longest = int(batch.lengths.max())
         old = self._micro_batch_tokens
         if old is None:  # no limit: the whole batch was one micro-batch
-            old = int(batch.lengths.max()) * len(batch)
+            old = longest * len(batch)
         new = old // 2
-        longest = int(batch.lengths.max())
         advice = ("set learner.gradient_checkpointing: true, lower engine.gpu_memory_utilization "
                   "or shorten sampling.max_tokens")
         if rank_and_world()[1] > 1:  # every rank must cut the batch the same way
@@ -297,10 +295,7 @@ class Learner(LearnerState):
                 **stats,
             }
             for key, value in sums.items():
-                value = value.detach().double()
-                known = tally.totals.get(key)
-                tally.totals[key] = value if known is None else (
-                    torch.maximum(known, value) if _is_max(key) else known + value)
+                _add_statistic(tally.totals, key, value.detach().double())
             tally.diff_max = torch.maximum(
                 tally.diff_max, (logprobs.detach() - token_batch.behaviour_logprobs).abs().max())
 
@@ -476,10 +471,7 @@ def _merge_ranks(losses: list[torch.Tensor], totals: dict[str, torch.Tensor],
     merged: dict[str, torch.Tensor] = {}
     for _, sums, _, _, _ in parts:
         for key, value in sums.items():
-            value = torch.tensor(value, dtype=torch.float64)
-            known = merged.get(key)
-            merged[key] = value if known is None else (
-                torch.maximum(known, value) if _is_max(key) else known + value)
+            _add_statistic(merged, key, torch.tensor(value, dtype=torch.float64))
     return ([torch.tensor(x) for part in parts for x in part[0]], merged,
             torch.tensor(max(part[2] for part in parts)), sum(part[3] for part in parts),
             sum(part[4] for part in parts))
@@ -490,6 +482,13 @@ def _is_max(key: str) -> bool:
     """An algorithm's statistic that is a maximum over tokens (and micro-batches, ranks and
     steps), not a sum to be divided by the token count."""
     return key.endswith("_max")
+
+
+def _add_statistic(totals: dict[str, torch.Tensor], key: str, value: torch.Tensor) -> None:
+    """Fold ``value`` into ``totals[key]``: the larger for a maximum, else the sum."""
+    known = totals.get(key)
+    totals[key] = value if known is None else (
+        torch.maximum(known, value) if _is_max(key) else known + value)
 
 
 def _peak_rss_mb() -> float:

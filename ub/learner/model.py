@@ -254,9 +254,6 @@ class LearnerModel:
     def _rng_devices(self) -> list[int]:
         return [self.device.index or 0] if self.device.type == "cuda" else []
 
-    def _cuda_rng_state(self) -> torch.Tensor | None:
-        return torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None
-
     @torch.no_grad()
     def token_logprobs(self, batch: Any, micro_batch_size: int = 16) -> torch.Tensor:
         """(B, T) logprobs of each completion token under the current policy (0 elsewhere),

@@ -185,10 +185,14 @@ class LearnerState(LearnerModel):
     def _own_rng(self) -> Iterator[None]:
         """Run the block on the learner's torch RNG streams, leaving the process's untouched."""
         with torch.random.fork_rng(devices=self._rng_devices()):
-            torch.set_rng_state(self._torch_rng["torch_cpu"])
-            if "torch_cuda" in self._torch_rng and self.device.type == "cuda":
-                torch.cuda.set_rng_state(self._torch_rng["torch_cuda"], self.device)
+            self._set_rng(self._torch_rng)
             yield
+
+    def _set_rng(self, states: Mapping[str, torch.Tensor]) -> None:
+        """Put the process's torch RNG streams at ``states`` (as :meth:`_capture_rng` took)."""
+        torch.set_rng_state(states["torch_cpu"])
+        if "torch_cuda" in states and self.device.type == "cuda":
+            torch.cuda.set_rng_state(states["torch_cuda"], self.device)
 
 
 def _lora_of(adapter_config: Mapping[str, Any]) -> LoraSettings:
