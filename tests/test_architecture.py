@@ -1,18 +1,37 @@
 """The layers import downwards only (docs/architecture.md): the library ``ub`` imports nothing of
 the Prefect tasks (``tasks``), the flows (``flows``) or Prefect itself, and the tasks nothing of
-the flows."""
+the flows. Inside ``ub``: only the commands import the command line (``ub.cli``), no import
+cycle, and no import from a layer to one above it, as the table "Layers inside ``ub/``" of
+docs/architecture.md orders them (this test reads it there).
+
+Every import counts, at any depth: inside functions and under ``if TYPE_CHECKING:`` too. A
+function-level import still makes the importer depend on the module it names (it runs whenever
+that function does), and a type-only import still couples it to the other module's names, so
+neither hides an edge from these checks."""
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+ARCHITECTURE = ROOT / "docs" / "architecture.md"
+LAYER_TABLE = "## Layers inside `ub/`"
 
 # Each layer and what it must not import: the layers above it (and, for the library, Prefect).
 FORBIDDEN = {"ub": ("tasks", "flows", "prefect", "prefect_ray"), "tasks": ("flows",)}
+
+
+def _dynamic_import(node: ast.AST) -> str | None:
+    """The literal name of ``importlib.import_module("...")`` or ``__import__("...")``."""
+    if (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(
+            node.func, "id", None)) in ("import_module", "__import__") and node.args
+            and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+        return node.args[0].value
+    return None
 
 
 def imported_modules(path: Path) -> list[tuple[int, str]]:
@@ -24,10 +43,8 @@ def imported_modules(path: Path) -> list[tuple[int, str]]:
             found += [(node.lineno, alias.name) for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             found.append((node.lineno, node.module))
-        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(
-                node.func, "id", None)) in ("import_module", "__import__") and node.args
-              and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
-            found.append((node.lineno, node.args[0].value))
+        elif (name := _dynamic_import(node)) is not None:
+            found.append((node.lineno, name))
     return found
 
 
@@ -48,3 +65,199 @@ def test_the_check_sees_every_kind_of_import(tmp_path):
                       "    importlib.import_module('tasks.rate')\n")
     assert [m for _, m in imported_modules(source)] == [
         "flows.selfplay", "tasks", "flows.cli", "tasks.rate"]
+
+
+# --- inside ub: the import graph ----------------------------------------------------------------
+
+Graph = dict[str, dict[str, str]]
+"""module -> {module it imports: where (``path:line`` of the first such import)}."""
+
+
+def modules_of(root: Path, package: str = "ub") -> dict[str, Path]:
+    """Every module of ``package`` under ``root`` by dotted name (a package's ``__init__`` is the
+    package's own name)."""
+    found = {}
+    for path in sorted((root / package).rglob("*.py")):
+        parts = path.relative_to(root).with_suffix("").parts
+        found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return found
+
+
+def import_graph(root: Path, package: str = "ub") -> Graph:
+    """The modules of ``package`` each module of it imports. ``import a.b.c`` names module
+    ``a.b.c``; ``from X import Y`` names module ``X.Y`` when there is one, else ``X``; a name of no
+    module counts as its nearest enclosing module; relative imports are resolved."""
+    modules = modules_of(root, package)
+
+    def known(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: Graph = {}
+    for module, path in modules.items():
+        here = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        edges = graph.setdefault(module, {})
+        tree = ast.parse(path.read_text(), filename=str(path))
+        kinds = (ast.Import, ast.ImportFrom, ast.Call)
+        for node in sorted((n for n in ast.walk(tree) if isinstance(n, kinds)),
+                           key=lambda n: n.lineno):  # (so each edge keeps its first line)
+            names: list[str | None] = []
+            if isinstance(node, ast.Import):
+                names = [known(alias.name) for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:  # from . import x (level 1: this package), from .. import y
+                    parts = here.split(".")[:len(here.split(".")) + 1 - node.level]
+                    base = ".".join(parts + ([node.module] if node.module else []))
+                names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else known(base)
+                         for a in node.names]
+            elif (dynamic := _dynamic_import(node)) is not None:
+                names = [known(dynamic)]
+            for name in names:
+                if name is not None and name != module:
+                    edges.setdefault(name, f"{path.relative_to(root)}:{node.lineno}")
+    return graph
+
+
+def import_cycles(graph: Graph) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted: every
+    import cycle lies in one of them."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = [stack.pop()]
+            while component[-1] != v:
+                component.append(stack.pop())
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(found)
+
+
+def shortest_cycle(graph: Graph, component: list[str]) -> list[str]:
+    """A shortest import cycle through the modules of ``component`` (breadth first)."""
+    members, best = set(component), component + component[:1]
+    for start in component:
+        paths, queue = {start: [start]}, [start]
+        for v in queue:
+            for w in sorted(graph[v]):
+                if w == start and len(paths[v]) + 1 < len(best):
+                    best = paths[v] + [start]
+                elif w in members and w not in paths:
+                    paths[w] = paths[v] + [w]
+                    queue.append(w)
+    return best
+
+
+def describe_cycle(graph: Graph, component: list[str]) -> str:
+    """A cycle's modules, a shortest cycle among them, and the import behind each edge."""
+    members = set(component)
+    lines = [f"{where} imports {b}" for a in component
+             for b, where in sorted(graph[a].items()) if b in members]
+    return (f"import cycle among {', '.join(component)} (shortest: "
+            f"{' -> '.join(shortest_cycle(graph, component))}):\n  " + "\n  ".join(lines))
+
+
+def read_layers(doc: Path = ARCHITECTURE) -> list[tuple[str, list[str]]]:
+    """The table under :data:`LAYER_TABLE` in ``doc``: (layer, its modules) rows, lowest first."""
+    text = doc.read_text(encoding="utf-8")
+    assert LAYER_TABLE in text, f"{doc} has no section {LAYER_TABLE!r}"
+    section = text.split(LAYER_TABLE, 1)[1].split("\n## ", 1)[0]
+    rows = [[cell.strip() for cell in line.strip().strip("|").split("|")]
+            for line in section.splitlines() if line.startswith("|")]
+    return [(row[0], re.findall(r"`([\w.]+)`", row[1])) for row in rows[2:]]
+
+
+def layer_of(module: str, layers: list[tuple[str, list[str]]]) -> int | None:
+    """The index of ``module``'s layer: the row naming it or, failing that, its nearest
+    enclosing package (``ub`` names ``ub/__init__.py`` alone)."""
+    where = {name: i for i, (_, names) in enumerate(layers) for name in names}
+    parts = module.split(".")
+    for n in range(len(parts), 0, -1):
+        name = ".".join(parts[:n])
+        if name in where and (name != "ub" or module == "ub"):
+            return where[name]
+    return None
+
+
+GRAPH = import_graph(ROOT)
+LAYERS = read_layers()
+
+
+def test_only_the_commands_import_the_command_line():
+    """The library runs without its command line: only ``ub.cli`` and the ``python -m``
+    entry points (``__main__`` modules, commands themselves) import ``ub.cli``."""
+    offending = [f"{where} imports {b}" for a, edges in sorted(GRAPH.items())
+                 for b, where in sorted(edges.items())
+                 if (b == "ub.cli" or b.startswith("ub.cli.")) and not (
+                     a == "ub.cli" or a.startswith("ub.cli.") or a.endswith(".__main__"))]
+    assert not offending, "the library imports the command line:\n" + "\n".join(offending)
+
+
+def test_ub_has_no_import_cycle():
+    cycles = import_cycles(GRAPH)
+    assert not cycles, "\n".join(describe_cycle(GRAPH, c) for c in cycles)
+
+
+def test_every_module_of_ub_has_a_layer():
+    named = {name for _, names in LAYERS for name in names}
+    assert not named - set(GRAPH), f"{ARCHITECTURE.name} names no such module: {named - set(GRAPH)}"
+    missing = [m for m in sorted(GRAPH) if layer_of(m, LAYERS) is None]
+    assert not missing, (f"no layer for {', '.join(missing)}: add it to the table "
+                         f"{LAYER_TABLE!r} of {ARCHITECTURE.relative_to(ROOT)}")
+
+
+def test_no_import_goes_up_a_layer():
+    offending = []
+    for a, edges in sorted(GRAPH.items()):
+        for b, where in sorted(edges.items()):
+            mine, theirs = layer_of(a, LAYERS), layer_of(b, LAYERS)
+            if mine is not None and theirs is not None and theirs > mine:
+                offending.append(f"{where} imports {b}: layer {LAYERS[mine][0]!r} imports "
+                                 f"layer {LAYERS[theirs][0]!r}, above it")
+    assert not offending, (f"imports upwards (the layers: {LAYER_TABLE!r} in "
+                           f"{ARCHITECTURE.relative_to(ROOT)}):\n" + "\n".join(offending))
+
+
+def test_the_graph_sees_every_kind_of_import(tmp_path):
+    files = {"ub/__init__.py": "", "ub/a.py": "", "ub/p/__init__.py": "from . import q\n",
+             "ub/p/q.py": ("from typing import TYPE_CHECKING\nimport ub.a\nfrom ub.p import r\n"
+                           "if TYPE_CHECKING:\n    from ..a import name\n"),
+             "ub/p/r.py": ("import os\ndef f():\n    from ub.p.q import thing\n"
+                           "    importlib.import_module('ub.a')\nfrom .q import other\n")}
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    graph = import_graph(tmp_path)
+    assert {m: sorted(e) for m, e in graph.items()} == {
+        "ub": [], "ub.a": [], "ub.p": ["ub.p.q"], "ub.p.q": ["ub.a", "ub.p.r"],
+        "ub.p.r": ["ub.a", "ub.p.q"]}
+    assert graph["ub.p.r"] == {"ub.p.q": "ub/p/r.py:3", "ub.a": "ub/p/r.py:4"}
+    assert import_cycles(graph) == [["ub.p.q", "ub.p.r"]]
+    assert describe_cycle(graph, ["ub.p.q", "ub.p.r"]) == (
+        "import cycle among ub.p.q, ub.p.r (shortest: ub.p.q -> ub.p.r -> ub.p.q):\n"
+        "  ub/p/q.py:3 imports ub.p.r\n  ub/p/r.py:3 imports ub.p.q")
+    ring = {"a": {"b": ""}, "b": {"c": ""}, "c": {"a": "", "b": ""}}
+    assert shortest_cycle(ring, ["a", "b", "c"]) == ["b", "c", "b"]
+
+
+def test_a_module_takes_the_layer_of_its_row_or_package():
+    layers = [("low", ["ub", "ub.x.low"]), ("high", ["ub.x", "ub.y"])]
+    assert [layer_of(m, layers) for m in ("ub", "ub.x", "ub.x.low", "ub.x.low.z", "ub.x.k",
+                                          "ub.z")] == [0, 1, 0, 0, 1, None]

@@ -16,8 +16,8 @@ import pytest
 
 from ub.actors.spec import parse_actor
 from ub.games.specs import GameSpec
+from ub.progress_bar import progress_bar, show_progress_bars
 from ub.rollout import assign_games, play_games
-from ub.run.progress import progress_bar, show_progress_bars
 
 
 @pytest.fixture(autouse=True)
@@ -67,7 +67,7 @@ def test_quiet_shows_nothing():
 def test_a_bar_on_a_terminal():
     """In a real pty: Rich draws the bar (count, rate, ETA) and takes it away at the end."""
     script = ("import time\n"
-              "from ub.run.progress import progress_bar\n"
+              "from ub.progress_bar import progress_bar\n"
               "with progress_bar('round 0', 6) as bar:\n"
               "    for i in range(1, 7):\n"
               "        time.sleep(0.15); bar(i, 6)\n"

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from ub.cli.model import tiny_main
 from ub.errors import UbError
 from ub.model import tiny as tiny_package
 from ub.model.tiny import (
@@ -209,7 +210,7 @@ def test_main_prints_the_path(
     monkeypatch.setattr(tiny_package, "build_tiny_model", fake_build)
     argv = ["--seed", "7", "--out", str(tmp_path / "x"), "--set", "num_layers=6",
             "--set", "env_ids=TicTacToe-v0-train, Nim-v0-train", "--set", "learning_rate=1e-3"]
-    assert tiny_build.main(argv) == 0
+    assert tiny_main(argv) == 0
     assert seen == {"out_dir": tmp_path / "x", "seed": 7, "config": dataclasses.replace(
         TinyModelConfig(), num_layers=6, env_ids=("TicTacToe-v0-train", "Nim-v0-train"),
         learning_rate=1e-3)}
@@ -225,7 +226,7 @@ def test_main_prints_the_path(
 def test_a_bad_setting_is_refused_before_building(
     override: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert tiny_build.main(["--out", str(tmp_path / "x"), "--set", override]) == 1
+    assert tiny_main(["--out", str(tmp_path / "x"), "--set", override]) == 1
     assert message in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 
@@ -236,7 +237,7 @@ def test_a_build_with_settings_records_them(tmp_path: Path) -> None:
     out = tmp_path / "model"
     argv = ["--out", str(out)] + [arg for name, value in settings.items()
                                   for arg in ("--set", f"{name}={value}")]
-    assert tiny_build.main(argv) == 0
+    assert tiny_main(argv) == 0
     assert read_manifest(out)["config"] == json.loads(json.dumps(dataclasses.asdict(SMALL)))
 
 

@@ -7,9 +7,10 @@ model again, submits its next prompt while the others are still generating. Scri
 instantly. New games start as soon as others finish, up to ``concurrency`` at once, so the engine
 stays full.
 
-The result is two Arrow tables in the ``steps`` and ``games`` schemas (:mod:`ub.data.schema`).
-:func:`play_games` plays a list of assignments with a :class:`RolloutRunner`, which holds the
-rollout's state (games in flight, requests they wait on, rows so far) between engine steps.
+The result is two Arrow tables in the ``steps`` and ``games`` schemas (:mod:`ub.data.schema`):
+a finished game adds :func:`step_rows` and :func:`game_row`. :func:`play_games` plays a list of
+assignments with a :class:`RolloutRunner`, which holds the rollout's state (games in flight,
+requests they wait on, rows so far) between engine steps.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from ub.actors.spec import ActorSpec
-from ub.data.rows import game_row, step_rows
 from ub.data.schema import GAMES_SCHEMA, STEPS_SCHEMA
 from ub.faults import fault_point
 from ub.games.actions import get_extractor
@@ -140,7 +140,7 @@ class RolloutRunner:
         (evaluation passes ``"eval"``, so every checkpoint meets the same opponent moves).
     :param game_id_prefix: game ids are ``PREFIX-gNNNNNN``; default ``RUN-rNNNNNN`` (the round).
     :param progress: called with (games finished, games in all) as each game ends, e.g. a
-        :func:`ub.run.progress.progress_bar`.
+        :func:`ub.progress_bar.progress_bar`.
     """
 
     def __init__(
@@ -378,3 +378,50 @@ class RolloutRunner:
         self._game_rows.append(game_row(item.assignment, item.game, where))
         if self.progress is not None:
             self.progress(self.stats.games, len(self.assignments))
+
+
+# The rows a finished game adds to the ``steps`` and ``games`` tables. ``where`` holds the
+# columns the rollout sets for every row: ``run``, ``round`` and ``shard``.
+
+
+def step_rows(a: GameAssignment, g: Game, where: dict[str, Any]) -> list[dict]:
+    """The ``steps`` rows of a finished game, one per decision."""
+    result = g.final
+    rows = []
+    for d in g.decisions:
+        actor = a.actors[d.seat]
+        det = d.details
+        rows.append({
+            **where, "game_id": g.game_id,
+            "env_id": a.spec.env_id, "turn": d.turn, "seat": d.seat,
+            "role": result.roles[d.seat], "actor": actor.name, "actor_kind": actor.kind,
+            "checkpoint": actor.checkpoint, "template": det.get("template"),
+            "observation": d.observation, "prompt": det.get("prompt"),
+            "completion": det.get("completion"),
+            "prompt_token_ids": det.get("prompt_token_ids"),
+            "completion_token_ids": det.get("completion_token_ids"),
+            "completion_logprobs": det.get("completion_logprobs"),
+            "num_prompt_tokens": det.get("num_prompt_tokens"),
+            "num_completion_tokens": det.get("num_completion_tokens"),
+            "action": d.action, "format_ok": d.format_ok, "invalid_move": d.invalid_move,
+            "step_reward": 0.0,
+            "env_reward": None if result.rewards is None else result.rewards[d.seat],
+            "finish_reason": det.get("finish_reason"),
+            "sampling_seed": det.get("sampling_seed"),
+            "gen_seconds": det.get("gen_seconds"), "env_seconds": d.env_seconds,
+        })
+    return rows
+
+
+def game_row(a: GameAssignment, g: Game, where: dict[str, Any]) -> dict:
+    """The ``games`` row of a finished game."""
+    result = g.final
+    return {
+        **where, "game_id": g.game_id,
+        "game_index": a.game_index, "env_id": a.spec.env_id, "seed": a.seed,
+        "num_players": a.spec.num_players, "actors": [x.name for x in a.actors],
+        "roles": result.roles, "rewards": result.rewards, "results": result.results,
+        "invalid_moves": result.invalid_moves, "outcome": result.outcome,
+        "winner": result.winner, "num_turns": g.turn, "reason": result.reason,
+        "error": result.error, "seconds": result.seconds,
+    }

@@ -66,7 +66,8 @@ def _checked(args: argparse.Namespace, paths: RunPaths
     from ub.games.specs import check_env
     from ub.learner.checkpoint import latest_checkpoint, read_adapter
     from ub.run.base_model import resolve_base_model
-    from ub.run.plan import actor_spec, game_specs
+    from ub.run.config import game_specs
+    from ub.run.plan import actor_spec
     from ub.run.rounds import Run, resolve_run_config
     from ub.run.store import fetch_checkpoint
 

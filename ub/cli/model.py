@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 from ub.cli.args import check_can_create, whole_number
@@ -43,6 +45,20 @@ def cmd_model_tiny(args: argparse.Namespace) -> int:
     path = build_tiny_model(out, seed=args.seed, config=config)
     print(path)
     return 0
+
+
+def tiny_main(argv: Sequence[str] | None = None) -> int:
+    """``python -m ub.model.tiny`` (:mod:`ub.model.tiny.__main__`): ``ub model tiny`` without
+    loading the rest of ub's CLI."""
+    parser = argparse.ArgumentParser(
+        prog="python -m ub.model.tiny", description="Build (or reuse) the tiny CPU default model."
+    )
+    add_tiny_arguments(parser)
+    try:
+        return cmd_model_tiny(parser.parse_args(argv))
+    except UbError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
 
 
 def _tiny_build_of(checkpoint: str, args: argparse.Namespace) -> str:

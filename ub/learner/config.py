@@ -10,8 +10,16 @@ from typing import Any
 
 from ub.errors import UbError, settings_from_mapping
 from ub.model.lora import LoraSettings
-from ub.run.schema import SamplingSection, TrainConfig
-from ub.run.sections import ATTENTION, DTYPES, KERNELS, LearnerSection, check_types, default_of
+from ub.run.sections import (
+    ATTENTION,
+    DEFAULT_SEED,
+    DTYPES,
+    KERNELS,
+    LearnerSection,
+    SamplingSection,
+    check_types,
+    default_of,
+)
 
 
 def _schema(name: str) -> Callable[[], Any]:
@@ -51,7 +59,7 @@ class LearnerConfig:
     lora: LoraSettings = field(default_factory=LoraSettings)
 
     init_adapter: str | None = field(default_factory=_schema("init_adapter"))
-    seed: int = field(default_factory=lambda: default_of(TrainConfig, "seed"))
+    seed: int = DEFAULT_SEED
 
     algorithm: str = field(default_factory=_schema("algorithm"))
     algorithm_params: dict[str, Any] = field(default_factory=_schema("algorithm_params"))

@@ -152,8 +152,8 @@ def data_parallel_updates(rank: int, world: int, address: str, model_dir: str | 
 
     from ub.learner import LearnerConfig, learn_on_batch
     from ub.learner.distributed import join, leave
+    from ub.learner.entry import KeptLearner
     from ub.model.lora import LoraSettings
-    from ub.run.worker import Worker
 
     out = Path(out)
     if world > 1:
@@ -162,7 +162,7 @@ def data_parallel_updates(rank: int, world: int, address: str, model_dir: str | 
                            learning_rate=5e-3, length_normalizer=16,
                            micro_batch_tokens=micro_batch_tokens, seed=3, num_threads=threads)
     previous, metrics = None, []
-    worker = Worker()  # one learner for all the updates, as a round's learner process keeps
+    worker = KeptLearner()  # one learner for all the updates, as a round's learner process keeps
     for update in range(1, updates + 1):
         checkpoint = out / f"ckpt-{update}"
         batch = synthetic_batch(rows, 500, seed=10 + update)

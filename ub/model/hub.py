@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -35,13 +36,14 @@ HUB_FILES = ("*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktok
 weights and their index, tokenizer and chat template files. Not the .bin/.pt/.h5/.msgpack/.gguf
 copies of the weights many repositories also hold (several GB each, read by neither)."""
 
+HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+"""``ORG/NAME``: the form of a model id on the Hugging Face hub."""
+
 _FETCHED: dict[str, str] = {}  # hub id -> snapshot folder, once per process
 
 
 def is_hub_id(base: str) -> bool:
     """``ORG/NAME`` that is not a folder on this machine: a model on the Hugging Face hub."""
-    from ub.model.identity import HUB_ID
-
     return (bool(HUB_ID.match(base)) and not base.startswith(("/", ".", "~"))
             and not Path(base).expanduser().is_dir())
 

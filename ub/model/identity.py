@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from ub.errors import UbError
+from ub.model.hub import HUB_ID, hub_id_of_snapshot
 
 TINY_NAME = re.compile(r"^tiny-([0-9a-f]{12})$")
-HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
 
 def tiny_identity(path: str | os.PathLike[str]) -> dict[str, Any] | None:
@@ -136,8 +136,6 @@ def resolve_tiny_build(identity: dict[str, Any], *, verbose: bool = True) -> Pat
 
 def base_identity(base_model: str | os.PathLike[str]) -> dict[str, Any]:
     """The portable identity of a base model given as a local folder or a hub id."""
-    from ub.model.hub import hub_id_of_snapshot
-
     path = Path(base_model).expanduser()
     if path.is_dir():
         # A hub model is loaded from its snapshot in this machine's Hugging Face cache

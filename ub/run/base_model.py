@@ -110,7 +110,7 @@ def check_base_model(base: str) -> None:
     if path.exists() or base.startswith(("/", ".", "~")):
         raise UbError(f"model.base {base} is not a model folder (it does not exist or is a "
                       "file)")
-    from ub.model.identity import HUB_ID
+    from ub.model.hub import HUB_ID
 
     if not HUB_ID.match(base):
         raise UbError(f"model.base {base!r} is not 'tiny', a model folder, or a Hugging Face "

@@ -10,13 +10,14 @@ The schema (every section and field, typed and documented) is :mod:`ub.run.schem
 config with each key's meaning (:mod:`ub.run.config_docs`). The ``batch`` and ``learner``
 sections become :class:`ub.batch.BatchConfig` and :class:`ub.learner.LearnerConfig` (the same
 settings ``ub batch`` and ``ub learn`` take); ``opponents`` and ``rating`` are the pool's
-(:mod:`ub.pool`).
+(:mod:`ub.pool`). The games a config plays are :func:`game_specs`.
 """
 
 from __future__ import annotations
 
 import copy
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,27 +25,29 @@ import yaml
 from pydantic import ValidationError
 
 from ub.errors import UbError
+from ub.games.specs import GameSpec
 from ub.numbers import first_non_finite
 from ub.run.schema import (  # re-exported: the schema's names are imported from here too
     MAX_GAMES,
     ClusterSection,
     EngineSection,
     EnvSection,
+    EvalEnvSection,
     EvalSection,
     ModelSection,
     PipelineSection,
     RolloutSection,
-    SamplingSection,
     TrackingSection,
     TrainConfig,
     WorkerResources,
 )
-from ub.run.sections import format_errors
+from ub.run.sections import SamplingSection, format_errors
 
 __all__ = ["MAX_GAMES", "ClusterSection", "EngineSection", "EnvSection", "EvalSection",
            "ModelSection", "PipelineSection", "RolloutSection", "SamplingSection",
-           "TrackingSection", "TrainConfig", "WorkerResources", "apply_overrides", "load_config",
-           "load_yaml", "preset_names", "read_config_data", "read_text", "validate_config"]
+           "TrackingSection", "TrainConfig", "WorkerResources", "apply_overrides", "env_spec",
+           "game_specs", "load_config", "load_yaml", "preset_names", "read_config_data",
+           "read_text", "validate_config"]
 
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
 
@@ -176,7 +179,6 @@ def _check_sections(config: TrainConfig, source: str) -> None:
     from ub.games.specs import EnvStartError, check_env
     from ub.inference.types import VLLM_LORA_RANKS
     from ub.inference.validation import ENGINE_SEEDS
-    from ub.run.plan import env_spec, game_specs
     from ub.run.sections import DTYPES
 
     def fail(field: str, message: str) -> UbError:
@@ -245,6 +247,22 @@ def _check_sections(config: TrainConfig, source: str) -> None:
     if lora.rank > config.engine.max_lora_rank:
         raise fail("learner.lora.rank", f"{lora.rank} exceeds engine.max_lora_rank "
                    f"{config.engine.max_lora_rank}: raise engine.max_lora_rank")
+
+
+def env_spec(env: EnvSection) -> GameSpec:
+    """The game a training env of a config plays."""
+    return GameSpec(env.env_id, env.num_players, env.template, env.extractor, env.max_turns)
+
+
+def game_specs(config: TrainConfig, env_ids: Sequence[str | EvalEnvSection] | None = None
+               ) -> list[GameSpec]:
+    """The games as ``config`` plays them: its training envs, or ``env_ids`` (an evaluation's
+    ids or ``eval.envs`` entries) as :meth:`TrainConfig.eval_env` says: a training env as it
+    trains, another with two seats (the checkpoint and an opponent) and the training envs'
+    prompt format, unless its entry gives its own."""
+    if env_ids is None:
+        return [env_spec(e) for e in config.envs]
+    return [env_spec(config.eval_env(i)) for i in env_ids]
 
 
 def load_config(name_or_path: str, overrides: list[str] | None = None) -> TrainConfig:

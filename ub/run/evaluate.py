@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.parquet as pq
 
 from ub.data.shards import ShardId, committed_shards, next_free_shard, shard_path
-from ub.run.config import TrainConfig
+from ub.run.config import TrainConfig, game_specs
 from ub.run.layout import checkpoint_name
-from ub.run.plan import actor_spec, game_specs
+from ub.run.plan import actor_spec
 from ub.run.play import play_shard, rollout_sampling
 from ub.run.rounds import Run
 from ub.seeding import derive_seed

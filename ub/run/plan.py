@@ -3,16 +3,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ub.actors.names import checkpoint_update
 from ub.actors.spec import ActorSpec, parse_actor
-from ub.games.specs import GameSpec
-from ub.run.config import EnvSection, TrainConfig
+from ub.run.config import TrainConfig
 from ub.run.layout import checkpoint_name, read_json
 from ub.run.rounds import Run
-from ub.run.schema import EvalEnvSection
 from ub.seeding import derive_seed
 
 
@@ -28,22 +25,6 @@ def actor_spec(run: Run, name: str) -> ActorSpec:
 def behaviour_update(config: TrainConfig, round_: int) -> int:
     """The checkpoint that plays round ``round_``: ``r``, or ``r - 1`` when pipelined."""
     return max(0, round_ - config.pipeline.max_staleness)
-
-
-def env_spec(env: EnvSection) -> GameSpec:
-    """The game a training env of a config plays."""
-    return GameSpec(env.env_id, env.num_players, env.template, env.extractor, env.max_turns)
-
-
-def game_specs(config: TrainConfig, env_ids: Sequence[str | EvalEnvSection] | None = None
-               ) -> list[GameSpec]:
-    """The games as ``config`` plays them: its training envs, or ``env_ids`` (an evaluation's
-    ids or ``eval.envs`` entries) as :meth:`TrainConfig.eval_env` says: a training env as it
-    trains, another with two seats (the checkpoint and an opponent) and the training envs'
-    prompt format, unless its entry gives its own."""
-    if env_ids is None:
-        return [env_spec(e) for e in config.envs]
-    return [env_spec(config.eval_env(i)) for i in env_ids]
 
 
 def split_by_weight(total: int, weights: list[float]) -> list[int]:

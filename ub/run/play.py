@@ -15,8 +15,8 @@ import pyarrow.parquet as pq
 
 from ub.actors.spec import ActorSpec
 from ub.data.shards import ShardId, is_committed, read_metadata, shard_path, write_shard
-from ub.run.config import TrainConfig
-from ub.run.plan import PlannedGame, actor_spec, game_specs
+from ub.run.config import TrainConfig, game_specs
+from ub.run.plan import PlannedGame, actor_spec
 from ub.run.rounds import Run
 from ub.run.store import fetch_checkpoint, publish
 from ub.seeding import derive_seed
@@ -122,8 +122,8 @@ def eval_game_id_prefix(run_name: str, sid: ShardId) -> str:
 def play_shard(worker: Worker, run: Run, root: Path, sid: ShardId, assignments: list, *,
                 sampling: SamplingConfig, kind: str,
                 metadata: dict[str, Any] | None = None) -> ShardResult:
+    from ub.progress_bar import progress_bar
     from ub.rollout import play_games
-    from ub.run.progress import progress_bar
 
     games_path = shard_path(root, "games", sid)
     logger = log_eval if kind == "eval" else log_rollout

@@ -1,24 +1,27 @@
 """The training config's schema: one typed, documented pydantic model per section.
 
 Every field's type, default and one line of meaning (its ``description``) are here or in
-:mod:`ub.run.sections` (``batch``, ``learner``, ``opponents``, ``rating``), and nowhere else:
-``docs/config.md`` and ``ub config show`` are generated from them (:mod:`ub.run.config_docs`).
+:mod:`ub.run.sections` (``sampling``, ``batch``, ``learner``, ``opponents``, ``rating``), and
+nowhere else: ``docs/config.md`` and ``ub config show`` are generated from them
+(:mod:`ub.run.config_docs`).
 Loading and the checks that need the registries (envs, transforms, algorithms, actors) are in
 :mod:`ub.run.config`.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from ub.run.sections import (
+    DEFAULT_SEED,
     EXECUTION,
     BatchSection,
     LearnerSection,
     OpponentsSection,
     RatingSection,
+    SamplingSection,
     Section,
     is_execution,
 )
@@ -58,20 +61,6 @@ class EngineSection(Section):
                              "process and rounds are not pipelined: the engine releases its "
                              "memory (vLLM sleep mode, level 1) while the learner updates. "
                              "Ignored on the CPU.", json_schema_extra=EXECUTION)
-
-
-class SamplingSection(Section):
-    """How rollouts sample (see :class:`ub.inference.SamplingConfig`)."""
-
-    temperature: float = Field(1.0, ge=0, description="Sampling temperature of training games "
-                               "(the learner scores at it too).")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling (keep 1: the learner "
-                         "does not model top-p).")
-    max_tokens: int = Field(32, ge=1, description="Most tokens per completion (also the "
-                            "learner's default length_normalizer).")
-    stop: list[Annotated[str, Field(min_length=1)]] = Field(
-        default_factory=list, description="Strings that end a completion, kept in it (e.g. "
-        "[']'] ends a bracketed move).")
 
 
 class EnvSection(Section):
@@ -180,8 +169,8 @@ class ClusterSection(Section):
 class TrainConfig(Section):
     """A whole run. Plain data: ``model_dump()`` is what ``config.yaml`` in the run holds."""
 
-    seed: int = Field(0, description="The run's seed: every random choice derives from it "
-                      "(0 to 2**32 - 1: it is also vLLM's engine seed).")
+    seed: int = Field(DEFAULT_SEED, description="The run's seed: every random choice derives "
+                      "from it (0 to 2**32 - 1: it is also vLLM's engine seed).")
     rounds: int = Field(8, ge=1, description="Rounds to train (more extends a finished run).",
                         json_schema_extra=EXECUTION)
     model: ModelSection = Field(default_factory=ModelSection, description="The base model.")

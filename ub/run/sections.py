@@ -1,4 +1,6 @@
-"""The learning sections of a training config: ``batch``, ``learner``, ``opponents``, ``rating``.
+"""The sections of a training config that the packages below :mod:`ub.run` take their settings
+from: ``batch``, ``learner``, ``opponents``, ``rating``, and ``sampling`` (the learner's
+defaults); and the run's default seed (the learner's too).
 
 Typed, documented pydantic models: each field's type, default and one line of meaning live here
 and nowhere else. The code that uses them keeps its own plain dataclasses
@@ -14,7 +16,7 @@ import copy
 import dataclasses
 import logging
 from collections.abc import Mapping
-from typing import Any, Literal, get_args
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -39,6 +41,9 @@ ALL_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj
 OPPONENT_MODES = ("mirror", "lagged", "random", "fixed", "match-quality", "ts-dist", "exploration")
 LAGGED_K = 4
 """How many recent checkpoints ``lagged`` picks from when ``k`` is not given."""
+
+DEFAULT_SEED = 0
+"""The run's seed when a config gives none (``seed``); the learner's too (``learner.seed``)."""
 
 # Renamed keys still accepted in existing configs: old name -> new name, per section.
 RENAMED = {"batch": {"drop_zero_advantage": "drop_zero_reward"}}
@@ -126,6 +131,20 @@ TransformSpec = str | dict[str, Any]
 def _specs(*specs: TransformSpec) -> list[TransformSpec]:
     """A fresh list of transform specs (a default factory's value)."""
     return list(specs)
+
+
+class SamplingSection(Section):
+    """How rollouts sample (see :class:`ub.inference.SamplingConfig`)."""
+
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature of training games "
+                               "(the learner scores at it too).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling (keep 1: the learner "
+                         "does not model top-p).")
+    max_tokens: int = Field(32, ge=1, description="Most tokens per completion (also the "
+                            "learner's default length_normalizer).")
+    stop: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list, description="Strings that end a completion, kept in it (e.g. "
+        "[']'] ends a bracketed move).")
 
 
 class BatchSection(Section):

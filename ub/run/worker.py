@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ub.inference.handle import EngineHandle
     from ub.inference.types import EngineConfig, SamplingConfig
     from ub.learner.config import LearnerConfig
+    from ub.learner.entry import KeptLearner
     from ub.learner.learner import Learner
 
 
@@ -35,7 +36,7 @@ class Worker:
 
     def __init__(self) -> None:
         self._engine: VLLMEngine | None = None
-        self._learner: Learner | None = None
+        self._learner: KeptLearner | None = None  # (ub.learner loads torch: on first use)
 
     def engine(self, config: EngineConfig, sampling: SamplingConfig) -> EngineHandle:
         """The engine for ``config`` (started once, reused while ``config`` stays the same), as
@@ -61,26 +62,12 @@ class Worker:
     def learner(self, config: LearnerConfig) -> Learner:
         """The learner for ``config``: the base model is loaded on first use and kept while the
         model fields of ``config`` stay the same (the others are applied with
-        :meth:`~ub.learner.learner.Learner.configure`)."""
-        from ub.learner.learner import Learner
+        :meth:`~ub.learner.learner.Learner.configure`): a :class:`ub.learner.entry.KeptLearner`."""
+        if self._learner is None:
+            from ub.learner.entry import KeptLearner
 
-        if self._learner is not None and self._learner.same_model(config):
-            self._learner.configure(config)
-            return self._learner
-        if self._learner is not None:
-            self.close_learner()
-            import torch
-
-            if torch.cuda.is_available():
-                torch.cuda.empty_cache()
-        self._learner = Learner(config)
-        # A learner's start leaves a heap of long-lived objects (torch, transformers, peft):
-        # frozen, full garbage collections stop scanning them again, as after vLLM's start
-        # (which freezes too). A short `ub train` (the fault suite's) spent 6.7-7.1 s in full
-        # collections, 3.9-5.6 s with this. close_learner unfreezes, so a dropped learner's
-        # cycles are still freed.
-        gc.freeze()
-        return self._learner
+            self._learner = KeptLearner()
+        return self._learner.learner(config)
 
     @contextlib.contextmanager
     def engine_asleep(self) -> Iterator[None]:
@@ -104,7 +91,7 @@ class Worker:
 
     def close_learner(self) -> None:
         """Drop the learner and free its memory."""
-        self._learner = None
+        self._learner = None  # (the kept learner with it)
         gc.unfreeze()  # (frozen cycles are never collected)
         gc.collect()
 

@@ -23,13 +23,14 @@ sibling directory and renamed into place, so a killed build never leaves anythin
 finished. ``ub_model.json`` is written last and is what marks a directory as complete.
 
 The package, by seam: :mod:`.config` (what decides a build), :mod:`.cache` (key, manifest, lock,
-atomic publish), :mod:`.pretrain`, :mod:`.legality`, and :mod:`.build` (the recipe in order,
-:func:`build_tiny_model` and the ``python -m ub.model.tiny`` entry point).
+atomic publish), :mod:`.pretrain`, :mod:`.legality`, and :mod:`.build` (the recipe in order and
+:func:`build_tiny_model`). ``python -m ub.model.tiny`` is ``ub model tiny``
+(:func:`ub.cli.model.tiny_main`).
 """
 
 from __future__ import annotations
 
-from ub.model.tiny.build import build_tiny_model, main
+from ub.model.tiny.build import build_tiny_model
 from ub.model.tiny.cache import (
     MANIFEST,
     cache_dir,
@@ -54,7 +55,6 @@ __all__ = [
     "config_with_overrides",
     "encode_examples",
     "is_complete",
-    "main",
     "measure_legality",
     "pretrain",
     "read_manifest",

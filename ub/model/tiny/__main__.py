@@ -1,7 +1,8 @@
-"""``python -m ub.model.tiny``: the same as ``ub model tiny``."""
+"""``python -m ub.model.tiny``: the same as ``ub model tiny``. A command, like :mod:`ub.cli`
+(docs/architecture.md: its layer is the commands'), so it may import the command line."""
 
 import sys
 
-from ub.model.tiny.build import main
+from ub.cli.model import tiny_main
 
-sys.exit(main())
+sys.exit(tiny_main())

@@ -3,7 +3,6 @@ manifest; and :func:`build_tiny_model`, which reuses a finished build or publish
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import shutil
@@ -78,21 +77,6 @@ def build_tiny_model(
                 raise
     log(f"ready: {target}")
     return target
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m ub.model.tiny``: ``ub model tiny`` without loading the rest of ub's CLI."""
-    from ub.cli.model import add_tiny_arguments, cmd_model_tiny
-
-    parser = argparse.ArgumentParser(
-        prog="python -m ub.model.tiny", description="Build (or reuse) the tiny CPU default model."
-    )
-    add_tiny_arguments(parser)
-    try:
-        return cmd_model_tiny(parser.parse_args(argv))
-    except UbError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
 
 
 def _stderr_logger(prefix: str) -> Log:
@@ -174,7 +158,7 @@ def _train(seed: int, config: TinyModelConfig, log: Log) -> _Trained:
         raise UbError(f"TinyModelConfig.max_position_embeddings {config.max_position_embeddings} "
                       "holds no pre-training example (a prompt and its move, ~50-150 tokens): "
                       "raise it")
-    from ub.run.progress import progress_bar
+    from ub.progress_bar import progress_bar
 
     with progress_bar("pre-training", config.train_steps, "steps",
                       enabled=log is not silent) as bar:
