@@ -414,3 +414,29 @@ def test_train_refuses_another_config_on_an_existing_run(capsys, tmp_path):
     assert code == 2
     assert "was started with another config: seed (0 in the run, 5 now)" in err
     assert "ub train --resume exp" in err
+
+
+def test_ub_learn_takes_a_runs_own_config_yaml_as_the_run_learns(tmp_path: Path) -> None:
+    """A run's stored config.yaml (every setting written out, nulls for "the run's default")
+    given to `ub learn --config` resolves to the learner config the run itself uses: the seed,
+    temperature and length normalizer from the run, nothing refused."""
+    import argparse
+    import dataclasses
+
+    import yaml
+
+    from ub.cli.learn import learner_config
+    from ub.run.config import load_config
+
+    stored = load_config("tiny-cpu", ["seed=7"])
+    path = tmp_path / "config.yaml"
+    path.write_text(yaml.safe_dump(stored.model_dump(mode="json"), sort_keys=False))
+    assert yaml.safe_load(path.read_text())["learner"]["length_normalizer"] is None
+    args = argparse.Namespace(config=str(path), base_model=str(tmp_path / "base"),
+                              algorithm=None, learning_rate=None, init_adapter=None,
+                              from_checkpoint=None)
+    resolved = learner_config(args)
+    assert (resolved.seed, resolved.length_normalizer) == (7, stored.sampling.max_tokens)
+    # (device_share is the run's learner's GPU share beside its own engine: `ub learn` has none)
+    run_learner = stored.learner_config(str(tmp_path / "base"))
+    assert resolved == dataclasses.replace(run_learner, device_share=None)

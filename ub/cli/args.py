@@ -109,6 +109,18 @@ def check_can_create(folder: Path) -> None:
 
 def yaml_section(path_text: str | None, section: str) -> dict:
     """The ``section:`` mapping of a YAML file (or the whole file if it has no such key)."""
+    loaded = yaml_document(path_text)
+    value = loaded.get(section, loaded)
+    if not isinstance(value, dict):
+        raise UbError(f"{path_text}: `{section}` must be a mapping of settings")
+    found = first_non_finite(value)
+    if found:
+        raise UbError(f"{path_text}: {found[0]}: expected a finite number, got {found[1]}")
+    return dict(value)
+
+
+def yaml_document(path_text: str | None) -> dict:
+    """The whole mapping of a YAML settings file (empty without a file)."""
     if not path_text:
         return {}
     import yaml
@@ -122,13 +134,7 @@ def yaml_section(path_text: str | None, section: str) -> dict:
         raise UbError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from None
     if not isinstance(loaded, dict):
         raise UbError(f"{path} must hold a mapping of settings")
-    value = loaded.get(section, loaded)
-    if not isinstance(value, dict):
-        raise UbError(f"{path}: `{section}` must be a mapping of settings")
-    found = first_non_finite(value)
-    if found:
-        raise UbError(f"{path}: {found[0]}: expected a finite number, got {found[1]}")
-    return dict(value)
+    return loaded
 
 
 def run_dir(args: argparse.Namespace) -> Path:

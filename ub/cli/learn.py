@@ -10,6 +10,7 @@ from ub.cli.args import (
     add_checkpoint_io,
     add_learner_options,
     check_can_create,
+    yaml_document,
     yaml_section,
 )
 from ub.cli.batch import batch_config
@@ -55,7 +56,11 @@ def learner_config(args: argparse.Namespace):
     """The ``learner:`` section of ``--config`` with the command-line overrides."""
     from ub.learner import LearnerConfig
 
-    data = yaml_section(args.config, "learner")
+    # null means "the default" (a run's config.yaml stores every setting, nulls included); a
+    # run's config also carries what its learner takes from the run (seed, sampling).
+    data = {k: v for k, v in yaml_section(args.config, "learner").items() if v is not None}
+    for key, value in run_level_learner_defaults(args.config).items():
+        data.setdefault(key, value)
     for key in ("algorithm", "learning_rate", "init_adapter", "base_model"):
         if getattr(args, key, None) is not None:
             data[key] = getattr(args, key)
@@ -72,3 +77,19 @@ def learner_config(args: argparse.Namespace):
         data["base_model"] = str(build_tiny_model())
     return LearnerConfig.from_dict(data)
 
+
+def run_level_learner_defaults(path_text: str | None) -> dict:
+    """The learner settings a run's config gives through its top-level ``seed`` and
+    ``sampling:`` (none for a YAML that has neither, e.g. just ``batch:`` and ``learner:``)."""
+    whole = yaml_document(path_text)
+    if "seed" not in whole and "sampling" not in whole:
+        return {}
+    from ub.run.schema import run_learner_defaults
+    from ub.run.sections import DEFAULT_SEED, SamplingSection
+
+    try:
+        sampling = SamplingSection.model_validate(whole.get("sampling") or {})
+    except ValueError as error:
+        raise UbError(f"{path_text}: sampling: {error}") from None
+    seed = whole.get("seed")
+    return run_learner_defaults(DEFAULT_SEED if seed is None else seed, sampling)

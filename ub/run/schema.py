@@ -255,8 +255,7 @@ class TrainConfig(Section):
         settings it leaves null come from the run (seed, sampling)."""
         from ub.learner.config import LearnerConfig
 
-        data = {"seed": self.seed, "temperature": self.sampling.temperature,
-                "length_normalizer": self.sampling.max_tokens}
+        data = run_learner_defaults(self.seed, self.sampling)
         if self.cluster.address is None:  # the learner shares its process's GPU with the engine
             data["device_share"] = round(1.0 - self.engine.gpu_memory_utilization, 6)
         for key, value in self.learner.model_dump().items():
@@ -308,3 +307,10 @@ def _split(section: Section) -> tuple[dict[str, Any], dict[str, Any]]:
         else:
             locked[name] = section.model_dump(mode="json", include={name})[name]
     return locked, execution
+
+
+def run_learner_defaults(seed: int, sampling: SamplingSection) -> dict[str, Any]:
+    """What a run's learner takes from the run where its ``learner:`` section says null: the
+    run's seed, its sampling temperature, and ``max_tokens`` as the loss's length normalizer."""
+    return {"seed": seed, "temperature": sampling.temperature,
+            "length_normalizer": sampling.max_tokens}
