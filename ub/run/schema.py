@@ -110,6 +110,8 @@ class EvalSection(Section):
         None, description="Eval envs: env ids, or {env_id, template, extractor}; null: the "
         "training envs. An env not trained on is prompted as the training envs are (their "
         "template and extractor) unless its entry says otherwise.")
+    temperature: float = Field(0.0, ge=0, description="Sampling temperature of the learner in "
+                               "eval games (0: greedy).")
 
     @property
     def env_ids(self) -> list[str] | None:
@@ -117,8 +119,6 @@ class EvalSection(Section):
         if self.envs is None:
             return None
         return [e if isinstance(e, str) else e.env_id for e in self.envs]
-    temperature: float = Field(0.0, ge=0, description="Sampling temperature of the learner in "
-                               "eval games (0: greedy).")
 
     @field_validator("games")
     @classmethod
