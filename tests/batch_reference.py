@@ -17,9 +17,11 @@ from ub.data.shards import committed_shards, shard_path
 from ub.rewards import GameView, build_transforms
 
 
-def sample_key(seed: int, game_id: str, turn: int) -> int:
-    """The sampling key of a decision, as the batch query computes it (``md5_number``)."""
-    return int.from_bytes(hashlib.md5(f"{seed}/{game_id}/{turn}".encode()).digest(), "little")
+def sample_key(seed: int, run: str, game_id: str, turn: int) -> int:
+    """The sampling key of a decision, as the batch query computes it (``md5_number``): the
+    game id less its run's name, so that the key depends on the seed, not the run's name."""
+    game_key = game_id[len(run) + 1:] if game_id.startswith(f"{run}-") else game_id
+    return int.from_bytes(hashlib.md5(f"{seed}/{game_key}/{turn}".encode()).digest(), "little")
 
 
 def _final_rewards(root: Path, shards: list, config: BatchConfig,
@@ -81,7 +83,7 @@ def reference_rows(root: Path, config: BatchConfig,
         if not first <= sid.round <= last:
             continue
         table = pq.read_table(shard_path(root, "steps", sid),
-                              columns=[*DECISION_COLUMNS, "actor_kind", *TOKEN_COLUMNS])
+                              columns=[*DECISION_COLUMNS, "run", "actor_kind", *TOKEN_COLUMNS])
         rows = table.to_pylist()
         turns: dict[tuple[str, int], list[int]] = {}
         for row in rows:
@@ -107,7 +109,8 @@ def reference_rows(root: Path, config: BatchConfig,
             row["reward"] = reward
             if config.drop_zero_reward and abs(reward) <= ZERO_EPS:
                 continue
-            item = (-sample_key(config.seed, row["game_id"], row["turn"]), len(best), row)
+            key = sample_key(config.seed, row["run"], row["game_id"], row["turn"])
+            item = (-key, len(best), row)
             if len(best) < config.batch_size:
                 heapq.heappush(best, item)
             elif item[0] > best[0][0]:

@@ -95,6 +95,61 @@ def test_dashboard_state_is_the_runs_data(run_dir):
     assert state.throughput["generated tokens/s"] == pytest.approx(tokens / seconds)
 
 
+def _last_round_health(run_dir: Path) -> dict[str, tuple[float, float]]:
+    """Per env, the last round's invalid-move rate and sampled entropy, straight from the
+    steps (plain DuckDB over the shards)."""
+    import duckdb
+
+    files = [str(p) for p in sorted((run_dir / "steps").rglob("shard-*.parquet"))]
+    rows = duckdb.sql(f"""
+        SELECT env_id, avg(invalid_move::INT) AS invalid,
+               -sum(list_sum(completion_logprobs)) / sum(len(completion_logprobs)) AS entropy
+        FROM read_parquet({files}, hive_partitioning = false)
+        WHERE actor_kind = 'model' AND round = 1 GROUP BY env_id""").fetchall()
+    return {env: (invalid, entropy) for env, invalid, entropy in rows}
+
+
+def _with_alerts(run_dir: Path, tmp_path: Path, **thresholds: float) -> Path:
+    copy = tmp_path / "dash"
+    shutil.copytree(run_dir, copy)
+    config = yaml.safe_load((copy / "config.yaml").read_text())
+    config["tracking"].update(thresholds)
+    (copy / "config.yaml").write_text(yaml.safe_dump(config))
+    return copy
+
+
+def test_a_collapsing_env_is_flagged_with_its_numbers(run_dir, tmp_path, capsys):
+    """The round line and the dashboard print one warning line per env whose invalid-move
+    rate passed ``tracking.alert_invalid_move_rate`` or whose sampled entropy fell below
+    ``tracking.alert_entropy`` in the last round, with the numbers the steps hold; none for a
+    healthy run."""
+    from ub.run.config import load_config
+    from ub.run.layout import read_json
+    from ub.run.progress import Progress
+    from ub.run.rounds import Run
+
+    health = _last_round_health(run_dir)
+    assert set(health) == {"TicTacToe-v0-train", "Nim-v0-train"}
+    quiet = _with_alerts(run_dir, tmp_path / "a", alert_invalid_move_rate=1.0, alert_entropy=0.0)
+    assert not [w for w in gather(quiet).warnings if "collapsing" in w]
+
+    # Thresholds every env crosses: an entropy floor above any entropy.
+    flagged = _with_alerts(run_dir, tmp_path / "b", alert_entropy=100.0)
+    alerts = [w for w in gather(flagged).warnings if "collapsing" in w]
+    assert len(alerts) == 2
+    for env, (invalid, entropy) in health.items():
+        (line,) = [a for a in alerts if f": {env}: " in a]
+        assert line.startswith("round 2: warning:") and "entropy low" in line
+        assert f"invalid moves {100 * invalid:.1f}%" in line
+        assert f"entropy {entropy:.3f} nats/token" in line
+
+    paths = RunPaths.of(flagged.parent, "dash")
+    config = load_config(str(paths.config))
+    Progress(Run(paths, config, config.model.base)).round_done(1, read_json(paths.manifest(1)))
+    out = capsys.readouterr().out
+    assert out.count("warning:") == 2 and "Nim-v0-train: entropy low" in out
+
+
 def test_dashboard_once_prints_every_panel(run_dir, capsys):
     from flows.cli import main
 
@@ -144,7 +199,8 @@ def test_report_writes_real_plots_and_one_page(run_dir, tmp_path, capsys):
     assert capsys.readouterr().out.strip() == str(out / "report.html")
     pngs = sorted(out.glob("*.png"))
     assert {p.stem for p in pngs} >= {"learning_curve", "ratings", "match_matrix",
-                                      "move_quality", "response_length", "learner", "throughput"}
+                                      "move_quality", "entropy", "response_length", "learner",
+                                      "throughput"}
     for png in pngs:
         image = matplotlib.image.imread(png)
         assert image.shape[:2] == ((700, 800) if png.stem == "match_matrix" else (450, 800))

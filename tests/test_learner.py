@@ -400,6 +400,64 @@ def test_minibatches_and_epochs_take_several_steps_and_a_failure_undoes_them_all
     assert str(learner.optimizer.state_dict()) == optimizer
 
 
+def test_target_kl_stops_an_update_before_the_step_that_passes_it(
+        learner: Learner, model_dir: Path, rollout, trained: Path) -> None:
+    """PPO's early stop: four large steps on one batch move the policy far from where the
+    update started; with target_kl the update stops before the first step whose approx_kl
+    passes it, and the policy it leaves is the one of the steps it took."""
+    batch = decisions(rollout)
+    settings = dict(algorithm="ppo", minibatches=4, learning_rate=3e-2,
+                    algorithm_params={"tis_cap": None})
+    learner.configure(learner_config(model_dir, **settings))
+    learner.start(trained)
+    free = learner.update(batch)
+    assert free["optimizer_steps"] == 4 and not free["early_stopped"]
+
+    learner.configure(learner_config(model_dir, **settings, target_kl=1e-3))
+    learner.start(trained)
+    start = learner.token_logprobs(batch)
+    stopped = learner.update(batch)
+    assert stopped["early_stopped"] and 1 <= stopped["optimizer_steps"] < 4
+    assert stopped["stopped_at_kl"] > 1e-3
+    mask = batch.completion_mask.bool()
+    moved = learner.token_logprobs(batch)[mask] - start[mask]
+    # (the steps it took still count towards the schedule: the next update goes on from them)
+    assert float(moved.abs().max()) > 0, "the first step always goes"
+
+
+def test_target_kl_must_be_positive(model_dir: Path) -> None:
+    for bad in (0.0, -1.0, float("inf")):
+        with pytest.raises(UbError, match="target_kl must be a positive number"):
+            learner_config(model_dir, target_kl=bad).validate()
+
+
+def test_an_entropy_bonus_lifts_a_collapsed_policy(learner: Learner, model_dir: Path,
+                                                   rollout, trained: Path) -> None:
+    """A policy collapsed onto what it sampled (REINFORCE on all-positive advantages) and a
+    batch whose advantages are all 0 (every reward of the group equal, after normalization):
+    without a bonus nothing trains and the entropy stays down; with entropy_coef the same
+    batch raises it step by step."""
+    batch = decisions(rollout, advantages=torch.ones(len(model_rows(rollout))))
+    learner.configure(learner_config(model_dir, learning_rate=1e-2))
+    learner.start(trained)
+    before = learner.update(batch)["entropy_mean"]
+    for _ in range(11):
+        learner.update(batch)
+    flat = decisions(rollout, advantages=torch.zeros(len(model_rows(rollout))))
+    assert learner.update(flat)["rows_trained"] == 0
+
+    learner.configure(learner_config(model_dir, learning_rate=1e-2, entropy_coef=1.0))
+    entropies = [learner.update(flat)["entropy_mean"] for _ in range(4)]
+    assert entropies[0] < 0.3 * before, "REINFORCE on its own samples should have collapsed it"
+    assert entropies == sorted(entropies) and entropies[-1] > 1.5 * entropies[0]
+
+
+def test_entropy_coef_must_be_a_non_negative_number(model_dir: Path) -> None:
+    for bad in (-0.1, float("nan")):
+        with pytest.raises(UbError, match="entropy_coef must be a number >= 0"):
+            learner_config(model_dir, entropy_coef=bad).validate()
+
+
 def test_a_minibatch_of_zero_advantages_is_a_zero_step_not_a_crash(learner: Learner,
                                                                     model_dir: Path) -> None:
     """Small rounds of drawn mirror games give minibatches whose advantages are all zero (seen

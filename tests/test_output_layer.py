@@ -22,32 +22,38 @@ def plain_logprobs(logits: torch.Tensor, targets: torch.Tensor, temperature: flo
     """What the learner computed before: float32 log_softmax over the whole vocabulary."""
     logprobs = torch.log_softmax(logits.float() / temperature, dim=-1)
     entropy = -(logprobs.exp() * logprobs).sum(-1)
-    return logprobs.gather(-1, targets[:, None]).squeeze(-1), entropy.detach()
+    return logprobs.gather(-1, targets[:, None]).squeeze(-1), entropy
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 @pytest.mark.parametrize("chunk", [1, 37, 10_000])
-def test_chunks_match_the_plain_output_layer(temperature: float, chunk: int) -> None:
+@pytest.mark.parametrize("loss", ["logprobs", "entropy", "both"])
+def test_chunks_match_the_plain_output_layer(temperature: float, chunk: int, loss: str) -> None:
     """Values and gradients (to the hidden states, and to a trained head with a bias) equal
-    the plain computation's, whatever the chunk size."""
+    the plain computation's, whatever the chunk size, for a loss of the logprobs, of the
+    entropy (an entropy bonus) or of both."""
     torch.manual_seed(0)
     hidden = torch.randn(300, 32, requires_grad=True)
     head = torch.nn.Linear(32, 5000)
     targets = torch.randint(5000, (300,))
     upstream = torch.randn(300)  # a token-weighted loss, as the algorithms' are
+    weight = {"logprobs": (1.0, 0.0), "entropy": (0.0, 0.3), "both": (1.0, 0.3)}[loss]
+
+    def token_loss(logprobs: torch.Tensor, entropy: torch.Tensor) -> torch.Tensor:
+        terms = [w * x for w, x in zip(weight, (logprobs, entropy), strict=True) if w]
+        return (sum(terms) * upstream).sum()
 
     logprobs, entropy = chunked_token_logprobs(hidden, head, targets, temperature, chunk=chunk)
-    (logprobs * upstream).sum().backward()
+    token_loss(logprobs, entropy).backward()
     grads = [hidden.grad.clone(), head.weight.grad.clone(), head.bias.grad.clone()]
     hidden.grad = head.weight.grad = head.bias.grad = None
 
     reference, reference_entropy = plain_logprobs(head(hidden), targets, temperature)
-    (reference * upstream).sum().backward()
+    token_loss(reference, reference_entropy).backward()
     torch.testing.assert_close(logprobs, reference, rtol=0, atol=2e-5)
     torch.testing.assert_close(entropy, reference_entropy, rtol=0, atol=2e-5)
     for got, want in zip(grads, [hidden.grad, head.weight.grad, head.bias.grad], strict=True):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
-    assert not entropy.requires_grad  # a metric
 
 
 def test_no_tokens_x_vocabulary_tensor_is_kept_for_backward() -> None:

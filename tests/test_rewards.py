@@ -334,13 +334,23 @@ def test_step_transforms_in_duckdb():
     assert python == got
 
 
-def _sampling(spec, values, envs):
+def _sampling(spec, values, envs, invalid=None):
+    """``spec``'s sampling transforms, in order, in DuckDB (one query layer each, as the batch
+    query runs them) and in Python; they must agree."""
+    invalid = [False] * len(values) if invalid is None else invalid
     con = duckdb.connect()
-    con.register("t", pa.table({"i": range(len(values)), "env_id": envs,
-                                "advantage": pa.array(values, pa.float64())}))
-    (t,) = build_transforms("sampling", [spec])
-    got = [r[0] for r in con.sql(f"SELECT {t.sql('advantage')} FROM t ORDER BY i").fetchall()]
-    python = t.apply_rows(list(values), [{"env_id": e} for e in envs])
+    con.register("t0", pa.table({"i": range(len(values)), "env_id": envs,
+                                 "invalid_move": invalid,
+                                 "advantage": pa.array(values, pa.float64())}))
+    transforms = build_transforms("sampling", spec if isinstance(spec, list) else [spec])
+    python, rows = list(values), [{"env_id": e, "invalid_move": v} for e, v in zip(
+        envs, invalid, strict=True)]
+    for k, t in enumerate(transforms):
+        con.sql(f"CREATE TABLE t{k + 1} AS SELECT * REPLACE ({t.sql('advantage')} AS advantage) "
+                f"FROM t{k}")
+        python = t.apply_rows(python, rows)
+    got = [r[0] for r in con.sql(f"SELECT advantage FROM t{len(transforms)} ORDER BY i"
+                                 ).fetchall()]
     assert python == pytest.approx(got, abs=1e-12)
     assert all(math.isfinite(x) for x in got)
     return got
@@ -364,3 +374,25 @@ def test_normalize_per_env_handles_one_row_and_zero_variance_groups():
     # whole batch of one row, and of identical values
     assert _sampling("normalize", [4.2], ["a"]) == [0.0]
     assert _sampling("normalize", [0.1] * 5, ["a"] * 5) == [0.0] * 5
+
+
+def test_invalid_move_advantage_survives_the_normalization_of_a_collapsed_env():
+    """A policy collapsed onto one invalid Nim move: every Nim decision is the same invalid
+    move with the same reward, so normalize_per_env gives each an advantage of 0 and nothing
+    pushes it away. invalid_move_advantage, after it, keeps a negative advantage on each; an
+    invalid move that already scores lower, and every valid move, are left as they are."""
+    values = [-2.0, -2.0, -2.0, 1.0, -1.0, -3.0]
+    envs = ["nim", "nim", "nim", "ttt", "ttt", "ttt"]
+    invalid = [True, True, True, False, False, True]
+    normalized = _sampling("normalize_per_env", values, envs, invalid)
+    assert normalized[:3] == [0.0, 0.0, 0.0]
+    guarded = _sampling(["normalize_per_env", {"name": "invalid_move_advantage",
+                                               "advantage": -0.5}], values, envs, invalid)
+    assert guarded[:3] == [-0.5, -0.5, -0.5]
+    assert guarded[3:5] == normalized[3:5] and guarded[5] == normalized[5] < -0.5
+
+
+def test_invalid_move_advantage_must_be_negative():
+    for bad in (0.0, 0.5):
+        with pytest.raises(UbError, match=r"invalid_move_advantage advantage .* must be < 0"):
+            build_transforms("sampling", [{"name": "invalid_move_advantage", "advantage": bad}])

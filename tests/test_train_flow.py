@@ -585,6 +585,26 @@ def _assert_same_data(resumed: RunPaths, reference: RunPaths) -> None:
         assert torch.allclose(mine[name], theirs[name], rtol=1e-3, atol=1e-5), name
 
 
+def test_a_runs_result_depends_on_its_seed_not_its_name(first_round_run, config_file, tmp_path):
+    """Two runs of one config and seed under two names play the same games and train the same
+    adapter (up to float summation order): the batch samples by the game's key within its run,
+    never by its id, which begins with the run's name. A seed study reproduces the demo."""
+    import torch
+
+    from flows.selfplay import selfplay
+
+    selfplay(run_name="another-name", config=str(config_file), root=str(tmp_path), rounds=1,
+             quiet=True)
+    other = RunPaths.of(tmp_path, "another-name")
+    exact = [c for c in STEP_COLUMNS if c not in ("game_id", "completion_logprobs")]
+    assert ([{k: r[k] for k in exact} for r in _steps(other.root)]
+            == [{k: r[k] for k in exact} for r in _steps(first_round_run.root)])
+    mine, theirs = _adapter(other, 1), _adapter(first_round_run, 1)
+    assert mine.keys() == theirs.keys()
+    for name in mine:
+        assert torch.allclose(mine[name], theirs[name], rtol=1e-3, atol=1e-5), name
+
+
 def _by_section(changes: dict) -> dict[str, dict]:
     """FREE_CHANGES grouped by their config section (one resume changes a whole section)."""
     sections: dict[str, dict] = {}

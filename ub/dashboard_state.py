@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from ub.errors import UbError
+from ub.run.health import env_alerts
 from ub.run.lock import holder
+from ub.run.schema import TrackingSection
 from ub.run.views import RunViews, is_run
 
 
@@ -109,7 +111,8 @@ def gather(root: Path, cache: dict | None = None) -> DashboardState:
     if not root.is_dir() or not is_run(root):
         raise UbError(f"{root} is not a ub run (no config.yaml or rounds/): give a run "
                       "directory, e.g. runs/demo")
-    total = _rounds_setting(root)
+    config = _run_config(root)
+    total = _rounds_setting(config)
     views = RunViews(root, cache)
     rounds = views.rounds().to_pylist()
     learner = views.learner().to_pylist()
@@ -128,20 +131,43 @@ def gather(root: Path, cache: dict | None = None) -> DashboardState:
     state.ladder, state.matches = _ladder(snapshot, mirrors)
     state.series = _series(rounds, learner, evals, collection)
     state.host = _host_load()
-    state.warnings = views.warnings
+    state.warnings = _alerts(config, collection) + views.warnings
     return state
 
 
-def _rounds_setting(root: Path) -> int | None:
-    """The run's ``rounds`` (its total) from its ``config.yaml``; ``None``: unreadable."""
+def _run_config(root: Path) -> dict[str, Any]:
+    """The run's ``config.yaml`` as a mapping; ``{}``: unreadable."""
     import yaml
 
     try:
-        rounds_setting = (yaml.safe_load((root / "config.yaml").read_text()) or {}).get("rounds")
-        total: int | None = None if rounds_setting is None else int(rounds_setting)
-    except (OSError, ValueError, TypeError, yaml.YAMLError):
-        total = None
-    return total
+        data = yaml.safe_load((root / "config.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _rounds_setting(config: dict[str, Any]) -> int | None:
+    """The run's ``rounds`` (its total); ``None``: unreadable."""
+    try:
+        return None if config.get("rounds") is None else int(config["rounds"])
+    except (ValueError, TypeError):
+        return None
+
+
+def _alerts(config: dict[str, Any], collection: list[dict[str, Any]]) -> list[str]:
+    """The last round's collapse warnings (:func:`ub.run.health.env_alerts`), at the run's
+    thresholds (the defaults where its config does not say)."""
+    if not collection:
+        return []
+    last = max(m["round"] for m in collection)
+    tracking = config.get("tracking") if isinstance(config.get("tracking"), dict) else {}
+    try:
+        settings = TrackingSection(**{k: v for k, v in tracking.items() if k.startswith("alert_")})
+    except ValueError:
+        settings = TrackingSection()
+    alerts = env_alerts({m["metric"]: m["value"] for m in collection if m["round"] == last},
+                        settings.alert_invalid_move_rate, settings.alert_entropy)
+    return [f"round {last + 1}: {alert}" for alert in alerts]
 
 
 def _phase(root: Path, activity: str, done: int, total: int | None) -> str:

@@ -2,11 +2,12 @@
 
 Plots, each from the run's tables (:mod:`ub.run.views`): the learning curve against each fixed
 opponent with 95% Wilson bands; TrueSkill ratings (each checkpoint's latest mu ± sigma, and mu
-over rounds); the match matrix (score of row vs column); invalid-move and format rates; response
-length and truncation; the learner's loss, gradient norm and clip fraction (one panel each:
-they differ by orders of magnitude); throughput and the time breakdown per round. A plot with
-no data yet (e.g. no evaluation) is left out. The page also has the numbers: the learning curve
-as a table (win rate with its 95% interval per checkpoint) and the run's settings.
+over rounds); the match matrix (score of row vs column); invalid-move and format rates and
+the policy's entropy, per env; response length and truncation; the learner's loss, gradient
+norm and clip fraction (one panel each: they differ by orders of magnitude); throughput and the
+time breakdown per round. A plot with no data yet (e.g. no evaluation) is left out. The page
+also has the numbers: the learning curve as a table (win rate with its 95% interval per
+checkpoint) and the run's settings.
 """
 
 from __future__ import annotations
@@ -184,6 +185,20 @@ def _move_quality(t: dict[str, list[dict]], fig) -> bool:
     return drawn
 
 
+def _entropy(t: dict[str, list[dict]], fig) -> bool:
+    """Per env, the sampler's entropy in the training games; the learner's over its batch. A
+    fall towards 0 is a policy collapsing onto one move (docs/learning.md)."""
+    ax = fig.subplots()
+    drawn = _collection(t, ("entropy",), ax, "nats per completion token")
+    points = [(r["round"], r["entropy_mean"]) for r in t["learner"]
+              if r.get("entropy_mean") is not None]
+    if points:
+        ax.plot(*zip(*points, strict=True), ls="--", color="black", alpha=0.6,
+                label="learner (batch, all envs)")
+    ax.set(ylim=(0, None), title="Policy entropy (sampled in training games, per env)")
+    return drawn or bool(points)
+
+
 def _response_length(t: dict[str, list[dict]], fig) -> bool:
     """Tokens on the left axis, the count of truncated training sequences on its own right."""
     ax = fig.subplots()
@@ -322,6 +337,7 @@ def write_report(root: Path, out: Path) -> Path:
         ("ratings", "TrueSkill ratings", lambda fig: _ratings(t, fig)),
         ("match_matrix", "Match matrix", lambda fig: _match_matrix(matches, fig)),
         ("move_quality", "Invalid moves and format", lambda fig: _move_quality(t, fig)),
+        ("entropy", "Policy entropy per env", lambda fig: _entropy(t, fig)),
         ("response_length", "Response length and truncation",
          lambda fig: _response_length(t, fig)),
         ("learner", "Learner: loss, gradient norm, clip fraction", lambda fig: _learner(t, fig)),

@@ -30,8 +30,10 @@ class BatchConfig:
     - ``max_train_len`` is the original UnstableBaselines rule: longer sequences are truncated
       (the completion first) and counted in the stats.
     - ``seed``: the sample is the ``batch_size`` rows with the smallest
-      ``md5(f"{seed}/{game_id}/{turn}")``: pass a different seed per round (e.g.
-      ``derive_seed(run_seed, round, "batch")``), or overlapping windows re-pick the same rows.
+      ``md5(f"{seed}/{game_key}/{turn}")`` (``game_key``: the game id less the run name it
+      begins with, so the sample depends on the seed, never on the run's name): pass a
+      different seed per round (e.g. ``derive_seed(run_seed, round, "batch")``), or
+      overlapping windows re-pick the same rows.
     """
 
     batch_size: int = field(default_factory=_schema("batch_size"))

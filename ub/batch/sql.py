@@ -24,6 +24,10 @@ TOKEN_COLUMNS = ["prompt_token_ids", "completion_token_ids", "completion_logprob
 # Columns phase 1 computes only when a sampling transform reads them (its ``needs``): the
 # state a decision was taken in is the prompt the model saw, token for token.
 ON_DEMAND_COLUMNS = {"state_key": "hash(prompt_token_ids)"}
+# A decision's game within its run: the game id less the run name it begins with. The sample
+# key hashes this, not the game id, so a run's batches depend on its seed, never its name.
+GAME_KEY_SQL = ("CASE WHEN starts_with(game_id, run || '-') THEN substr(game_id, length(run) + 2) "
+                "ELSE game_id END")
 # How both phases read the steps files (``file_row_number`` matches phase 2's rows to phase 1's).
 READ_OPTIONS = "file_row_number = true, hive_partitioning = false"
 
@@ -64,7 +68,7 @@ def select_sql(plan: Plan, config: BatchConfig) -> str:
 WITH decisions AS (  -- the learner's decisions in the window
     SELECT {', '.join(c if c != 'step_reward' else 'CAST(step_reward AS DOUBLE) AS step_reward'
                       for c in DECISION_COLUMNS)},
-           file_row_number{extra}
+           file_row_number, {GAME_KEY_SQL} AS game_key{extra}
     FROM {source_sql(plan)}
     WHERE actor_kind = 'model'
       AND {(chr(10) + '      AND ').join(filters)}
@@ -86,8 +90,8 @@ shaped AS (  -- step stage
     SELECT *, {step} AS reward
     FROM joined
 ),
-pool AS (  -- what can be sampled; sample_key is a pure function of (seed, game_id, turn)
-    SELECT *, md5_number(concat({int(config.seed)}, '/', game_id, '/', turn)) AS sample_key
+pool AS (  -- what can be sampled; sample_key is a pure function of (seed, game_key, turn)
+    SELECT *, md5_number(concat({int(config.seed)}, '/', game_key, '/', turn)) AS sample_key
     FROM shaped{drop}
 ),
 sampled AS (  -- uniform sample without replacement
@@ -96,7 +100,7 @@ sampled AS (  -- uniform sample without replacement
     ORDER BY sample_key, game_id, turn
     LIMIT {int(config.batch_size)}
 ){sampling}
-SELECT * EXCLUDE (sample_key{"".join(f", {c}" for c in needed)})
+SELECT * EXCLUDE (sample_key, game_key{"".join(f", {c}" for c in needed)})
 FROM {prev}
 ORDER BY sample_key, game_id, turn"""
 

@@ -243,15 +243,7 @@ class PPO(Algorithm):
         loss = -(weights * torch.minimum(unclipped, clipped)).sum() / tokens.normalizer
         with torch.no_grad():
             outside = (ratio < 1 - self.clip_low) | (ratio > 1 + self.clip_high)
-            to_behaviour = tokens.logprobs - tokens.behaviour_logprobs
-            stats.update({
-                "ratio_mean": ratio.sum(),
-                "clip_fraction": outside.float().sum(),
-                # k3 estimator of KL(behaviour || current): unbiased, always >= 0. Against the
-                # sampler, whatever the trust region's centre: how far the learner has moved
-                # from what played the games.
-                "approx_kl": (to_behaviour.exp() - 1 - to_behaviour).sum(),
-            })
+            stats.update({"ratio_mean": ratio.sum(), "clip_fraction": outside.float().sum()})
         return loss, stats
 
 

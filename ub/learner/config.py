@@ -50,6 +50,12 @@ class LearnerConfig:
       ``auto`` sizes it from a probe of the model's activations and the memory the learner has
       (:mod:`ub.learner.memory`); an out-of-memory error halves it and retries the update.
     - ``kernels``: :mod:`ub.learner.kernels`.
+    - ``target_kl`` (PPO's early stop): before each optimizer step after the first, the step's
+      forward pass measures ``approx_kl`` of the current policy to the one the update started
+      from (k3 over the step's completion tokens); past ``target_kl`` the update ends there,
+      with the steps it took (``early_stopped`` and ``optimizer_steps`` say so).
+    - ``entropy_coef``: a bonus on the policy's entropy over the whole vocabulary at each
+      completion token, with its exact gradient (not the sampled-token estimate).
     """
 
     base_model: str = ""
@@ -64,6 +70,8 @@ class LearnerConfig:
     algorithm: str = field(default_factory=_schema("algorithm"))
     algorithm_params: dict[str, Any] = field(default_factory=_schema("algorithm_params"))
     kl_coef: float = field(default_factory=_schema("kl_coef"))
+    entropy_coef: float = field(default_factory=_schema("entropy_coef"))
+    target_kl: float | None = field(default_factory=_schema("target_kl"))
     length_normalizer: int = field(
         default_factory=lambda: default_of(SamplingSection, "max_tokens"))
     temperature: float = field(default_factory=lambda: default_of(SamplingSection, "temperature"))
@@ -132,6 +140,9 @@ class LearnerConfig:
             raise UbError("lora.target_modules is empty: name the modules to adapt")
         make_algorithm(self.algorithm, self.algorithm_params)
         _non_negative_number("kl_coef", self.kl_coef)
+        _non_negative_number("entropy_coef", self.entropy_coef)
+        if self.target_kl is not None:
+            _positive_number("target_kl", self.target_kl)
         _positive_int("length_normalizer", self.length_normalizer)
         _positive_number("temperature", self.temperature)
         _positive_number("learning_rate", self.learning_rate)

@@ -177,8 +177,10 @@ class Learner(LearnerState):
         """The rows an update trains: those with completion tokens and, for a loss linear in
         the advantage, a nonzero advantage (the others carry no gradient)."""
         has_tokens = batch.completion_mask[:, 1:].sum(1) > 0
-        # A KL penalty trains every row: a zero advantage still has a divergence to pay.
-        if not (self.algorithm.needs_zero_advantage_rows or self.config.kl_coef):
+        # A KL penalty or an entropy bonus trains every row: a zero advantage still has a
+        # divergence to pay or an entropy to keep.
+        if not (self.algorithm.needs_zero_advantage_rows or self.config.kl_coef
+                or self.config.entropy_coef):
             has_tokens &= batch.advantages != 0
         return torch.nonzero(has_tokens).flatten().tolist()
 
@@ -274,6 +276,8 @@ class Learner(LearnerState):
             else mb.old_logprobs[:, 1:].to(self.device)[scored].float(),
         )
         loss, stats = self.algorithm.loss(token_batch)
+        if self.config.entropy_coef:
+            loss = loss - self.config.entropy_coef * entropy.sum() / normalizer
         if self.config.kl_coef:
             kl = self._kl_to_base(input_ids, scored, logprobs)
             loss = loss + self.config.kl_coef * kl.sum() / normalizer
@@ -287,10 +291,16 @@ class Learner(LearnerState):
         tally.tokens += int(mb.lengths.sum())
         tally.padded += int(mb.input_ids.numel())
         with torch.no_grad():
+            # k3 estimate of KL(start || current), start the policy the update began from (the
+            # learner's scores where it made them first, else the sampler's): unbiased, >= 0;
+            # target_kl reads it.
+            moved = logprobs - (token_batch.behaviour_logprobs if token_batch.old_logprobs is None
+                                else token_batch.old_logprobs)
             sums = {
                 "logprob_mean": logprobs.detach().sum(),
                 "behaviour_logprob_mean": token_batch.behaviour_logprobs.sum(),
                 "entropy_mean": entropy.sum(),
+                "approx_kl": (moved.exp() - 1 - moved).sum(),
                 "completion_tokens": scored.sum(),
                 **stats,
             }
@@ -340,8 +350,14 @@ class Learner(LearnerState):
                 if steps > 1 and self.algorithm.needs_old_logprobs:
                     full = self._with_old_logprobs(full)
                 first = self.update_index * steps  # optimizer steps taken since the cold start
-                per_step = [self._step(full if rows is None else full.select(rows), first + k)
-                            for k, rows in enumerate(self._minibatch_rows(len(full)))]
+                per_step, stopped_kl = [], None
+                for k, rows in enumerate(self._minibatch_rows(len(full))):
+                    step_batch = full if rows is None else full.select(rows)
+                    metrics = self._accumulate_fitting(step_batch)
+                    stopped_kl = self._past_target_kl(k, metrics)
+                    if stopped_kl is not None:
+                        break
+                    per_step.append(self._step(metrics, step_batch, first + k))
                 new_rng = self._capture_rng()
         except BaseException:
             self.py_rng.setstate(py_state)  # a failed update consumes no randomness
@@ -361,6 +377,8 @@ class Learner(LearnerState):
             update=self.update_index,
             algorithm=self.config.algorithm,
             optimizer_steps=len(per_step),
+            early_stopped=stopped_kl is not None,
+            **({} if stopped_kl is None else {"stopped_at_kl": stopped_kl}),
             seconds=seconds,
             tokens_per_second=metrics["tokens"] / seconds if seconds > 0 else 0.0,
             kernels=self.kernels,
@@ -393,9 +411,21 @@ class Learner(LearnerState):
             scale = 1.0 - (1.0 - self.config.final_lr_fraction) * done
         return self.config.learning_rate * scale
 
-    def _step(self, batch: TrainBatch, step: int) -> dict[str, Any]:
-        """Gradients of ``batch``, clipped, and optimizer step number ``step``."""
-        metrics = self._accumulate_fitting(batch)
+    def _past_target_kl(self, k: int, metrics: dict[str, Any]) -> float | None:
+        """The ``approx_kl`` of the update's step ``k`` (0-based) if it passes
+        ``target_kl``: the update stops before taking that step. The first step always goes
+        (its policy is the one the update started from)."""
+        target, kl = self.config.target_kl, metrics.get("approx_kl")
+        if k == 0 or target is None or kl is None or kl <= target:
+            return None
+        log.info("learner: update %d stops after %d of %d optimizer steps: approx_kl %.4f > "
+                 "target_kl %g", self.update_index + 1, k,
+                 self.config.minibatches * self.config.epochs, kl, target)
+        return float(kl)
+
+    def _step(self, metrics: dict[str, Any], batch: TrainBatch, step: int) -> dict[str, Any]:
+        """Clip the gradients :meth:`_accumulate_fitting` left for ``batch`` (``metrics``) and
+        take optimizer step number ``step``."""
         max_norm = self.config.max_grad_norm
         grad_norm = float(torch.nn.utils.clip_grad_norm_(
             list(self.params.values()), max_norm if max_norm is not None else math.inf))

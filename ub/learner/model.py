@@ -220,9 +220,7 @@ class LearnerModel:
         token_logprobs = logprobs.gather(-1, targets[:, None]).squeeze(-1)
         if not with_entropy:
             return token_logprobs, None
-        with torch.no_grad():
-            entropy = -(logprobs.exp() * logprobs).sum(-1)
-        return token_logprobs, entropy
+        return token_logprobs, -(logprobs.exp() * logprobs).sum(-1)  # (with its gradient)
 
     def _auto_micro_batch_tokens(self) -> int:
         """``micro_batch_tokens: auto``: a probe's activation bytes per token against the

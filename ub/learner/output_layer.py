@@ -1,5 +1,5 @@
-"""The output layer in chunks: each completion token's logprob (with its gradient) and the
-policy's entropy, without a (tokens x vocabulary) tensor that lives across a micro-batch.
+"""The output layer in chunks: each completion token's logprob and the policy's entropy (each
+with its gradient), without a (tokens x vocabulary) tensor that lives across a micro-batch.
 
 Scoring ``N`` completion tokens the plain way materializes ``N x V`` float32 logits and
 log-probabilities and keeps them for backward: with Qwen3's 151,936-token vocabulary that is
@@ -14,8 +14,9 @@ torch on any device; on a GPU its time is a few percent of an update's (the outp
 matmuls are the same ones, chunked).
 
 The gradient, per chunk, for ``logp = z[y] / T - logsumexp(z / T)`` with ``z = h W^T``:
-``d logp / d z = (onehot(y) - softmax(z / T)) / T``, then ``dh = dz W`` (and ``dW = dz^T h`` if
-the output weights train).
+``d logp / d z = (onehot(y) - softmax(z / T)) / T``; for the entropy ``H`` of ``p = softmax(z /
+T)``: ``d H / d z = -p * (z / T - sum(p * z / T)) / T``; then ``dh = dz W`` (and ``dW = dz^T h``
+if the output weights train).
 """
 
 from __future__ import annotations
@@ -60,11 +61,13 @@ class _ChunkedLogprobs(torch.autograd.Function):
             del logits
         ctx.save_for_backward(hidden, weight, bias, targets)
         ctx.temperature, ctx.chunk = temperature, chunk
-        ctx.mark_non_differentiable(entropy)
+        if not with_entropy:
+            ctx.mark_non_differentiable(entropy)
+        ctx.set_materialize_grads(False)  # (an output the loss does not use gets None)
         return logprobs, entropy
 
     @staticmethod
-    def backward(ctx, grad_logprobs: torch.Tensor, _grad_entropy: torch.Tensor | None
+    def backward(ctx, grad_logprobs: torch.Tensor | None, grad_entropy: torch.Tensor | None
                  ) -> tuple[torch.Tensor | None, ...]:
         hidden, weight, bias, targets = ctx.saved_tensors
         temperature, chunk = ctx.temperature, ctx.chunk
@@ -75,11 +78,24 @@ class _ChunkedLogprobs(torch.autograd.Function):
         for start in range(0, hidden.shape[0], chunk):
             end = min(start + chunk, hidden.shape[0])
             h = hidden[start:end]
-            g = grad_logprobs[start:end, None].float()
-            # (onehot(y) - p) * g / T, built in place in the softmax's buffer.
-            grad_logits = torch.softmax(_chunk_logits(h, weight, bias, temperature), dim=-1)
-            grad_logits.mul_(-g)
-            grad_logits.scatter_add_(-1, targets[start:end, None], g)
+            logits = _chunk_logits(h, weight, bias, temperature)
+            g = None if grad_logprobs is None else grad_logprobs[start:end, None].float()
+            # dlogp/dz = onehot(y) - p and dH/dz = -p * (z - sum(p * z)) (z: the tempered
+            # logits), so dz = -p * (g_H * (z - sum(p * z)) + g) + onehot(y) * g, built in the
+            # softmax's buffer.
+            grad_logits = torch.softmax(logits, dim=-1)
+            if grad_entropy is not None:
+                logits -= torch.linalg.vecdot(grad_logits, logits)[:, None]
+                logits.mul_(grad_entropy[start:end, None].float())
+                if g is not None:
+                    logits.add_(g)
+                grad_logits.mul_(logits).neg_()
+            else:
+                assert g is not None
+                grad_logits.mul_(-g)
+            del logits
+            if g is not None:
+                grad_logits.scatter_add_(-1, targets[start:end, None], g)
             if temperature != 1.0:
                 grad_logits.div_(temperature)
             grad_logits = grad_logits.to(weight.dtype)
@@ -109,8 +125,9 @@ def chunked_token_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets:
     :param temperature: the sampling temperature (> 0).
     :param with_entropy: False skips the entropy (a softmax per chunk): ``None``.
     :param chunk: tokens per chunk; ``None``: :func:`chunk_tokens` of the vocabulary.
-    :returns: ``(logprobs, entropy)``, both (N,) float32; ``logprobs`` carries the gradient
-        (to ``hidden``, and to the head if it trains), ``entropy`` none (a metric).
+    :returns: ``(logprobs, entropy)``, both (N,) float32, both with their gradient (to
+        ``hidden``, and to the head if it trains): an entropy bonus differentiates the
+        entropy exactly.
     """
     if chunk is None:
         chunk = chunk_tokens(head.weight.shape[0])

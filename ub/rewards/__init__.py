@@ -9,7 +9,8 @@ order (the output of one is the input of the next):
 2. **step** (:class:`StepTransform`): per decision, a SQL expression over the ``steps`` columns
    that shapes the reward (``format_reward``, ``invalid_move_penalty``). Runs inside DuckDB.
 3. **sampling** (:class:`SamplingTransform`): on the sampled batch, a SQL window expression
-   (``normalize``, ``normalize_per_env``). Runs inside DuckDB, on the sampled rows only.
+   (``normalize``, ``normalize_per_env``, ``invalid_move_advantage``). Runs inside DuckDB, on
+   the sampled rows only.
 
 Transforms are configured by name with parameters, e.g.::
 
@@ -62,6 +63,7 @@ from ub.rewards.final_stage import (
 )
 from ub.rewards.sql import (
     FormatReward,
+    InvalidMoveAdvantage,
     InvalidMovePenalty,
     Normalize,
     NormalizePerEnv,
@@ -71,7 +73,8 @@ from ub.rewards.sql import (
 
 __all__ = [
     "FINAL_REWARDS_SCHEMA", "REGISTRY", "STAGES", "STATE_FORMAT", "FinalRewardChain",
-    "FinalRewards", "FinalTransform", "FormatReward", "GameKey", "GameView", "InvalidMovePenalty",
+    "FinalRewards", "FinalTransform", "FormatReward", "GameKey", "GameView", "InvalidMoveAdvantage",
+    "InvalidMovePenalty",
     "Normalize", "NormalizePerEnv", "RewardTransform", "RoleAdvantage", "SamplingTransform",
     "SeatRows", "StateBaseline", "StepTransform", "WinDrawLoss", "apply_final_transforms",
     "available_transforms", "build_transforms", "games_after", "register", "seat_rows",

@@ -196,3 +196,33 @@ class StateBaseline(SamplingTransform):
                 for i in members:
                     out[i] = values[i] - (total - values[i]) / (len(members) - 1)
         return out
+
+
+@register
+@dataclass
+class InvalidMoveAdvantage(SamplingTransform):
+    """An invalid move's advantage is at most ``advantage`` (< 0): ``least(x, advantage)``.
+
+    Normalization cannot tell a group apart from itself: when every decision of an env's batch
+    is the same invalid move (a policy collapsed onto it), every reward is equal, the
+    normalized advantage is 0 and no gradient leads away. Listed after the normalization, this
+    keeps a push away from invalid moves whatever the rest of the group did, and leaves an
+    invalid move that already scores lower as it is.
+    """
+
+    name: ClassVar[str] = "invalid_move_advantage"
+    advantage: float = -1.0
+
+    def validate(self) -> None:
+        sql_float(self.advantage)
+        if not float(self.advantage) < 0:
+            raise UbError(f"invalid_move_advantage advantage is the most an invalid move may "
+                          f"score and must be < 0, got {self.advantage}")
+
+    def sql(self, value: str) -> str:
+        return (f"CASE WHEN invalid_move THEN least({value}, {sql_float(self.advantage)}) "
+                f"ELSE {value} END")
+
+    def apply_rows(self, values: list[float], rows: Sequence[Mapping[str, Any]]) -> list[float]:
+        return [min(v, float(self.advantage)) if row["invalid_move"] else v
+                for v, row in zip(values, rows, strict=True)]

@@ -14,7 +14,9 @@ from rich.console import Console
 from rich.table import Table
 
 from ub.progress_bar import show_progress_bars
+from ub.run.health import env_alerts
 from ub.run.layout import read_json
+from ub.run.tracking import read_metrics
 
 if TYPE_CHECKING:
     from ub.run.rounds import Run
@@ -74,6 +76,10 @@ class Progress:
                          f"{row['env_id']}: win {eval_cell(row)}, "
                          f"invalid {_pct(row['invalid_move_rate'])}")
         self.console.print(f"{line}  [dim]({t['round']:.0f} s)[/dim]")
+        tracking = self.run.config.tracking
+        for alert in env_alerts(read_metrics(self.run.paths, round_),
+                                tracking.alert_invalid_move_rate, tracking.alert_entropy):
+            self.console.print(f"    [yellow]{alert}[/yellow]")
 
     def finish(self) -> dict[str, Any]:
         """Print the learning curve over every committed round; return the run's summary."""

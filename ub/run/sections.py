@@ -220,6 +220,12 @@ class LearnerSection(Section):
                                              "arguments of the algorithm, e.g. {clip_eps: 0.2}.")
     kl_coef: float = Field(0.0, description="Weight of a KL penalty to the base model (the "
                            "adapter switched off), per completion token (>= 0; 0: none).")
+    entropy_coef: float = Field(0.0, description="Weight of an entropy bonus: the loss "
+                                "subtracts it times each completion token's policy entropy "
+                                "(>= 0; 0: none).")
+    target_kl: float | None = Field(None, description="Stop an update of several optimizer "
+                                    "steps before the step whose approx_kl (to the policy the "
+                                    "update started from) passes this (> 0); null: never.")
     length_normalizer: int | None = Field(None, description="L of Dr. GRPO's B * L loss "
                                           "normaliser; null: sampling.max_tokens.")
     temperature: float | None = Field(None, description="Temperature the learner scores tokens "

@@ -5,7 +5,9 @@
 
 - ``collection/ENV/...``: the learner's decisions (the weight when envs are averaged), reward,
   win/draw/loss rates of the learner's seats, game length (turns),
-  response length (completion tokens), format success, invalid-move rate, action diversity
+  response length (completion tokens), format success, invalid-move rate, ``entropy`` (the
+  sampler's, in nats per completion token: the mean negative logprob of the sampled tokens,
+  an unbiased estimate at temperature 1; near 0: every decision the same), action diversity
   (distinct actions per distinct observation, over observations seen more than once), seconds
   per game, per turn and per generated character;
 - ``eval/ENV/OPPONENT/...``: win, draw and loss rates, Wilson bounds, invalid-move rate of the
@@ -75,6 +77,8 @@ def _collection(run: Run, round_: int) -> dict[str, float]:
                avg(m.num_completion_tokens) AS response_tokens,
                avg(m.format_ok::INT) AS format_rate,
                avg(m.invalid_move::INT) AS invalid_move_rate,
+               -sum(list_sum(m.completion_logprobs)) / greatest(sum(len(m.completion_logprobs)),
+                                                              1) AS entropy,
                any_value(d.actions_per_state) AS actions_per_state,
                avg(m.game_seconds) AS seconds_per_game,
                avg(m.gen_seconds + m.env_seconds) AS seconds_per_turn,
@@ -120,6 +124,17 @@ def round_metrics(run: Run, round_: int, manifest: dict[str, Any],
                         f"{base}/games": member["games"]})
     return {k: float(v) for k, v in metrics.items()
             if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+def read_metrics(paths: RunPaths, round_: int) -> dict[str, float]:
+    """Round ``round_``'s tracked metrics, ``{}`` where none were written."""
+    import pyarrow.parquet as pq
+
+    path = paths.metrics(round_)
+    if not path.exists():
+        return {}
+    table = pq.read_table(path, columns=["metric", "value"]).to_pydict()
+    return dict(zip(table["metric"], table["value"], strict=True))
 
 
 def write_metrics(run: Run, round_: int, metrics: dict[str, float]) -> Path:
