@@ -1,7 +1,7 @@
 """Does it learn? The demo's config for several seeds, judged against the right baseline.
 
 Not a test. ``.venv/bin/python bench/learning.py [--seeds 0,1,2] [--config tiny-cpu]
-[--set key=value ...] [--label NAME] [--root DIR] [--games 400]``
+[--set key=value ...] [--label NAME] [--root DIR] [--games 400] [--evals ENV:OPP,...]``
 
 For each seed: ``ub train CONFIG --set seed=S`` (a subprocess, as a user runs it), then
 ``ub eval`` of its first and last checkpoints against ``random`` and ``expert`` on TicTacToe,
@@ -156,11 +156,15 @@ def main() -> None:
     parser.add_argument("--root", help="runs folder (default: a temporary one)")
     parser.add_argument("--existing", help="comma-separated runs in --root to evaluate as they "
                         "are (no training)")
+    parser.add_argument("--evals", default=",".join(f"{e}:{o}" for e, o in EVALS),
+                        help="comma-separated ENV:OPPONENT pairs to report (those the run "
+                        "does not evaluate itself are played with ub eval)")
     args = parser.parse_args()
 
     from ub.evaluation import wilson_interval
     from ub.run.layout import RunPaths, read_json
 
+    evals = [tuple(pair.split(":", 1)) for pair in args.evals.split(",")]
     root = Path(args.root or tempfile.mkdtemp(prefix="ub-bench-learning-"))
     env = {**os.environ, "UB_LOG_CONSOLE": "0"}
     os.environ.update(env)
@@ -184,16 +188,27 @@ def main() -> None:
         timings = {k: round(sum(m["timings"].get(k, 0.0) for m in manifests), 1)
                    for k in ("rollout", "learner", "eval", "other", "round")}
         eval_s = 0.0
-        for env_id, opponent in EVALS:
+        own = {(e if isinstance(e, str) else e["env_id"], o)
+               for e in config["eval"]["envs"] for o in config["eval"]["opponents"]}
+        for env_id, opponent in evals:
             for update in (0, last):
-                if (env_id, opponent) == (TICTACTOE, "random"):
+                if (env_id, opponent) in own:
                     continue  # the run's own evaluation
                 eval_s += run([UB, "eval", name, "--root", str(root), "--checkpoint",
                                str(update), "--opponents", opponent, "--envs", env_id,
                                "--games", str(args.games)])
         rows = []
-        for env_id, opponent in EVALS:
-            wins_b, decided_b = baseline(config, env_id, opponent, args.games)
+        for env_id, opponent in evals:
+            if (env_id, opponent) in own:  # in the seats and seeds the run evaluated
+                recorded = next(row for m in manifests for rows_ in m["evals"].values()
+                                for row in rows_
+                                if (row["env_id"], row["opponent"]) == (env_id, opponent))
+                random_rate = recorded["baseline_win_rate"]
+                random_ci = (recorded["baseline_low"], recorded["baseline_high"])
+            else:
+                wins_b, decided_b = baseline(config, env_id, opponent, args.games)
+                random_rate = wins_b / max(1, decided_b)
+                random_ci = wilson_interval(wins_b, decided_b)
             for update in (0, last):
                 per_seat = seat_rows(root, name, update, env_id, opponent)
                 total = {k: sum(r[k] for r in per_seat)
@@ -207,10 +222,11 @@ def main() -> None:
                         "win": r["wins"] / max(1, r["games"]), "win_low": low, "win_high": high,
                         "draw": r["draws"] / max(1, r["games"]),
                         "invalid_loss": r["invalid_losses"] / max(1, r["games"]),
-                        "random_baseline": wins_b / max(1, decided_b),
-                        "random_baseline_ci": wilson_interval(wins_b, decided_b),
+                        "random_baseline": random_rate,
+                        "random_baseline_ci": random_ci,
                     })
-        tactics = {update: tictactoe_tactics(root, name, update) for update in (0, last)}
+        tactics = ({update: tictactoe_tactics(root, name, update) for update in (0, last)}
+                   if (TICTACTOE, "random") in evals else {})
         results.append({"seed": seed, "run": name, "rounds": last, "tactics": tactics,
                          "train_wall_seconds": round(train_s, 1),
                          "extra_eval_wall_seconds": round(eval_s, 1),

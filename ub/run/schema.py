@@ -142,7 +142,7 @@ class TrackingSection(Section):
     wandb: Literal["disabled", "offline", "online"] = Field("offline", description="Weights & "
                                                             "Biases mode.")
     project: str = Field("ub", description="Weights & Biases project.")
-    alert_invalid_move_rate: float = Field(0.1, ge=0, le=1, description="Warn (round line, "
+    alert_invalid_move_rate: float = Field(0.2, ge=0, le=1, description="Warn (round line, "
                                            "dashboard) when an env's invalid-move rate in a "
                                            "round's games passes this, in [0, 1].")
     alert_entropy: float = Field(0.05, ge=0, description="Warn when an env's sampled entropy "
