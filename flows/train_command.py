@@ -62,7 +62,7 @@ def _check_manifests(paths) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from flows.prefect_env import configure_prefect
     from ub.run.base_model import check_base_model, check_fits_base_model
-    from ub.run.config import load_config
+    from ub.run.config import config_run_name, load_config
     from ub.run.layout import RunPaths
     from ub.run.lock import RunLock
     from ub.run.rounds import resolve_run_config
@@ -70,7 +70,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume and args.config:
         raise UbError("give a CONFIG to start (or continue) a run, or --resume NAME to continue "
                       "one with its own config, not both")
-    name = args.resume or args.run or (Path(args.config).stem if args.config else "tiny-cpu")
+    name = args.resume or args.run or config_run_name(args.config or "tiny-cpu")
     paths = RunPaths.of(args.root, name)
     # Everything that can be refused is refused here, in a second, before Prefect starts; a
     # store run's working copy that catch_up made for a refused command goes again.
