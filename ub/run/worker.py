@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,8 @@ if TYPE_CHECKING:
     from ub.learner.config import LearnerConfig
     from ub.learner.entry import KeptLearner
     from ub.learner.learner import Learner
+
+log = logging.getLogger("ub.rollout")  # (the engine serves rollouts; its log file)
 
 
 class Worker:
@@ -49,6 +52,12 @@ class Worker:
         from ub.inference.handle import EngineHandle
 
         engine = self._engine
+        if engine is not None and engine.death is not None:
+            # A dead engine is replaced, never waited on: its requests died with it (their
+            # callers replay them: ub.run.play.play_shard).
+            log.warning("replacing the vLLM engine: %s", engine.death)
+            self.close_engine()
+            engine = None
         if engine is None or engine.config != config or engine.closed:
             if engine is not None:
                 if engine.has_unfinished():
