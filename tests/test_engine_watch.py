@@ -28,6 +28,7 @@ def test_a_dead_or_silent_engine_process_wakes_the_waiter_within_a_bounded_time(
     error = woken.get(timeout=10)  # (what a step blocked on vLLM's output queue would get)
     assert str(error) == watch.dead == (f"the vLLM engine process EngineCore (pid {dead.pid}) "
                                         f"exited with code {-signal.SIGKILL}")
+    assert watch.exited() == watch.dead  # (asked directly, as when vLLM noticed first)
 
     silent = _child()
     os.kill(silent.pid, signal.SIGSTOP)  # alive, answering nothing

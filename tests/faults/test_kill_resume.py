@@ -77,10 +77,12 @@ def test_a_killed_engine_process_is_replaced_and_its_shard_replayed(prefect_api,
     assert result.returncode == 0, result.stderr[-2000:]
     assert time.monotonic() - started < 600  # (bounded: no waiting on the dead engine)
     run = tmp_path / "run"
-    replays = [line for line in (run / "logs" / "rollout.log").read_text().splitlines()
-               if "replaying its" in line]
+    log = (run / "logs" / "rollout.log").read_text().splitlines()
+    replays = [line for line in log if "replaying its" in line]
     assert len(replays) == 1 and "train shard 0/0: the vLLM engine process" in replays[0]
     assert "exited with code -9" in replays[0]
+    assert sum("replacing the vLLM engine: the vLLM engine process" in line
+               for line in log) == 1  # (by the worker, as an engine found dead between rounds)
     assert RunPaths(run).committed_rounds() == [0, 1]
     ids = [row["game_id"] for row in table_rows(run, "games")]
     games = CONFIG["rollout"]["games_per_round"]

@@ -158,6 +158,7 @@ class VLLMEngine:
         self._asleep = False
         self.can_sleep = False  # (set by the start: sleep mode on a GPU)
         self._watch: EngineWatch | None = None  # (set once started: a separate engine process)
+        self._died: str | None = None  # (why vLLM said it was dead, when the watch had not)
 
         # Fill in what configure_vllm_environment() would set, keeping any earlier choice.
         set_env_defaults(env_defaults(None, None), replace_ours=False)
@@ -226,9 +227,12 @@ class VLLMEngine:
             return None
         if self._watch is not None and self._watch.dead:
             return self._watch.dead
+        if self._died:
+            return self._died
         resources = getattr(self._engine.engine_core, "resources", None)
         if getattr(resources, "engine_dead", False):
-            return "vLLM reports its engine process dead"
+            exited = self._watch.exited() if self._watch is not None else None
+            return exited or "vLLM reports its engine process dead"
         return None
 
     @property
@@ -459,8 +463,9 @@ class VLLMEngine:
         except Exception as e:
             if self.death is None and type(e).__name__ != "EngineDeadError":
                 raise
-            raise EngineDied(f"{self.death or 'vLLM reports its engine process dead'}: "
-                             "close the engine and start another (Worker.engine does)") from e
+            self._died = self.death or "vLLM reports its engine process dead"
+            raise EngineDied(f"{self._died}: close the engine and start another "
+                             "(Worker.engine does)") from e
 
     def _to_generation(self, output: RequestOutput, now: float) -> Generation:
         pending = self._pending.pop(output.request_id)

@@ -59,6 +59,14 @@ class EngineWatch:
         finally:
             self._busy_since = None
 
+    def exited(self) -> str | None:
+        """Why the engine is dead if one of its processes has exited by now (asked directly:
+        vLLM's own monitor may notice before this watch's thread does), else ``None``."""
+        for process in self._processes:
+            if process.exitcode is not None:
+                return _exit_line(process)
+        return None
+
     def stop(self) -> None:
         """Stop watching (the engine is being shut down on purpose)."""
         self._stopped.set()
@@ -73,8 +81,7 @@ class EngineWatch:
             if ended:
                 process = by_sentinel[ended[0]]
                 process.join(timeout=1.0)  # (sets its exit code)
-                self._declare(f"the vLLM engine process {process.name} (pid {process.pid}) "
-                              f"exited with code {process.exitcode}")
+                self._declare(_exit_line(process))
                 return
             since = self._busy_since
             if since is not None and time.monotonic() - since > self._stall:
@@ -85,3 +92,8 @@ class EngineWatch:
         self.dead = reason
         with contextlib.suppress(Exception):  # (waking is best effort; `dead` is the record)
             self._wake(EngineDied(reason))
+
+
+def _exit_line(process: Any) -> str:
+    return (f"the vLLM engine process {process.name} (pid {process.pid}) exited with code "
+            f"{process.exitcode}")

@@ -170,9 +170,9 @@ def play_shard(worker: Worker, run: Run, root: Path, sid: ShardId, assignments: 
             if attempt == ENGINE_REPLACEMENTS:
                 logger.error("%s shard %s/%s failed: %s", kind, sid.round, sid.shard, exc)
                 raise
+            # (run_engine's Worker.engine replaces the dead engine, as between rounds)
             logger.warning("%s shard %s/%s: %s; replaying its %d games on a new engine", kind,
                            sid.round, sid.shard, exc, len(assignments))
-            worker.close_engine()
         except Exception:
             # Nothing of the shard was written; the task's retry (or a resume) replays it.
             logger.exception("%s shard %s/%s failed", kind, sid.round, sid.shard)
