@@ -57,6 +57,20 @@ def test_the_plan_of_qwen3_1_7b_on_an_80_gib_gpu() -> None:
                      QWEN3_1_7B, 80)
     assert fits.problems == []
 
+    small = plan_gpus(load_config("qwen3-1.7b-simpletak"), QWEN3_1_7B, 8)
+    assert small.problems[0].startswith("the engine's share (engine.gpu_memory_utilization: "
+                                        "4.8 GiB) holds 0 tokens of KV cache")
+    assert "raise engine.gpu_memory_utilization to at least 0.80" in small.problems[0]
+
+    # On a Ray node: 7 engines with a GPU each, the learner alone on the eighth.
+    ray = plan_gpus(load_config("qwen3-1.7b-simpletak", [
+        "cluster.address=auto", "engine.gpu_memory_utilization=0.9"]), QWEN3_1_7B, 80)
+    [(engines, engine, none), (learners, no_engine, learner)] = ray.gpus
+    assert engines == "GPUs 0-6 (rollout workers 0-6, one each)" and none is None
+    assert learners == "GPU 7 (learner rank 0)" and no_engine is None
+    assert engine is not None and engine.kv_tokens > engine.demand_tokens
+    assert learner is not None and learner.share_gib == 80 and ray.problems == []
+
 
 def test_dry_run_prints_the_plan_and_writes_nothing(capsys, tmp_path, qwen3_folder) -> None:
     root = tmp_path / "runs"

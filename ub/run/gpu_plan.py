@@ -108,6 +108,7 @@ class ModelShape:
 class EnginePlan:
     """One vLLM engine on a GPU, in GiB and tokens."""
 
+    gpu_gib: float
     share_gib: float
     weights_gib: float
     lora_gib: float
@@ -163,11 +164,10 @@ def plan_gpus(config: Any, model_config: dict[str, Any], gpu_gib: float,
     e, learner = config.engine, config.learner
     dtype_bytes = DTYPE_BYTES.get(e.dtype, 2)
     cluster = config.cluster.address is not None
-    engine_share = e.gpu_memory_utilization * gpu_gib
     weights = shape.params * dtype_bytes / GIB
     slots = e.max_loras * shape.lora_params(e.max_lora_rank, list(shape.projections()))
-    engine = _engine_plan(shape, config, engine_share, weights, slots * dtype_bytes / GIB)
-    learner_share = gpu_gib if cluster else gpu_gib - engine_share
+    engine = _engine_plan(shape, config, gpu_gib, weights, slots * dtype_bytes / GIB)
+    learner_share = gpu_gib if cluster else gpu_gib - engine.share_gib
     own_lora = shape.lora_params(learner.lora.rank, learner.lora.target_modules)
     max_train = config.batch.max_train_len
     plan = LearnerPlan(
@@ -179,13 +179,11 @@ def plan_gpus(config: Any, model_config: dict[str, Any], gpu_gib: float,
     budget = plan.share_gib - plan.weights_gib - plan.lora_gib
     plan = _with_budget(plan, budget)
 
-    if cluster:
+    if cluster:  # (Ray workers with a GPU each, as the presets' cluster sections give them)
+        engines, learners = config.cluster.rollout_workers, config.cluster.learner_workers
         gpus: list[tuple[str, EnginePlan | None, LearnerPlan | None]] = [
-            (f"GPU {i} (rollout worker {i})", engine, None)
-            for i in range(config.cluster.rollout_workers)]
-        first = config.cluster.rollout_workers
-        gpus += [(f"GPU {first + r} (learner rank {r})", None, plan)
-                 for r in range(config.cluster.learner_workers)]
+            (_gpus(0, engines, "rollout worker"), engine, None),
+            (_gpus(engines, learners, "learner rank"), None, plan)]
     else:
         gpus = [("GPU 0 (engine and learner" + (", engine asleep during updates)"
                                                  if e.sleep_mode else ")"), engine, plan)]
@@ -199,13 +197,20 @@ def plan_gpus(config: Any, model_config: dict[str, Any], gpu_gib: float,
     return GpuPlan(gpu_gib, gpus, problems, warnings)
 
 
-def _engine_plan(shape: ModelShape, config: Any, share: float, weights: float,
+def _gpus(first: int, count: int, what: str) -> str:
+    if count == 1:
+        return f"GPU {first} ({what} 0)"
+    return f"GPUs {first}-{first + count - 1} ({what}s 0-{count - 1}, one each)"
+
+
+def _engine_plan(shape: ModelShape, config: Any, gpu_gib: float, weights: float,
                  lora: float) -> EnginePlan:
     e = config.engine
+    share = e.gpu_memory_utilization * gpu_gib
     kv_gib = share - weights - lora - ENGINE_RESERVE_GIB
     per_token = shape.kv_bytes_per_token(DTYPE_BYTES.get(e.dtype, 2))
     kv_tokens = max(0, int(kv_gib * GIB // per_token))
-    return EnginePlan(share_gib=share, weights_gib=weights, lora_gib=lora,
+    return EnginePlan(gpu_gib=gpu_gib, share_gib=share, weights_gib=weights, lora_gib=lora,
                       reserve_gib=ENGINE_RESERVE_GIB, kv_gib=kv_gib, kv_tokens=kv_tokens,
                       kv_bytes_per_token=per_token,
                       sequences=min(e.max_num_seqs, config.rollout.concurrency),
@@ -229,13 +234,14 @@ def _engine_problems(engine: EnginePlan) -> list[str]:
     if engine.kv_tokens >= engine.max_model_len:
         return []
     need = (engine.weights_gib + engine.lora_gib + engine.reserve_gib
-            + engine.max_model_len * engine.kv_bytes_per_token / GIB)
+            + engine.max_model_len * engine.kv_bytes_per_token / GIB) / engine.gpu_gib
+    raise_it = (f"raise engine.gpu_memory_utilization to at least {need:.2f}" if need <= 1
+                else "use a GPU with more memory")
     return [f"the engine's share (engine.gpu_memory_utilization: {engine.share_gib:.1f} GiB) "
             f"holds {engine.kv_tokens:,} tokens of KV cache after weights "
             f"{engine.weights_gib:.1f} GiB, LoRA slots {engine.lora_gib:.1f} and reserve "
             f"{engine.reserve_gib:.1f}, less than one sequence (engine.max_model_len "
-            f"{engine.max_model_len:,}; vLLM refuses to start): raise "
-            f"engine.gpu_memory_utilization (above {need:.1f} GiB), or lower "
+            f"{engine.max_model_len:,}; vLLM refuses to start): {raise_it}, or lower "
             "engine.max_model_len, engine.max_loras or engine.max_lora_rank"]
 
 
@@ -271,7 +277,8 @@ def describe(plan: GpuPlan) -> list[str]:
     """The plan as lines for a terminal."""
     lines = []
     for label, engine, learner in plan.gpus:
-        lines.append(f"{label}, {plan.gpu_gib:g} GiB:")
+        lines.append(f"{label}, {plan.gpu_gib:g} GiB each:" if label.startswith("GPUs")
+                     else f"{label}, {plan.gpu_gib:g} GiB:")
         if engine is not None:
             lines.append(
                 f"  engine   {engine.share_gib:.1f} GiB: weights {engine.weights_gib:.1f}, "
