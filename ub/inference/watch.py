@@ -62,8 +62,10 @@ class EngineWatch:
     def exited(self) -> str | None:
         """Why the engine is dead if one of its processes has exited by now (asked directly:
         vLLM's own monitor may notice before this watch's thread does), else ``None``."""
+        ended = connection.wait([p.sentinel for p in self._processes], timeout=0)
         for process in self._processes:
-            if process.exitcode is not None:
+            if process.sentinel in ended:  # (the sentinel says so whoever reaped it)
+                process.join(timeout=1.0)
                 return _exit_line(process)
         return None
 
@@ -95,5 +97,6 @@ class EngineWatch:
 
 
 def _exit_line(process: Any) -> str:
-    return (f"the vLLM engine process {process.name} (pid {process.pid}) exited with code "
-            f"{process.exitcode}")
+    code = process.exitcode  # (None where another waiter reaped it first)
+    return (f"the vLLM engine process {process.name} (pid {process.pid}) exited"
+            + (f" with code {code}" if code is not None else ""))
