@@ -12,6 +12,7 @@ from pathlib import Path
 
 from ub.cli.args import catch_up, check_can_create, removed_if_refused, round_number
 from ub.errors import UbError
+from ub.run.gpu_plan import DEFAULT_GPU_GIB
 
 
 def add_parser(sub) -> None:
@@ -30,6 +31,13 @@ def add_parser(sub) -> None:
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                        help="override a setting, e.g. --set rollout.games_per_round=64")
     train.add_argument("--quiet", action="store_true", help="no progress output")
+    train.add_argument("--dry-run", action="store_true",
+                       help="print the run it would start and its GPU memory plan (engine "
+                       "weights and KV cache, learner budget and micro-batch, from the base "
+                       "model's config.json alone), write nothing; exit 2 if it cannot fit")
+    train.add_argument("--gpu-memory", type=float, metavar="GIB",
+                       help="with --dry-run: plan for GPUs of GIB GiB (default: this machine's "
+                       f"GPU, or {DEFAULT_GPU_GIB:g} GiB without one)")
     train.set_defaults(func=cmd_train)
 
 
@@ -62,7 +70,7 @@ def _check_manifests(paths) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from flows.prefect_env import configure_prefect
     from ub.run.base_model import check_base_model, check_fits_base_model
-    from ub.run.config import load_config
+    from ub.run.config import config_run_name, load_config
     from ub.run.layout import RunPaths
     from ub.run.lock import RunLock
     from ub.run.rounds import resolve_run_config
@@ -70,8 +78,12 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume and args.config:
         raise UbError("give a CONFIG to start (or continue) a run, or --resume NAME to continue "
                       "one with its own config, not both")
-    name = args.resume or args.run or (Path(args.config).stem if args.config else "tiny-cpu")
+    name = args.resume or args.run or config_run_name(args.config or "tiny-cpu")
     paths = RunPaths.of(args.root, name)
+    if args.gpu_memory is not None and not args.dry_run:
+        raise UbError("--gpu-memory plans a run's memory: it goes with --dry-run")
+    if args.dry_run:
+        return _dry_run(args, paths)
     # Everything that can be refused is refused here, in a second, before Prefect starts; a
     # store run's working copy that catch_up made for a refused command goes again.
     with removed_if_refused(paths):
@@ -102,3 +114,52 @@ def cmd_train(args: argparse.Namespace) -> int:
     selfplay(run_name=name, config=source, root=str(args.root), rounds=args.rounds,
              overrides=list(args.set), quiet=args.quiet, ray_address=args.ray)
     return 0
+
+
+def _dry_run(args: argparse.Namespace, paths) -> int:
+    """``ub train ... --dry-run``: the run it would start and its GPU plan; writes nothing
+    (no catch-up of a store run, no lock, no Prefect), and exits 2 when the plan cannot fit."""
+    from ub.run.config import load_config
+    from ub.run.gpu_plan import describe, plan_gpus, plan_model_config, shape_line
+    from ub.run.rounds import resolve_run_config
+
+    config = None
+    if not args.resume and (args.config or not paths.config.exists()):
+        config = load_config(args.config or "tiny-cpu", args.set)
+    elif args.set:
+        raise UbError("--set changes a run's settings: it needs CONFIG")
+    resolved = resolve_run_config(paths, config, rounds=args.rounds, ray_address=args.ray)[0]
+    state = (f"exists, {len(paths.committed_rounds())} of {resolved.rounds} rounds committed"
+             if paths.config.exists() else f"new, {resolved.rounds} rounds")
+    print(f"run {paths.name} at {paths.store or paths.root} ({state}); --dry-run: nothing "
+          "written")
+    base = resolved.model.base
+    model_config = plan_model_config(resolved)
+    if model_config is None or "num_hidden_layers" not in model_config:
+        raise UbError(f"model.base {base}: no config.json on this machine (a hub id is read "
+                      f"from the Hugging Face cache only): fetch it first (`huggingface-cli "
+                      f"download {base} config.json`) or give a local model folder")
+    gpu_gib, found = _gpu_gib(args.gpu_memory)
+    plan = plan_gpus(resolved, model_config, gpu_gib, f"model.base {base}'s config.json")
+    print(f"model {base}: {shape_line(model_config)}")
+    print(f"GPUs of {gpu_gib:g} GiB ({found})")
+    for line in describe(plan):
+        print(line)
+    for problem in plan.problems:
+        print(f"cannot fit: {problem}")
+    if plan.problems:
+        more = len(plan.problems) - 1
+        raise UbError(plan.problems[0] + (f" ({more} more above)" if more else ""))
+    return 0
+
+
+def _gpu_gib(asked: float | None) -> tuple[float, str]:
+    """The GPU memory to plan for, and where the figure comes from."""
+    if asked is not None:
+        return asked, "--gpu-memory"
+    import torch
+
+    if torch.cuda.is_available():
+        total = torch.cuda.get_device_properties(0).total_memory / 2**30
+        return round(total, 1), f"this machine's {torch.cuda.get_device_name(0)}"
+    return DEFAULT_GPU_GIB, "no GPU here: --gpu-memory GIB plans for another"

@@ -12,8 +12,9 @@ from ub.run.rounds import Run
 from ub.run.worker import process_worker
 
 
-# A retry helps when the engine died mid-shard: the shard was not committed, the engine is
-# restarted on next use and the same seeds replay the same games.
+# A retry helps when the engine failed mid-shard: the shard was not committed, and the same
+# seeds replay the same games (an engine whose process died is replaced and the shard replayed
+# within the call already: ub.run.play.play_shard).
 @task(name="rollout", retries=1, retry_delay_seconds=2, cache_policy=NONE,
       task_run_name="rollout r{round_}-s{shard}")
 def rollout(run: Run, round_: int, shard: int, games: list[PlannedGame],

@@ -440,3 +440,20 @@ def test_ub_learn_takes_a_runs_own_config_yaml_as_the_run_learns(tmp_path: Path)
     # (device_share is the run's learner's GPU share beside its own engine: `ub learn` has none)
     run_learner = stored.learner_config(str(tmp_path / "base"))
     assert resolved == dataclasses.replace(run_learner, device_share=None)
+
+
+def test_a_preset_names_its_run_after_itself(capsys, tmp_path):
+    """``qwen3-1.7b-simpletak`` names its run so, not ``qwen3-1`` (its dots are no suffix), so
+    the run it started is the one ``ub train --resume qwen3-1.7b-simpletak`` finds; a YAML
+    file still names its run after the file."""
+    from ub.run.config import config_run_name, load_config
+    from ub.run.layout import RunPaths
+    from ub.run.rounds import open_run
+
+    assert config_run_name("qwen3-1.7b-simpletak") == "qwen3-1.7b-simpletak"
+    assert config_run_name(str(tmp_path / "my.exp.yaml")) == "my.exp"
+    open_run(RunPaths.of(tmp_path, "qwen3-1.7b-simpletak"),
+             load_config("qwen3-1.7b-simpletak", ["seed=5"]))
+    code, _, err = run(capsys, "train", "qwen3-1.7b-simpletak", "--root", str(tmp_path))
+    assert code == 2 and "ub train --resume qwen3-1.7b-simpletak" in err
+    assert not (tmp_path / "qwen3-1").exists()

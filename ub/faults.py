@@ -5,7 +5,10 @@ process kill itself with SIGKILL at that point: no cleanup, no ``finally`` block
 cut or the OOM killer. Unset (always, outside tests) a point costs one dict lookup.
 
 ``UB_FAULT_AT=NAME:N:raise`` raises :class:`InjectedFault` there instead (an error inside the
-process, e.g. a game env failing on some turn). With ``UB_FAULT_ONCE=FILE`` the fault fires in
+process, e.g. a game env failing on some turn). ``UB_FAULT_AT=NAME:N:kill-engine`` SIGKILLs the
+process's vLLM engine processes instead (vLLM's separate ``EngineCore``, with
+``VLLM_ENABLE_V1_MULTIPROCESSING=1``; a CUDA fault or the OOM killer on a GPU) and goes on.
+With ``UB_FAULT_ONCE=FILE`` the fault fires in
 one process only, the first to create FILE (e.g. a Ray worker that is restarted after it).
 ``UB_FAULT_LOG=FILE`` appends the name of every point reached to FILE: a census of where a
 run can be cut, for randomized fault tests.
@@ -54,4 +57,20 @@ def fault_point(name: str) -> None:
                 return  # another process took this fault already
         if action == "raise":
             raise InjectedFault(f"injected fault at {name} (hit {_hits[name]})")
+        if action == "kill-engine":
+            _kill_engine_processes()
+            return
         os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _kill_engine_processes() -> None:
+    """SIGKILL this process's vLLM engine processes (vLLM titles them ``VLLM::EngineCore``)."""
+    import psutil
+
+    cores = [child for child in psutil.Process().children(recursive=True)
+             if "EngineCore" in child.name()]
+    if not cores:
+        raise InjectedFault("kill-engine: no vLLM engine process to kill (it runs in-process "
+                            "unless VLLM_ENABLE_V1_MULTIPROCESSING=1)")
+    for core in cores:
+        core.kill()  # (not waited for: reaping it here would hide its exit code from vLLM)

@@ -8,8 +8,12 @@ from __future__ import annotations
 import os
 import random
 import signal
+import time
 
-from faults.runs import KILL_POINTS, differences, plan_faults, train
+import yaml
+
+from faults.runs import CONFIG, KILL_POINTS, differences, plan_faults, table_rows, train
+from ub.run.layout import RunPaths
 
 
 def test_killed_at_random_points_and_resumed_loses_nothing(reference, fault_config,
@@ -51,3 +55,40 @@ def test_an_engine_failure_mid_rollout_is_retried_and_replays_the_shard(
     found = differences(tmp_path / "run", ref)
     ledger["faults survived" if not found else "faults lost"] += 1
     assert not found
+
+
+def test_a_killed_engine_process_is_replaced_and_its_shard_replayed(prefect_api, tiny_model,
+                                                                    tmp_path, ledger):
+    """vLLM's separate engine process (``VLLM_ENABLE_V1_MULTIPROCESSING=1``, as on every GPU)
+    SIGKILLed mid-round, requests in flight: the run neither hangs nor fails. The worker
+    closes the dead engine and starts another, the shard is replayed from its seeds, and the
+    next round runs on the new engine: every round is committed with every game once, and
+    ``ub doctor`` finds nothing. (Two rounds, no evaluation: each engine start of the separate
+    process costs ~25 s here.)"""
+    from ub.run.doctor import examine
+
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump({**CONFIG, "eval": {"every": 0}}))
+    ledger["faults injected"] += 1
+    started = time.monotonic()
+    result = train(config, tmp_path, prefect_api,
+                   env={"VLLM_ENABLE_V1_MULTIPROCESSING": "1",
+                        "UB_FAULT_AT": "rollout.step:3:kill-engine"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert time.monotonic() - started < 600  # (bounded: no waiting on the dead engine)
+    run = tmp_path / "run"
+    log = (run / "logs" / "rollout.log").read_text().splitlines()
+    replays = [line for line in log if "replaying its" in line]
+    assert len(replays) == 1 and "train shard 0/0: the vLLM engine process" in replays[0]
+    assert "exited with code -9" in replays[0]
+    assert sum("replacing the vLLM engine: the vLLM engine process" in line
+               for line in log) == 1  # (by the worker, as an engine found dead between rounds)
+    assert RunPaths(run).committed_rounds() == [0, 1]
+    ids = [row["game_id"] for row in table_rows(run, "games")]
+    games = CONFIG["rollout"]["games_per_round"]
+    assert sorted(ids) == [f"run-r{r:06d}-g{g:06d}" for r in (0, 1) for g in range(games)]
+    decisions = [(row["game_id"], row["turn"]) for row in table_rows(run, "steps")]
+    assert len(decisions) == len(set(decisions))  # (no decision of a replayed game twice)
+    findings = [f.line(run) for f in examine(run).findings]
+    ledger["faults survived" if not findings else "faults lost"] += 1
+    assert not findings

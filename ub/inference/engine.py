@@ -55,6 +55,7 @@ import contextlib
 import logging
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -82,6 +83,7 @@ from ub.inference.types import (
 )
 from ub.inference.validation import adapter_fingerprint, validate_adapter_dir, validate_model_dir
 from ub.inference.vllm_io import generation_from, sampling_params
+from ub.inference.watch import EngineDied, EngineWatch
 
 if TYPE_CHECKING:
     from vllm import LLM, SamplingParams
@@ -155,6 +157,8 @@ class VLLMEngine:
         self._closed = False
         self._asleep = False
         self.can_sleep = False  # (set by the start: sleep mode on a GPU)
+        self._watch: EngineWatch | None = None  # (set once started: a separate engine process)
+        self._died: str | None = None  # (why vLLM said it was dead, when the watch had not)
 
         # Fill in what configure_vllm_environment() would set, keeping any earlier choice.
         set_env_defaults(env_defaults(None, None), replace_ours=False)
@@ -164,6 +168,7 @@ class VLLMEngine:
         self._engine = self._llm.llm_engine
         self._renderer = self._engine.renderer
         self._tokenizer = self._llm.get_tokenizer()
+        self._watch = _watch_engine_process(self._engine.engine_core)
         quiet_vllm_logging()
         log.info("vLLM engine for %s started in %.1f s", config.model, self.startup_seconds)
 
@@ -214,10 +219,30 @@ class VLLMEngine:
     # -- public API ---------------------------------------------------------------------------
 
     @property
+    def death(self) -> str | None:
+        """Why the engine is dead (its separate process exited or stopped answering), or
+        ``None``. A dead engine raises :class:`~ub.inference.watch.EngineDied` on any use;
+        close it and start another (:class:`ub.run.worker.Worker` does)."""
+        if self._closed:
+            return None
+        if self._watch is not None and self._watch.dead:
+            return self._watch.dead
+        if self._died:
+            return self._died
+        resources = getattr(self._engine.engine_core, "resources", None)
+        if getattr(resources, "engine_dead", False):
+            exited = self._watch.exited() if self._watch is not None else None
+            return exited or "vLLM reports its engine process dead"
+        return None
+
+    @property
     def resident_adapters(self) -> int:
         """LoRA adapters loaded in vLLM now (bounded by ``max_loras``: the least recently used
         are evicted, so a run that makes an adapter a round holds no more than that)."""
-        return len(self._engine.list_loras()) if self.config.enable_lora else 0
+        if not self.config.enable_lora:
+            return 0
+        with self._answer():
+            return len(self._engine.list_loras())
 
     @property
     def tokenizer(self) -> Any:
@@ -298,7 +323,9 @@ class VLLMEngine:
         prepared: tuple[Any, SamplingParams, LoRARequest | None],
     ) -> None:
         engine_input, params, lora = prepared
-        self._engine.add_request(request.request_id, engine_input, params, lora_request=lora)
+        with self._answer():
+            self._engine.add_request(request.request_id, engine_input, params,
+                                     lora_request=lora)
         lora_id = 0 if lora is None else lora.lora_int_id
         self._pending[request.request_id] = _Pending(request, lora_id, time.perf_counter())
         self.stats.requests += 1
@@ -311,7 +338,8 @@ class VLLMEngine:
         if not self._engine.has_unfinished_requests():
             return finished
         start = time.perf_counter()
-        outputs = self._engine.step()
+        with self._answer():
+            outputs = self._engine.step()
         now = time.perf_counter()
         self.stats.engine_seconds += now - start
         self.stats.steps += 1
@@ -326,7 +354,8 @@ class VLLMEngine:
         never come out of a later :meth:`step`."""
         ours = [r for r in request_ids if r in self._pending]
         if ours:
-            self._engine.abort_request(ours)
+            if self.death is None:  # (a dead engine has nothing to abort, and would not answer)
+                self._engine.abort_request(ours)
             for request_id in ours:
                 del self._pending[request_id]
         self._ready = [g for g in self._ready if g.request_id not in set(request_ids)]
@@ -377,14 +406,16 @@ class VLLMEngine:
         self._check_open()
         if self.has_unfinished():
             raise UbError("cannot put the vLLM engine to sleep with requests in flight")
-        self._llm.sleep(level=1)  # (level 2 has crashed with LoRA: vllm#48337)
+        with self._answer():
+            self._llm.sleep(level=1)  # (level 2 has crashed with LoRA: vllm#48337)
         self._asleep = True
         return True
 
     def wake_up(self) -> None:
         """Undo :meth:`sleep` (weights back on the GPU, a fresh KV cache)."""
         if self._asleep and not self._closed:
-            self._llm.wake_up()
+            with self._answer():
+                self._llm.wake_up()
         self._asleep = False
 
     @property
@@ -397,6 +428,8 @@ class VLLMEngine:
         if self._closed:
             return
         self._closed = True
+        if self._watch is not None:
+            self._watch.stop()  # (the process ends on purpose now)
         with contextlib.suppress(Exception):
             self._engine.engine_core.shutdown()
         self._llm = self._engine = self._renderer = None
@@ -409,8 +442,30 @@ class VLLMEngine:
     def _check_open(self) -> None:
         if self._closed:
             raise UbError("the vLLM engine was shut down: get a new one (Worker.engine)")
+        if self.death is not None:
+            raise EngineDied(f"{self.death}: close the engine and start another "
+                             "(Worker.engine does)")
         if self._asleep:
             self.wake_up()
+
+    @contextlib.contextmanager
+    def _answer(self) -> Iterator[None]:
+        """A call into vLLM that waits for its engine process: bounded in time by the watch,
+        and a dead process raised as :class:`EngineDied` (vLLM raises ``EngineDeadError``, or
+        whatever the watch woke it with)."""
+        if self.death is not None:
+            self._check_open()
+        try:
+            with self._watch.busy() if self._watch is not None else contextlib.nullcontext():
+                yield
+        except EngineDied:
+            raise
+        except Exception as e:
+            if self.death is None and type(e).__name__ != "EngineDeadError":
+                raise
+            self._died = self.death or "vLLM reports its engine process dead"
+            raise EngineDied(f"{self._died}: close the engine and start another "
+                             "(Worker.engine does)") from e
 
     def _to_generation(self, output: RequestOutput, now: float) -> Generation:
         pending = self._pending.pop(output.request_id)
@@ -418,3 +473,23 @@ class VLLMEngine:
                               tokenizer=self._tokenizer, latency_s=now - pending.submitted_at)
         self.stats.generated_tokens += len(gen.completion_token_ids)
         return gen
+
+
+def _watch_engine_process(core: Any) -> EngineWatch | None:
+    """A watch on vLLM's separate engine process (``VLLM_ENABLE_V1_MULTIPROCESSING=1``), waking
+    a step waiting on its output queue and the utility calls waiting on their futures; ``None``
+    for the in-process engine (nothing separate to die: its errors raise in this thread)."""
+    manager = getattr(getattr(core, "resources", None), "engine_manager", None)
+    processes = getattr(manager, "processes", None)
+    outputs = getattr(core, "outputs_queue", None)
+    if not processes or outputs is None:
+        return None
+    calls = getattr(core, "utility_results", {})
+
+    def wake(error: EngineDied) -> None:
+        outputs.put_nowait(error)  # (vLLM's get_output raises an exception it finds there)
+        for future in list(calls.values()):
+            if not future.done():
+                future.set_exception(error)
+
+    return EngineWatch(processes, wake)

@@ -45,9 +45,9 @@ from ub.run.sections import SamplingSection, format_errors
 
 __all__ = ["MAX_GAMES", "ClusterSection", "EngineSection", "EnvSection", "EvalSection",
            "ModelSection", "PipelineSection", "RolloutSection", "SamplingSection",
-           "TrackingSection", "TrainConfig", "WorkerResources", "apply_overrides", "env_spec",
-           "game_specs", "load_config", "load_yaml", "preset_names", "read_config_data",
-           "read_text", "validate_config"]
+           "TrackingSection", "TrainConfig", "WorkerResources", "apply_overrides",
+           "config_run_name", "env_spec", "game_specs", "load_config", "load_yaml", "preset_names",
+           "read_config_data", "read_text", "validate_config"]
 
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
 
@@ -109,10 +109,24 @@ def preset_names() -> list[str]:
     return sorted(p.stem for p in PRESETS_DIR.glob("*.yaml"))
 
 
+def _is_config_file(name_or_path: str) -> bool:
+    """A YAML path rather than a preset name (the one place that decides it)."""
+    path = Path(name_or_path).expanduser()
+    return path.suffix in (".yaml", ".yml") or path.exists()
+
+
+def config_run_name(name_or_path: str) -> str:
+    """The run a config starts by default: a preset's own name (``qwen3-1.7b-simpletak``: its
+    dots are part of the name, not a suffix), or a YAML file's name without its extension."""
+    if _is_config_file(name_or_path):
+        return Path(name_or_path).stem
+    return name_or_path
+
+
 def read_config_data(name_or_path: str) -> tuple[dict[str, Any], str]:
     """The raw mapping of a preset name or YAML path, and a label saying which it was."""
     path = Path(name_or_path).expanduser()
-    if path.suffix in (".yaml", ".yml") or path.exists():
+    if _is_config_file(name_or_path):
         if not path.is_file():
             raise UbError(f"config file {path} does not exist; presets: "
                           f"{', '.join(preset_names())}")

@@ -26,6 +26,10 @@ if TYPE_CHECKING:
     from ub.inference.types import EngineConfig, SamplingConfig
     from ub.run.worker import Worker
 
+ENGINE_REPLACEMENTS = 1
+"""How many times one call replaces an engine that died under its shard and replays the shard
+(beyond that the error is raised, and the task's retry or a resume takes over)."""
+
 log_rollout = logging.getLogger("ub.rollout")
 log_eval = logging.getLogger("ub.eval")
 
@@ -122,6 +126,7 @@ def eval_game_id_prefix(run_name: str, sid: ShardId) -> str:
 def play_shard(worker: Worker, run: Run, root: Path, sid: ShardId, assignments: list, *,
                 sampling: SamplingConfig, kind: str,
                 metadata: dict[str, Any] | None = None) -> ShardResult:
+    from ub.inference.watch import EngineDied
     from ub.progress_bar import progress_bar
     from ub.rollout import play_games
 
@@ -143,22 +148,35 @@ def play_shard(worker: Worker, run: Run, root: Path, sid: ShardId, assignments: 
         if Path(adapter).parent == checkpoints:
             fetch_checkpoint(run.paths, Path(adapter))  # a worker without the run's files
     needs_engine = any(a.kind == "model" for g in assignments for a in g.actors)
-    engine = run_engine(worker, run, sampling) if needs_engine else None
-    logger.info("%s shard %s/%s: playing %d games", kind, sid.round, sid.shard, len(assignments))
-    try:
-        # Eval games are paired: every checkpoint meets the same seeds (env, opponent, sampling).
-        paired = {"seed_round": "eval", "game_id_prefix": eval_game_id_prefix(run.name, sid)}
-        what = (f"eval ckpt {sid.round}" if kind == "eval" else f"round {sid.round}") + (
-            f" shard {sid.shard}" if sid.shard else "")
-        with progress_bar(what, len(assignments), logger=logger) as progress:
-            rollout = play_games(assignments, engine=engine, run=run.name, round_=sid.round,
-                                 shard=sid.shard, base_seed=run.config.seed,
-                                 concurrency=run.config.rollout.concurrency, sampling=sampling,
-                                 progress=progress, **(paired if kind == "eval" else {}))
-    except Exception:
-        # Nothing of the shard was written; the task's retry (or a resume) replays it.
-        logger.exception("%s shard %s/%s failed", kind, sid.round, sid.shard)
-        raise
+    # Eval games are paired: every checkpoint meets the same seeds (env, opponent, sampling).
+    paired = {"seed_round": "eval", "game_id_prefix": eval_game_id_prefix(run.name, sid)}
+    what = (f"eval ckpt {sid.round}" if kind == "eval" else f"round {sid.round}") + (
+        f" shard {sid.shard}" if sid.shard else "")
+    for attempt in range(1 + ENGINE_REPLACEMENTS):
+        engine = run_engine(worker, run, sampling) if needs_engine else None
+        logger.info("%s shard %s/%s: playing %d games", kind, sid.round, sid.shard,
+                    len(assignments))
+        try:
+            with progress_bar(what, len(assignments), logger=logger) as progress:
+                rollout = play_games(
+                    assignments, engine=engine, run=run.name, round_=sid.round,
+                    shard=sid.shard, base_seed=run.config.seed,
+                    concurrency=run.config.rollout.concurrency, sampling=sampling,
+                    progress=progress, **(paired if kind == "eval" else {}))
+            break
+        except EngineDied as exc:
+            # Nothing of the shard was written, and its games are a function of their seeds:
+            # a new engine replays them all, the same games, none twice.
+            if attempt == ENGINE_REPLACEMENTS:
+                logger.error("%s shard %s/%s failed: %s", kind, sid.round, sid.shard, exc)
+                raise
+            # (run_engine's Worker.engine replaces the dead engine, as between rounds)
+            logger.warning("%s shard %s/%s: %s; replaying its %d games on a new engine", kind,
+                           sid.round, sid.shard, exc, len(assignments))
+        except Exception:
+            # Nothing of the shard was written; the task's retry (or a resume) replays it.
+            logger.exception("%s shard %s/%s failed", kind, sid.round, sid.shard)
+            raise
     st = rollout.stats
     model_rows = rollout.steps.filter(pc.equal(rollout.steps["actor_kind"], "model"))
     invalid = int(pc.sum(model_rows["invalid_move"].cast(pa.int64())).as_py() or 0)

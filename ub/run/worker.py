@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import logging
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ub.errors import UbError
 
@@ -29,14 +30,28 @@ if TYPE_CHECKING:
     from ub.learner.entry import KeptLearner
     from ub.learner.learner import Learner
 
+log = logging.getLogger("ub.rollout")  # (the engine serves rollouts; its log file)
+
+
+class DeviceMemory(Protocol):
+    """The caching allocator of the learner's device (``torch.cuda``)."""
+
+    def empty_cache(self) -> None: ...
+
 
 class Worker:
     """A process's engine and learner: each built on first use, reused while its settings
-    stay the same, replaced when they change, and released by :meth:`close`."""
+    stay the same, replaced when they change, and released by :meth:`close`.
 
-    def __init__(self) -> None:
+    Args:
+        device_memory: the learner's device allocator, emptied before a sleeping engine
+            wakes; ``None``: ``torch.cuda`` where a GPU is present (tests pass a fake).
+    """
+
+    def __init__(self, device_memory: DeviceMemory | None = None) -> None:
         self._engine: VLLMEngine | None = None
         self._learner: KeptLearner | None = None  # (ub.learner loads torch: on first use)
+        self._device_memory = device_memory
 
     def engine(self, config: EngineConfig, sampling: SamplingConfig) -> EngineHandle:
         """The engine for ``config`` (started once, reused while ``config`` stays the same), as
@@ -49,6 +64,12 @@ class Worker:
         from ub.inference.handle import EngineHandle
 
         engine = self._engine
+        if engine is not None and engine.death is not None:
+            # A dead engine is replaced, never waited on: its requests died with it (their
+            # callers replay them: ub.run.play.play_shard).
+            log.warning("replacing the vLLM engine: %s", engine.death)
+            self.close_engine()
+            engine = None
         if engine is None or engine.config != config or engine.closed:
             if engine is not None:
                 if engine.has_unfinished():
@@ -81,7 +102,21 @@ class Worker:
         finally:
             if slept:
                 assert engine is not None
+                # The learner's allocator keeps what the update reserved (its peak: a long
+                # row's activations); the waking engine allocates outside it, so that memory
+                # goes back to the device first, or vLLM's wake runs out of it.
+                self._free_learner_cache()
                 engine.wake_up()
+
+    def _free_learner_cache(self) -> None:
+        memory = self._device_memory
+        if memory is None:
+            import torch
+
+            if not torch.cuda.is_available():
+                return
+            memory = torch.cuda
+        memory.empty_cache()
 
     def close_engine(self) -> None:
         """Shut the engine down and free its memory (the next :meth:`engine` starts one)."""
