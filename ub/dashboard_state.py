@@ -160,7 +160,9 @@ def _alerts(config: dict[str, Any], collection: list[dict[str, Any]]) -> list[st
     if not collection:
         return []
     last = max(m["round"] for m in collection)
-    tracking = config.get("tracking") if isinstance(config.get("tracking"), dict) else {}
+    tracking = config.get("tracking")
+    if not isinstance(tracking, dict):
+        tracking = {}
     try:
         settings = TrackingSection(**{k: v for k, v in tracking.items() if k.startswith("alert_")})
     except ValueError:
