@@ -386,11 +386,11 @@ def test_minibatches_and_epochs_take_several_steps_and_a_failure_undoes_them_all
     weights, optimizer = learner.lora_state(), str(learner.optimizer.state_dict())
     original, calls = learner._step, []
 
-    def third_step_fails(minibatch, step):
+    def third_step_fails(metrics, minibatch, step):
         calls.append(step)
         if len(calls) == 3:
             raise RuntimeError("injected")
-        return original(minibatch, step)
+        return original(metrics, minibatch, step)
 
     monkeypatch.setattr(learner, "_step", third_step_fails)
     with pytest.raises(RuntimeError, match="injected"):
