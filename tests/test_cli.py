@@ -457,3 +457,24 @@ def test_a_preset_names_its_run_after_itself(capsys, tmp_path):
     code, _, err = run(capsys, "train", "qwen3-1.7b-simpletak", "--root", str(tmp_path))
     assert code == 2 and "ub train --resume qwen3-1.7b-simpletak" in err
     assert not (tmp_path / "qwen3-1").exists()
+
+
+def test_an_explicit_root_always_names_the_run_under_it(tmp_path, monkeypatch):
+    """``ub doctor NAME --root R`` (and every command that takes a run by name) reads
+    ``R/NAME`` even where ``./NAME`` exists; a bare path names a folder only without --root."""
+    import argparse
+
+    from ub.cli.args import run_dir
+    from ub.errors import UbError
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "demo").mkdir()  # a folder of the same name in the working directory
+    (tmp_path / "elsewhere" / "demo").mkdir(parents=True)
+    root = str(tmp_path / "elsewhere")
+    assert run_dir(argparse.Namespace(run="demo", root=root)) == tmp_path / "elsewhere" / "demo"
+    assert run_dir(argparse.Namespace(run="demo", root=None)) == Path("demo")
+    (tmp_path / "runs" / "other").mkdir(parents=True)
+    assert run_dir(argparse.Namespace(run="other", root=None)) == Path("runs") / "other"
+    (tmp_path / "solo").mkdir()
+    with pytest.raises(UbError, match=r"^no run 'solo' under .*elsewhere$"):
+        run_dir(argparse.Namespace(run="solo", root=root))

@@ -137,23 +137,40 @@ def yaml_document(path_text: str | None) -> dict:
     return loaded
 
 
+DEFAULT_ROOT = "runs"
+"""Where runs live unless ``--root`` says otherwise."""
+
+
+def add_root_argument(parser: argparse.ArgumentParser) -> None:
+    """``--root`` of a command that takes a run by name (:func:`run_dir`)."""
+    parser.add_argument("--root", default=None,
+                        help=f"folder of runs (default: {DEFAULT_ROOT}); given, RUN is always a "
+                        "run's name under it")
+
+
 def run_dir(args: argparse.Namespace) -> Path:
-    """A run given by name (under --root) or as a path."""
+    """A run given by name under ``--root``, or, without ``--root``, as a path to its folder
+    (else by name under ``runs``). An explicit ``--root`` always wins: ``ROOT/NAME``, even
+    where a folder ``NAME`` exists in the working directory."""
     from ub.run.layout import RunPaths, check_run_name
     from ub.run.urls import is_url
 
-    candidate = Path(args.run)
-    if candidate.is_dir():
-        return candidate
-    if is_url(args.root):  # a run in a store: this machine's working copy of it
-        root = RunPaths.of(args.root, args.run).root
+    if args.root is None:
+        if Path(args.run).is_dir():
+            return Path(args.run)
+        given = DEFAULT_ROOT
+    else:
+        given = args.root
+    if is_url(given):  # a run in a store: this machine's working copy of it
+        root = RunPaths.of(given, args.run).root
         if not root.is_dir():
-            raise UbError(f"this machine has no copy of run {args.run!r} of {args.root}: "
-                          f"`ub sql {args.root.rstrip('/')}/{args.run}` reads it in place")
+            raise UbError(f"this machine has no copy of run {args.run!r} of {given}: "
+                          f"`ub sql {given.rstrip('/')}/{args.run}` reads it in place")
         return root
-    root = Path(args.root) / check_run_name(args.run)
+    root = Path(given) / check_run_name(args.run)
     if not root.is_dir():
-        raise UbError(f"no run {args.run!r} under {args.root} (and no folder {args.run})")
+        where = "" if args.root is not None else f" (and no folder {args.run})"
+        raise UbError(f"no run {args.run!r} under {given}{where}")
     return root
 
 

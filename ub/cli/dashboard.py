@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from ub.cli.args import run_dir, wait_seconds
+from ub.cli.args import add_root_argument, run_dir, wait_seconds
 
 
 def add_parser(sub) -> None:
     dashboard = sub.add_parser("dashboard", help="live terminal view of a run (q quits)")
     dashboard.add_argument("run", help="run name (under --root) or run directory")
-    dashboard.add_argument("--root", default="runs", help="folder of runs (default: runs)")
+    add_root_argument(dashboard)
     dashboard.add_argument("--once", action="store_true", help="print one frame and exit")
     dashboard.add_argument("--refresh", type=wait_seconds, default=2.0,
                            help="seconds between refreshes (default 2)")

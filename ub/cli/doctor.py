@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from ub.cli.args import run_dir
+from ub.cli.args import add_root_argument, run_dir
 
 
 def add_parser(sub) -> None:
     doctor = sub.add_parser("doctor", help="check a run's integrity (--repair: quarantine "
                             "what is broken so it can resume)")
     doctor.add_argument("run", help="run name (under --root) or run directory")
-    doctor.add_argument("--root", default="runs", help="folder of runs (default: runs)")
+    add_root_argument(doctor)
     doctor.add_argument("--repair", action="store_true",
                         help="move untrustworthy files to RUN/quarantine/ (nothing is deleted)")
     doctor.set_defaults(func=cmd_doctor)

@@ -5,13 +5,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ub.cli.args import run_dir
+from ub.cli.args import add_root_argument, run_dir
 
 
 def add_parser(sub) -> None:
     report = sub.add_parser("report", help="plots of a run: PNGs and one HTML page")
     report.add_argument("run", help="run name (under --root) or run directory")
-    report.add_argument("--root", default="runs", help="folder of runs (default: runs)")
+    add_root_argument(report)
     report.add_argument("--out", help="output folder (default: RUN/report)")
     report.set_defaults(func=cmd_report)
 

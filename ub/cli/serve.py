@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from ub.cli.args import port_number, run_dir
+from ub.cli.args import add_root_argument, port_number, run_dir
 
 
 def add_parser(sub) -> None:
     serve = sub.add_parser("serve", help="serve a run's checkpoints with vLLM's OpenAI-compatible "
                            "server (docs/serving.md)")
     serve.add_argument("run", help="run name (under --root) or run directory")
-    serve.add_argument("--root", default="runs", help="folder of runs (default: runs)")
+    add_root_argument(serve)
     serve.add_argument("--checkpoint", default="latest",
                        help="checkpoint number, latest (default) or all")
     serve.add_argument("--host", default="127.0.0.1",
