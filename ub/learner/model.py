@@ -220,7 +220,11 @@ class LearnerModel:
         token_logprobs = logprobs.gather(-1, targets[:, None]).squeeze(-1)
         if not with_entropy:
             return token_logprobs, None
-        return token_logprobs, -(logprobs.exp() * logprobs).sum(-1)  # (with its gradient)
+        # With its gradient only for an entropy bonus: autograd would otherwise keep a
+        # (tokens x vocab) tensor of probabilities for nothing.
+        with torch.set_grad_enabled(torch.is_grad_enabled() and bool(self.config.entropy_coef)):
+            entropy = -(logprobs.exp() * logprobs).sum(-1)
+        return token_logprobs, entropy
 
     def _auto_micro_batch_tokens(self) -> int:
         """``micro_batch_tokens: auto``: a probe's activation bytes per token against the
