@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from ub.batch import DECISION_COLUMNS, GAME_COLUMNS, TOKEN_COLUMNS, ZERO_EPS, BatchConfig
 from ub.batch.plan import final_chain
 from ub.data.shards import committed_shards, shard_path
-from ub.rewards import GameView, build_transforms
+from ub.rewards import GameView
 
 
 def sample_key(seed: int, run: str, game_id: str, turn: int) -> int:
@@ -30,7 +30,7 @@ def _final_rewards(root: Path, shards: list, config: BatchConfig,
     """The final stage game by game: every game through ``last`` after the watermark, in
     canonical order; the (raw, final) reward of each (game, seat) of the window, and each
     window game's lowest final reward."""
-    chain = final_chain(config, state)
+    chain = final_chain(config.transforms.final, state)
     games = []
     for sid in shards:
         if sid.round <= last:
@@ -75,7 +75,7 @@ def reference_rows(root: Path, config: BatchConfig,
     final, game_min = _final_rewards(root, shards, config, final_rewards_state, first, last)
 
     # steps: filter, shape, keep the batch_size smallest sample keys
-    steps = build_transforms("step", config.step)
+    steps = config.transforms.step
     # A min-heap of (-key, n, row) keeps the batch_size smallest keys. md5 keys of distinct
     # (game_id, turn) never collide in practice, so the SQL tie-breakers are not needed here.
     best: list[tuple[int, int, dict]] = []
@@ -117,7 +117,7 @@ def reference_rows(root: Path, config: BatchConfig,
                 heapq.heapreplace(best, item)
     picked = [item[2] for item in sorted(best, key=lambda x: x[0], reverse=True)]
     values = [r["reward"] for r in picked]
-    for t in build_transforms("sampling", config.sampling):
+    for t in config.transforms.sampling:
         values = t.apply_rows(values, picked)
     for r, v in zip(picked, values, strict=True):
         r["advantage"] = v

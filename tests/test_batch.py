@@ -249,6 +249,17 @@ def test_batch_is_a_pure_function_of_seed_and_data(root):
     assert a.final_state == b.final_state
 
 
+def test_one_config_builds_its_transforms_once_and_its_batches_alike(root):
+    """A config's transforms are built once and reused by every batch it makes; the final
+    stage folds copies, so role_advantage's baselines do not carry from one batch to the next."""
+    config = BatchConfig(batch_size=30, seed=5)
+    first, second = assemble_batch(root, config), assemble_batch(root, config)
+    assert first.rows.equals(second.rows) and first.final_state == second.final_state
+    assert config.transforms is config.transforms
+    (role_advantage,) = [t for t in config.transforms.final if t.name == "role_advantage"]
+    assert role_advantage.state_dict()["baselines"] == {}
+
+
 def test_errored_games_and_scripted_seats_are_not_sampled(root):
     batch = assemble_batch(root, BatchConfig(batch_size=100_000))
     rows = batch.rows.to_pylist()

@@ -5,11 +5,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from ub.data.schema import int_column_range
 from ub.errors import UbError, settings_from_mapping
-from ub.rewards import FinalRewardChain, InvalidMovePenalty, build_transforms
+from ub.rewards import InvalidMovePenalty, RewardTransforms
 from ub.run.sections import BatchSection, check_types, default_of, renamed_keys
 
 
@@ -18,9 +19,11 @@ def _schema(name: str) -> Callable[[], Any]:
     return lambda: default_of(BatchSection, name)
 
 
-@dataclass
+@dataclass(frozen=True)
 class BatchConfig:
-    """What goes into a training batch. Every field is plain data (YAML/JSON-able).
+    """What goes into a training batch. Every field is plain data (YAML/JSON-able); the reward
+    transforms its ``final``, ``step`` and ``sampling`` entries name are built once, as
+    :attr:`transforms` (frozen, so that they always match the entries).
 
     The fields, their defaults and meanings are :class:`ub.run.sections.BatchSection`'s (listed
     in docs/config.md). Notes beyond the one line there:
@@ -63,6 +66,12 @@ class BatchConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
+    @cached_property
+    def transforms(self) -> RewardTransforms:
+        """The reward transforms of the three stages, built from the entries on first use and
+        kept: what the final stage folds and the batch query's SQL is made of."""
+        return RewardTransforms.build(self.final, self.step, self.sampling)
+
     def validate(self) -> None:
         """Raise :class:`UbError` for any bad setting, before any data is read."""
         if not isinstance(self.batch_size, int) or self.batch_size < 1:
@@ -92,10 +101,8 @@ class BatchConfig:
         if self.pad_token_id > largest:  # (it pads the stored token ids)
             raise UbError(f"pad_token_id must be a token id (<= {largest}, what the data's "
                           f"token columns hold), got {self.pad_token_id}")
-        FinalRewardChain(self.final)
-        steps = [t.name for t in build_transforms("step", self.step)]
+        steps = [t.name for t in self.transforms.step]
         if InvalidMovePenalty.name in steps[:-1]:
             raise UbError(f"step transforms {steps}: list {InvalidMovePenalty.name} last, so "
                           "that no later transform lifts an invalid move above a valid one")
-        build_transforms("sampling", self.sampling)
 

@@ -22,7 +22,7 @@ from ub.data.shards import (
 )
 from ub.data.sql import quote, read_parquet_sql
 from ub.errors import UbError
-from ub.rewards import FinalRewardChain, games_after
+from ub.rewards import FinalRewardChain, FinalTransform, games_after
 
 # The games columns the final stage reads.
 GAME_COLUMNS = ["round", "game_index", "game_id", "env_id", "num_players", "actors", "roles",
@@ -77,8 +77,10 @@ def make_plan(root: Path, config: BatchConfig) -> Plan:
 # --------------------------------------------------------------------------------------------
 
 
-def final_chain(config: BatchConfig, state: Mapping[str, Any] | None) -> FinalRewardChain:
-    chain = FinalRewardChain(config.final)
+def final_chain(transforms: Sequence[FinalTransform], state: Mapping[str, Any] | None
+                ) -> FinalRewardChain:
+    """A chain of the config's final ``transforms``, restored to ``state`` when given."""
+    chain = FinalRewardChain(transforms)
     if state is not None:
         chain.load_state_dict(state)
     return chain
@@ -135,7 +137,7 @@ def final_stage(root: Path, config: BatchConfig,
 def run_final_stage(plan: Plan, config: BatchConfig, state: Mapping[str, Any] | None,
                  con: duckdb.DuckDBPyConnection
                  ) -> tuple[pa.Table, dict[str, Any], dict[int, dict[str, Any]]]:
-    chain = final_chain(config, state)
+    chain = final_chain(config.transforms.final, state)
     games = _read_games(plan, _fold_start(plan, chain), con)
     if chain.through is not None and games.num_rows:
         games = games.filter(games_after(games, chain.through))

@@ -12,7 +12,7 @@ from ub.batch.config import BatchConfig
 from ub.batch.plan import Plan, make_plan, quote, run_sql
 from ub.data.shards import ShardId
 from ub.errors import UbError
-from ub.rewards import FinalRewardChain, build_transforms, step_reward_sql
+from ub.rewards import step_reward_sql
 
 # A reward whose magnitude is at or below this counts as zero for ``drop_zero_reward``.
 ZERO_EPS = 1e-9
@@ -47,18 +47,18 @@ def select_sql(plan: Plan, config: BatchConfig) -> str:
         filters.append(f"actor IN ({', '.join(quote(a) for a in config.actors)})")
     if config.checkpoints is not None:
         filters.append(f"checkpoint IN ({', '.join(quote(c) for c in config.checkpoints)})")
-    step = step_reward_sql(build_transforms("step", config.step), "final_reward + step_reward")
+    transforms = config.transforms
+    step = step_reward_sql(transforms.step, "final_reward + step_reward")
     drop = f"\n    WHERE abs(reward) > {ZERO_EPS!r}  -- drop_zero_reward" if (
         config.drop_zero_reward) else ""
-    sampling_transforms = build_transforms("sampling", config.sampling)
-    needed = sorted({c for t in sampling_transforms for c in t.needs})
+    needed = sorted({c for t in transforms.sampling for c in t.needs})
     unknown = [c for c in needed if c not in ON_DEMAND_COLUMNS]
     if unknown:
         raise UbError(f"a sampling transform needs {', '.join(unknown)}; the batch query can "
                       f"compute {', '.join(ON_DEMAND_COLUMNS)} (ub.batch.sql.ON_DEMAND_COLUMNS)")
     extra = "".join(f",\n           {ON_DEMAND_COLUMNS[c]} AS {c}" for c in needed)
     layers, prev = [], "sampled"
-    for k, t in enumerate(sampling_transforms, start=1):
+    for k, t in enumerate(transforms.sampling, start=1):
         layers.append(f"sampling_{k} AS (  -- {t.name} {t.params()}\n"
                       f"    SELECT * REPLACE ({t.sql('advantage')} AS advantage)\n"
                       f"    FROM {prev}\n)")
@@ -168,7 +168,7 @@ def explain(root: Path, config: BatchConfig) -> str:
         f"-- window: rounds [{plan.first_round}, {plan.last_round}], "
         f"{len(plan.window)} steps shards",
         f"-- final stage (Python, canonical order (round, game_index, game_id)): "
-        f"{FinalRewardChain(config.final).specs()}",
+        f"{[t.spec() for t in config.transforms.final]}",
         "",
         select_sql(plan, config) + ";",
         "",

@@ -44,9 +44,11 @@ from ub.rewards.base import (
     GameKey,
     GameView,
     RewardTransform,
+    RewardTransforms,
     SamplingTransform,
     SeatRows,
     StepTransform,
+    TransformSpec,
     available_transforms,
     build_transforms,
     register,
@@ -73,10 +75,10 @@ from ub.rewards.sql import (
 
 __all__ = [
     "FINAL_REWARDS_SCHEMA", "REGISTRY", "STAGES", "STATE_FORMAT", "FinalRewardChain",
-    "FinalRewards", "FinalTransform", "FormatReward", "GameKey", "GameView", "InvalidMoveAdvantage",
-    "InvalidMovePenalty",
-    "Normalize", "NormalizePerEnv", "RewardTransform", "RoleAdvantage", "SamplingTransform",
-    "SeatRows", "StateBaseline", "StepTransform", "WinDrawLoss", "apply_final_transforms",
+    "FinalRewards", "FinalTransform", "FormatReward", "GameKey", "GameView",
+    "InvalidMoveAdvantage", "InvalidMovePenalty", "Normalize", "NormalizePerEnv",
+    "RewardTransform", "RewardTransforms", "RoleAdvantage", "SamplingTransform", "SeatRows",
+    "StateBaseline", "StepTransform", "TransformSpec", "WinDrawLoss", "apply_final_transforms",
     "available_transforms", "build_transforms", "games_after", "register", "seat_rows",
     "sort_games", "sql_float", "step_reward_sql",
 ]

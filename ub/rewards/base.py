@@ -224,8 +224,11 @@ def available_transforms(stage: str) -> list[str]:
     return sorted(REGISTRY[stage])
 
 
-def build_transforms(stage: str, specs: Iterable[str | Mapping[str, Any] | RewardTransform]
-                     ) -> list[Any]:
+TransformSpec = str | Mapping[str, Any] | RewardTransform
+"""A config entry of a transform: its name, ``{"name": ..., **params}``, or the object."""
+
+
+def build_transforms(stage: str, specs: Iterable[TransformSpec]) -> list[Any]:
     """Transform objects from config entries: a name, ``{"name": ..., **params}``, or an object."""
     if stage not in STAGES:
         raise UbError(f"unknown reward stage {stage!r}; stages are {', '.join(STAGES)}")
@@ -259,3 +262,26 @@ def build_transforms(stage: str, specs: Iterable[str | Mapping[str, Any] | Rewar
         transform.validate()
         out.append(transform)
     return out
+
+
+@dataclass(frozen=True)
+class RewardTransforms:
+    """A batch's reward transforms, stage by stage: built and checked once from the config's
+    entries (:meth:`build`), then handed as objects to the final stage and the batch query.
+
+    Final transforms keep state while they fold games: a chain folds copies
+    (:class:`~ub.rewards.FinalRewardChain`), so these stay as configured and build any number
+    of chains.
+    """
+
+    final: tuple[FinalTransform, ...]
+    step: tuple[StepTransform, ...]
+    sampling: tuple[SamplingTransform, ...]
+
+    @classmethod
+    def build(cls, final: Iterable[TransformSpec], step: Iterable[TransformSpec],
+              sampling: Iterable[TransformSpec]) -> RewardTransforms:
+        """The three stages' objects from their config entries; :class:`UbError` for an
+        unknown name, an unknown parameter or a bad value."""
+        return cls(tuple(build_transforms("final", final)), tuple(build_transforms("step", step)),
+                   tuple(build_transforms("sampling", sampling)))

@@ -3,6 +3,7 @@ through the chain of final transforms, with a JSON-able state (the watermark).""
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -18,8 +19,8 @@ from ub.rewards.base import (
     STATE_FORMAT,
     FinalTransform,
     GameKey,
-    RewardTransform,
     SeatRows,
+    TransformSpec,
     build_transforms,
 )
 
@@ -121,8 +122,11 @@ class FinalRewardChain:
     chain restored from :meth:`state_dict` continues exactly as an uninterrupted one would.
     """
 
-    def __init__(self, specs: Iterable[str | Mapping[str, Any] | RewardTransform] = ()) -> None:
-        self.transforms: list[FinalTransform] = build_transforms("final", specs)
+    def __init__(self, specs: Iterable[TransformSpec] = ()) -> None:
+        # Copies: the chain's folds change its transforms' state, and an object given here (a
+        # config's parsed transform, :class:`RewardTransforms`) must stay as configured for the
+        # next chain it builds.
+        self.transforms: list[FinalTransform] = copy.deepcopy(build_transforms("final", specs))
         self.through: GameKey | None = None  # the last game folded in (canonical key)
         self.games_folded = 0  # games folded in, errored ones included
 
@@ -222,7 +226,7 @@ class FinalRewardChain:
 
 def apply_final_transforms(
     games: pa.Table,
-    specs: Iterable[str | Mapping[str, Any] | RewardTransform],
+    specs: Iterable[TransformSpec],
     state: Mapping[str, Any] | None = None,
 ) -> FinalRewards:
     """Apply the final chain ``specs`` to ``games`` (sorted into canonical order first).
