@@ -303,6 +303,15 @@ CONFIG_FIELD_CASES = [
     ("rating.beta=-1", "beta"), ("batch.batch_size=x", "batch_size"),
     ("batch.final=[{{name: nope}}]", "nope"), ("batch.sampling=7", "sampling"),
     ("learner.learning_rate=abc", "learning_rate"), ("learner.algorithm=sarsa", "sarsa"),
+    # One's own component by import path (tests/own_components.py): a module that does not
+    # import, a class that is not there, a class of the wrong base.
+    ("learner.algorithm=no_such_module:Clip", "learner: algorithm 'no_such_module:Clip': "
+     "importing no_such_module failed (ModuleNotFoundError"),
+    ("learner.algorithm=own_components:Nope", "own_components:Nope': own_components"),
+    ("learner.algorithm=own_components:NotATransform", "does not subclass ub.learner.Algorithm"),
+    ("batch.step=[own_components:CountedScale]", "batch: step reward transform "
+     "'own_components:CountedScale' does not subclass ub.rewards.StepTransform"),
+    ("batch.final=[{{name: 'no_such_module:Scale'}}]", "importing no_such_module failed"),
     ("learner.lora.rank=0", "rank"), ("learner.max_grad_norm=-1", "max_grad_norm"),
     ("eval.games=3", "eval.games"), ("eval.every=-1", "eval.every"),
     ("eval.opponents=[nobody]", "nobody"), ("pipeline.max_staleness=4", "max_staleness"),

@@ -101,7 +101,7 @@ class BatchConfig:
         if self.pad_token_id > largest:  # (it pads the stored token ids)
             raise UbError(f"pad_token_id must be a token id (<= {largest}, what the data's "
                           f"token columns hold), got {self.pad_token_id}")
-        steps = [t.name for t in self.transforms.step]
+        steps = [t.config_name() for t in self.transforms.step]
         if InvalidMovePenalty.name in steps[:-1]:
             raise UbError(f"step transforms {steps}: list {InvalidMovePenalty.name} last, so "
                           "that no later transform lifts an invalid move above a valid one")

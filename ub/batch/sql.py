@@ -59,7 +59,7 @@ def select_sql(plan: Plan, config: BatchConfig) -> str:
     extra = "".join(f",\n           {ON_DEMAND_COLUMNS[c]} AS {c}" for c in needed)
     layers, prev = [], "sampled"
     for k, t in enumerate(transforms.sampling, start=1):
-        layers.append(f"sampling_{k} AS (  -- {t.name} {t.params()}\n"
+        layers.append(f"sampling_{k} AS (  -- {t.config_name()} {t.params()}\n"
                       f"    SELECT * REPLACE ({t.sql('advantage')} AS advantage)\n"
                       f"    FROM {prev}\n)")
         prev = f"sampling_{k}"

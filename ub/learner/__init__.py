@@ -13,6 +13,7 @@ from ub.learner.algorithms import (
     Algorithm,
     Reinforce,
     TokenBatch,
+    algorithm_names,
     make_algorithm,
     register_algorithm,
 )
@@ -47,6 +48,7 @@ __all__ = [
     "Reinforce",
     "TokenBatch",
     "TrainBatch",
+    "algorithm_names",
     "is_checkpoint",
     "latest_checkpoint",
     "learn_on_batch",

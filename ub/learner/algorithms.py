@@ -4,7 +4,9 @@ An algorithm is one small class: an optional :meth:`Algorithm.prepare` that sees
 once per update, and :meth:`Algorithm.loss`, which turns the completion tokens of one micro-batch
 into that micro-batch's share of the batch loss. Register it with :func:`register_algorithm`
 and select it by name in :class:`ub.learner.LearnerConfig` (``algorithm`` and
-``algorithm_params``). See ``docs/algorithms.md`` for the formulas and a worked example.
+``algorithm_params``), or name it there by import path, ``package.module:Class``, without
+registering it (:mod:`ub.components`). See ``docs/algorithms.md`` for the formulas and a worked
+example.
 
 The normalizer (Dr. GRPO): every loss is a *sum* over completion tokens divided by the constant
 ``B * L`` (``B`` the rows of the whole batch, ``L`` the configured ``length_normalizer``), never
@@ -31,6 +33,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from ub.components import is_import_path, load_class, public_name
 from ub.errors import UbError
 from ub.learner.batching import TrainBatch
 
@@ -135,9 +138,15 @@ def register_algorithm(cls: type[Algorithm]) -> type[Algorithm]:
     return cls
 
 
+def algorithm_names() -> list[str]:
+    """The registered algorithms' names, sorted."""
+    return sorted(ALGORITHMS)
+
+
 def algorithm_parameters(name: str) -> dict[str, Any]:
-    """The parameters of algorithm ``name`` and their defaults."""
-    signature = inspect.signature(_algorithm_class(name).__init__)
+    """The parameters of algorithm ``name`` (a registered name or an import path) and their
+    defaults."""
+    signature = inspect.signature(algorithm_class(name).__init__)
     return {p.name: p.default for p in list(signature.parameters.values())[1:]
             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
@@ -152,17 +161,24 @@ def make_algorithm(name: str, params: dict[str, Any] | None = None) -> Algorithm
         raise UbError(f"algorithm {name!r} has no parameter(s) {', '.join(unknown)}; "
                       f"valid: {valid}")
     try:
-        return _algorithm_class(name)(**params)
+        return algorithm_class(name)(**params)
     except (TypeError, ValueError) as e:
         raise UbError(f"algorithm {name!r}: {e}") from e
 
 
-def _algorithm_class(name: str) -> type[Algorithm]:
+GUIDE = "docs/algorithms.md, \"Writing a new algorithm\""
+
+
+def algorithm_class(name: str) -> type[Algorithm]:
+    """The class of algorithm ``name``: a registered name, or ``package.module:Class``."""
+    if is_import_path(name):
+        return load_class(name, Algorithm, "algorithm", GUIDE)
     try:
         return ALGORITHMS[name]
     except KeyError:
-        raise UbError(f"unknown algorithm {name!r}; registered: "
-                      f"{', '.join(sorted(ALGORITHMS))}") from None
+        raise UbError(f"unknown algorithm {name!r}; registered: {', '.join(algorithm_names())}; "
+                      "or your own as package.module:Class, a subclass of "
+                      f"{public_name(Algorithm)} ({GUIDE})") from None
 
 
 # --------------------------------------------------------------------------------------------

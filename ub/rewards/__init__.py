@@ -18,9 +18,10 @@ Transforms are configured by name with parameters, e.g.::
     step = [{"name": "format_reward", "bonus": 0.1}]
     sampling = ["normalize_per_env"]
 
-and built with :func:`build_transforms`. Your own transform: subclass the stage's base class as a
-dataclass (its fields are its parameters), give it a unique ``name`` and decorate it with
-:func:`register`; see ``docs/rewards.md``.
+and built with :func:`build_transforms` (a batch builds them once: :class:`RewardTransforms`).
+Your own transform: subclass the stage's base class as a dataclass (its fields are its
+parameters), then name it by import path (``{"name": "package.module:Class"}``), or give it a
+unique ``name`` and decorate it with :func:`register`; see ``docs/rewards.md``.
 
 **Canonical order.** Final transforms see games sorted by ``(round, game_index, game_id)``.
 ``game_index`` is unique within a round and ``game_id`` within a run, so the order is total and

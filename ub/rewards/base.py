@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pyarrow as pa
 
+from ub.components import import_path, is_import_path, load_class, public_name
 from ub.errors import UbError
 
 STAGES = ("final", "step", "sampling")
@@ -57,9 +58,16 @@ class RewardTransform:
         """The parameters, as given in the config (for state checks and logging)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
 
+    @classmethod
+    def config_name(cls) -> str:
+        """How a config names this transform: its registered ``name``, or else its import
+        path (``package.module:Class``)."""
+        registered = REGISTRY.get(cls.stage, {}).get(cls.name)
+        return cls.name if registered is cls else import_path(cls)
+
     def spec(self) -> dict[str, Any]:
         """The config entry that rebuilds this transform: ``{"name": ..., **params}``."""
-        return {"name": self.name, **self.params()}
+        return {"name": self.config_name(), **self.params()}
 
     def validate(self) -> None:
         """Raise :class:`UbError` for bad parameters. Called by :func:`build_transforms`."""
@@ -141,8 +149,8 @@ class FinalTransform(RewardTransform):
         for view, lo, hi in zip(seats.views(), bounds[:-1], bounds[1:], strict=True):
             new = self.transform_game(current[lo:hi], view)
             if len(new) != hi - lo:
-                raise UbError(f"final transform {self.name} returned {len(new)} rewards for the "
-                              f"{hi - lo} seats of game {view.game_id}")
+                raise UbError(f"final transform {self.config_name()} returned {len(new)} rewards "
+                              f"for the {hi - lo} seats of game {view.game_id}")
             out.extend(float(x) for x in new)
         return np.asarray(out, dtype=np.float64)
 
@@ -170,7 +178,7 @@ class StepTransform(RewardTransform):
 
     def apply_row(self, reward: float, row: Mapping[str, Any]) -> float:
         """The same in plain Python (used by the reference implementation; optional)."""
-        raise NotImplementedError(f"{self.name} has no Python form")
+        raise NotImplementedError(f"{self.config_name()} has no Python form")
 
 
 @dataclass
@@ -192,7 +200,7 @@ class SamplingTransform(RewardTransform):
 
     def apply_rows(self, values: list[float], rows: Sequence[Mapping[str, Any]]) -> list[float]:
         """The same in plain Python (used by the reference implementation; optional)."""
-        raise NotImplementedError(f"{self.name} has no Python form")
+        raise NotImplementedError(f"{self.config_name()} has no Python form")
 
 
 _BASES: dict[str, type[RewardTransform]] = {
@@ -224,6 +232,27 @@ def available_transforms(stage: str) -> list[str]:
     return sorted(REGISTRY[stage])
 
 
+GUIDE = "docs/rewards.md, \"Your own transform\""
+
+
+def transform_class(stage: str, name: str) -> type[RewardTransform]:
+    """The class a ``stage`` entry names: a registered name, or ``package.module:Class`` (a
+    ``@dataclass`` subclass of the stage's base class, imported once)."""
+    if is_import_path(name):
+        loaded = load_class(name, _BASES[stage], f"{stage} reward transform", GUIDE)
+        if "__dataclass_fields__" not in loaded.__dict__:
+            raise UbError(f"{stage} reward transform {name!r} is not a @dataclass: decorate it "
+                          f"with @dataclass, its fields are its parameters ({GUIDE})")
+        return loaded
+    registered = REGISTRY[stage].get(name)
+    if registered is None:
+        raise UbError(f"unknown {stage} reward transform {name!r}; available: "
+                      f"{', '.join(available_transforms(stage))}; or your own as "
+                      f"package.module:Class, a subclass of {public_name(_BASES[stage])} "
+                      f"({GUIDE})")
+    return registered
+
+
 TransformSpec = str | Mapping[str, Any] | RewardTransform
 """A config entry of a transform: its name, ``{"name": ..., **params}``, or the object."""
 
@@ -239,7 +268,8 @@ def build_transforms(stage: str, specs: Iterable[TransformSpec]) -> list[Any]:
     for spec in specs:
         if isinstance(spec, RewardTransform):
             if spec.stage != stage:
-                raise UbError(f"{spec.name} is a {spec.stage} transform, listed under {stage}")
+                raise UbError(f"{spec.config_name()} is a {spec.stage} transform, listed under "
+                              f"{stage}")
             spec.validate()
             out.append(spec)
             continue
@@ -249,16 +279,16 @@ def build_transforms(stage: str, specs: Iterable[TransformSpec]) -> list[Any]:
             raise UbError(f"{stage} reward transform {spec!r} must be a name or a mapping with "
                           "'name', e.g. {'name': 'role_advantage', 'ema': 0.95}")
         params = {k: v for k, v in spec.items() if k != "name"}
-        cls = REGISTRY[stage].get(spec["name"])
-        if cls is None:
-            raise UbError(f"unknown {stage} reward transform {spec['name']!r}; available: "
-                          f"{', '.join(available_transforms(stage))}")
+        cls = transform_class(stage, str(spec["name"]))
         allowed = [f.name for f in dataclasses.fields(cls) if f.init]
         unknown = sorted(set(params) - set(allowed))
         if unknown:
-            raise UbError(f"{stage} reward transform {cls.name!r} has no parameter(s) "
+            raise UbError(f"{stage} reward transform {cls.config_name()!r} has no parameter(s) "
                           f"{', '.join(unknown)}; its parameters: {', '.join(allowed) or 'none'}")
-        transform = cls(**params)
+        try:
+            transform = cls(**params)
+        except (TypeError, ValueError) as exc:  # a transform of one's own checking its fields
+            raise UbError(f"{stage} reward transform {cls.config_name()!r}: {exc}") from None
         transform.validate()
         out.append(transform)
     return out

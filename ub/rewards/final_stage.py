@@ -138,8 +138,8 @@ class FinalRewardChain:
         """A JSON-able snapshot: format, transform specs and states, watermark, games count."""
         return {
             "format": STATE_FORMAT,
-            "transforms": [{"name": t.name, "params": t.params(), "state": t.state_dict()}
-                           for t in self.transforms],
+            "transforms": [{"name": t.config_name(), "params": t.params(),
+                            "state": t.state_dict()} for t in self.transforms],
             "through": list(self.through) if self.through is not None else None,
             "games": self.games_folded,
         }
@@ -203,8 +203,8 @@ class FinalRewardChain:
         for t in self.transforms:
             reward = np.asarray(t.apply(reward, seats), dtype=np.float64)
             if len(reward) != len(seats):
-                raise UbError(f"final transform {t.name} returned {len(reward)} rewards for "
-                              f"{len(seats)} seats")
+                raise UbError(f"final transform {t.config_name()} returned {len(reward)} "
+                              f"rewards for {len(seats)} seats")
         if not np.all(np.isfinite(reward)):
             raise UbError("a final reward transform produced NaN or inf: check its parameters")
         last = games.num_rows - 1

@@ -1,0 +1,92 @@
+"""A component of one's own, named in a config by import path: ``package.module:Class``.
+
+``learner.algorithm`` and the reward transforms of ``batch:`` take a registered name or such a
+path, so a user's algorithm or transform needs no fork of ub: the class lives in any module
+Python can import (a package installed next to ub, or a folder on ``PYTHONPATH``). The run's
+config keeps the path as written, so a resumed run imports the same class.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+import sys
+from typing import TypeVar
+
+from ub.errors import UbError
+
+T = TypeVar("T")
+
+SEPARATOR = ":"
+
+
+def is_import_path(name: str) -> bool:
+    """Whether a component's name is an import path (``package.module:Class``) rather than a
+    registered name (registered names hold no ``:``)."""
+    return SEPARATOR in name
+
+
+def import_path(cls: type) -> str:
+    """The import path of ``cls``: ``package.module:Class``."""
+    return f"{cls.__module__}{SEPARATOR}{cls.__qualname__}"
+
+
+def load_class(path: str, base: type[T], what: str, guide: str) -> type[T]:
+    """The class ``path`` names, which must subclass ``base``; imported once per process.
+
+    :param what: what the class is to the config, for the error line (``"algorithm"``,
+        ``"step reward transform"``).
+    :param guide: where to read how to write one (``"docs/algorithms.md"``).
+    :raises UbError: one line naming the path, what failed and what to do.
+    """
+    found = _import(path, what)
+    if not isinstance(found, type):
+        raise UbError(f"{what} {path!r} is a {type(found).__name__}, not a class: name a "
+                      f"subclass of {public_name(base)} ({guide})")
+    if not issubclass(found, base):
+        raise UbError(f"{what} {path!r} does not subclass {public_name(base)}: make it a "
+                      f"subclass ({guide})")
+    return found
+
+
+def public_name(cls: type) -> str:
+    """``cls`` by the shortest module it is imported from (``ub.learner.Algorithm``, not
+    ``ub.learner.algorithms.Algorithm``): as the docs and a user's import name it."""
+    parts = cls.__module__.split(".")
+    for end in range(1, len(parts) + 1):
+        module = ".".join(parts[:end])
+        if getattr(sys.modules.get(module), cls.__name__, None) is cls:
+            return f"{module}.{cls.__qualname__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+@functools.cache
+def _import(path: str, what: str) -> object:
+    """The object at ``path`` (cached: a run's every round and check uses the same class)."""
+    module_name, _, qualname = path.partition(SEPARATOR)
+    if not module_name or not qualname or SEPARATOR in qualname:
+        raise UbError(f"{what} {path!r}: an import path is package.module:Class, "
+                      "with one ':' between the module and the class")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # a user's module may raise anything while it is imported
+        reason = (str(exc).splitlines() or [""])[0]
+        raise UbError(f"{what} {path!r}: importing {module_name} failed ({type(exc).__name__}: "
+                      f"{reason}): put the folder that holds it on PYTHONPATH or install its "
+                      "package, in every process of the run") from None
+    found: object = module
+    for part in qualname.split("."):
+        if not hasattr(found, part):
+            where = getattr(module, "__file__", None) or module_name
+            raise UbError(f"{what} {path!r}: {module_name} ({where}) has no {qualname}; "
+                          f"its classes: {', '.join(_classes(module)) or 'none'}")
+        found = getattr(found, part)
+    return found
+
+
+def _classes(module: object) -> list[str]:
+    """The classes a module defines itself (not those it imports), for a hint."""
+    name = getattr(module, "__name__", "")
+    return sorted(n for n, v in vars(module).items()
+                  if inspect.isclass(v) and v.__module__ == name)
