@@ -4,12 +4,15 @@ how long each part took; and the clocks that time a round."""
 from __future__ import annotations
 
 import gc
+import hashlib
+import inspect
 import os
 import time
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
+from ub.components import import_path
 from ub.run.cluster import rollout_worker
 from ub.run.play import ShardResult
 from ub.run.rounds import Run
@@ -53,7 +56,41 @@ def round_manifest(run: Run, shards: list[ShardResult], metrics: dict[str, Any],
         "timings": close_timings({"rollout": rollout_seconds, "eval": eval_seconds,
                                   "learner": learner_seconds, "tasks": phases}, seconds),
         "execution": _execution(run, len(shards)),
+        "components": components(run),
     }
+
+
+def components(run: Run) -> dict[str, Any]:
+    """The classes the round's learner and batch ran, by import path, whether built in or named
+    by one in the config (``learner.algorithm``, the ``batch:`` stages); and under ``sources``
+    the sha256 of each module outside ub that holds one, so that a reader sees which code of
+    one's own trained each round."""
+    from ub.learner.algorithms import algorithm_class
+    from ub.rewards import STAGES
+
+    algorithm = algorithm_class(run.config.learner.algorithm)
+    transforms = run.config.batch_config().transforms
+    by_stage = {stage: [type(t) for t in getattr(transforms, stage)] for stage in STAGES}
+    ran = [algorithm, *(cls for classes in by_stage.values() for cls in classes)]
+    own = sorted({cls for cls in ran if cls.__module__.partition(".")[0] != "ub"},
+                 key=import_path)
+    return {"learner.algorithm": import_path(algorithm),
+            **{f"batch.{stage}": [import_path(c) for c in classes]
+               for stage, classes in by_stage.items()},
+            "sources": {cls.__module__: _source_sha256(cls) for cls in own}}
+
+
+def _source_sha256(cls: type) -> str | None:
+    """The sha256 of the file that defines ``cls`` (``None``: it has no file, e.g. ``__main__``
+    of an interactive session)."""
+    try:
+        path = inspect.getsourcefile(cls)
+    except TypeError:
+        return None
+    if path is None:
+        return None
+    with open(path, "rb") as source:
+        return hashlib.sha256(source.read()).hexdigest()
 
 
 def _execution(run: Run, shards: int) -> dict[str, Any]:
