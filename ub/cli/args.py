@@ -38,6 +38,21 @@ def int_at_least(minimum: int, maximum: int | None = None) -> Callable[[str], in
 
 
 whole_number = argument_type(parse_int, "int")
+
+
+class HelpWhenPrinted(str):
+    """An argparse help text made when help is printed, not when the parser is built: ``ub``
+    starts without importing what the text lists (the learner's algorithms import torch)."""
+
+    make: Callable[[], str]
+
+    def __new__(cls, make: Callable[[], str]) -> HelpWhenPrinted:
+        text = super().__new__(cls, "(made when help is printed)")
+        text.make = make
+        return text
+
+    def __mod__(self, params: object) -> str:  # argparse fills in %(default)s and the like
+        return self.make() % params
 positive_int = int_at_least(1)
 non_negative_int = int_at_least(0)
 port_number = argument_type(parse_port, "port")

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from ub.cli.args import (
+    HelpWhenPrinted,
     add_batch_options,
     add_checkpoint_io,
     add_learner_options,
@@ -23,11 +24,20 @@ def add_parser(sub) -> None:
     learn.add_argument("--from", dest="from_checkpoint", help="checkpoint to continue from "
                        "(default: a cold start from --init-adapter or a fresh adapter)")
     learn.add_argument("--config", help="YAML with `batch:` and `learner:` sections")
-    learn.add_argument("--algorithm", help="reinforce (default) or ppo")
+    learn.add_argument("--algorithm", help=HelpWhenPrinted(_algorithm_help))
     add_learner_options(learn, records="--from or --init-adapter",
                         init_adapter_help="PEFT adapter to start a cold start from")
     add_batch_options(learn)
     learn.set_defaults(func=cmd_learn)
+
+
+def _algorithm_help() -> str:
+    from ub.learner import algorithm_names
+    from ub.run.sections import LearnerSection, default_of
+
+    return (f"the loss: {', '.join(algorithm_names())}, or your own as package.module:Class "
+            f"(default: --config's learner.algorithm, else "
+            f"{default_of(LearnerSection, 'algorithm')})")
 
 
 def cmd_learn(args: argparse.Namespace) -> int:

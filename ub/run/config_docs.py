@@ -24,7 +24,7 @@ from pydantic.fields import FieldInfo
 
 from ub.errors import UbError
 from ub.run.schema import TrainConfig
-from ub.run.sections import is_execution
+from ub.run.sections import components_of, is_execution
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 REGENERATE = "python -m ub.run.config_docs --write"
@@ -148,6 +148,24 @@ def free_sections(model: type[BaseModel] = TrainConfig, path: str = "",
                                      free or is_execution(info))
 
 
+def registered_names(kind: str) -> list[str]:
+    """The registered names of a kind of component (``algorithm``, or a reward stage)."""
+    if kind == "algorithm":
+        from ub.learner.algorithms import algorithm_names
+
+        return algorithm_names()
+    from ub.rewards import available_transforms
+
+    return available_transforms(kind)
+
+
+def meaning(info: FieldInfo) -> str:
+    """A field's description, with the registered names when it names components."""
+    text = info.description or ""
+    kind = components_of(info)
+    return f"{text} Registered: {', '.join(registered_names(kind))}." if kind else text
+
+
 def _markdown_text(docstring: str) -> str:
     """A docstring as one Markdown paragraph: ``code`` as `code`, no Sphinx roles."""
     text = " ".join(docstring.split()).replace("``", "`")
@@ -187,11 +205,11 @@ def markdown() -> str:
             kind = type_text(info.annotation)
             if bounds := constraint_text(info):
                 kind += f", {bounds}"
-            meaning = info.description or ""
+            text = meaning(info)
             if is_execution(info) and path not in free:
-                meaning += f" {FREE_NOTE}"
+                text += f" {FREE_NOTE}"
             out.append(f"| `{key}` | {_cell(kind)} | `{_cell(default_text(info))}` | "
-                       f"{_cell(meaning)} |")
+                       f"{_cell(text)} |")
         out.append("")
     return "\n".join(out)
 
@@ -233,7 +251,7 @@ def _lines(model: BaseModel, indent: int, comments: bool = True,
         value = getattr(model, name)
         if comments and info.description:
             free = f" {FREE_NOTE}" if is_execution(info) else ""
-            out += _comment(info.description + free, indent)
+            out += _comment(meaning(info) + free, indent)
         child, many = _model_of(info.annotation)
         if child is not None and not many:
             out += [f"{pad}{name}:", *_lines(value, indent + 2, comments, root)]

@@ -63,6 +63,20 @@ def is_execution(info: Any) -> bool:
     return isinstance(extra, dict) and bool(extra.get("execution"))
 
 
+def names_components(kind: str) -> dict[str, Any]:
+    """``json_schema_extra`` of a field that names components of ``kind`` (``algorithm``, or a
+    reward stage: ``final``, ``step``, ``sampling``): docs/config.md and ``ub config show``
+    list the registered names after its description, read from the registry itself
+    (:func:`ub.run.config_docs.registered_names`), so no description lists them by hand."""
+    return {"components": kind}
+
+
+def components_of(info: Any) -> str | None:
+    """The kind of components a field (its ``FieldInfo``) names, or ``None``."""
+    extra = getattr(info, "json_schema_extra", None)
+    return extra.get("components") if isinstance(extra, dict) else None
+
+
 class Section(BaseModel):
     """Base of every config section."""
 
@@ -164,13 +178,19 @@ class BatchSection(Section):
     final: list[TransformSpec] = Field(
         default_factory=lambda: _specs({"name": "win_draw_loss"},
                                        {"name": "role_advantage", "ema": 0.95}),
-        description="Final-stage reward transforms, in order (names or {name, **params}; see "
-                    "docs/rewards.md).")
-    step: list[TransformSpec] = Field(default_factory=list, description="Step-stage reward "
-                                      "transforms (per-decision shaping), in order.")
+        description="Final-stage reward transforms, in order: each a name or {name, **params}, "
+                    "the name a registered transform's or package.module:Class, a dataclass "
+                    "subclass of ub.rewards.FinalTransform (docs/rewards.md).",
+        json_schema_extra=names_components("final"))
+    step: list[TransformSpec] = Field(
+        default_factory=list, description="Step-stage reward transforms (per-decision "
+        "shaping), in order; your own: a subclass of ub.rewards.StepTransform.",
+        json_schema_extra=names_components("step"))
     sampling: list[TransformSpec] = Field(
         default_factory=lambda: _specs({"name": "normalize_per_env"}),
-        description="Sampling-stage transforms (on the sampled rows), in order.")
+        description="Sampling-stage transforms (on the sampled rows), in order; your own: a "
+                    "subclass of ub.rewards.SamplingTransform.",
+        json_schema_extra=names_components("sampling"))
     drop_zero_reward: bool = Field(False, description="Drop decisions whose reward after the "
                                    "final and step stages is 0 (|r| <= 1e-9) before sampling "
                                    "(old name: drop_zero_advantage).")
@@ -214,8 +234,9 @@ class LearnerSection(Section):
                                      "from; null: a fresh adapter (B = 0).")
     seed: int | None = Field(None, description="Seeds the fresh adapter and the learner's RNG; "
                              "null: the run's seed.")
-    algorithm: str = Field("reinforce", description="A registered algorithm (reinforce, ppo, "
-                           "...; docs/algorithms.md).")
+    algorithm: str = Field("reinforce", description="The loss: a registered algorithm's name, or "
+                           "package.module:Class, a subclass of ub.learner.Algorithm "
+                           "(docs/algorithms.md).", json_schema_extra=names_components("algorithm"))
     algorithm_params: dict[str, Any] = Field(default_factory=dict, description="Keyword "
                                              "arguments of the algorithm, e.g. {clip_eps: 0.2}.")
     kl_coef: float = Field(0.0, description="Weight of a KL penalty to the base model (the "
