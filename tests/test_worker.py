@@ -9,7 +9,6 @@ engine's sleep and wake, which move it); the learner is a real one."""
 from __future__ import annotations
 
 import contextlib
-from pathlib import Path
 
 import pytest
 import torch
