@@ -24,7 +24,9 @@ from ub.learner.memory import (
     CPU_MICRO_BATCH_TOKENS,
     HEADROOM,
     auto_micro_batch_tokens,
+    device_budget,
     learner_budget_bytes,
+    longest_row_tokens,
 )
 from ub.learner.testing import build_qwen3, synthetic_batch
 from ub.model.lora import LoraSettings
@@ -60,15 +62,35 @@ def test_auto_size_is_the_budget_over_the_bytes_per_token() -> None:
     assert auto_micro_batch_tokens(-GIB, 2**20) == 256  # nothing left: the smallest size
 
 
-def test_a_gpu_shared_with_the_engine_gives_the_learner_its_share(monkeypatch) -> None:
+def test_a_gpu_shared_with_an_awake_engine_gives_the_learner_its_share() -> None:
     """On an 80 GB GPU where vLLM takes 0.6, the learner gets 0.4 of it less what it holds,
-    even before the engine has allocated its share; alone, whatever is free."""
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (70 * GIB, 80 * GIB))
+    even before the engine has allocated its share; with no share (alone, or the engine
+    asleep), whatever is free; never more than is free."""
+    budget = learner_budget_bytes
+    assert budget(free=70 * GIB, total=80 * GIB, own=4 * GIB, device_share=0.4) \
+        == 0.4 * 80 * GIB - 4 * GIB
+    assert budget(free=70 * GIB, total=80 * GIB, own=4 * GIB, device_share=None) == 70 * GIB
+    assert budget(free=10 * GIB, total=80 * GIB, own=4 * GIB, device_share=0.4) \
+        == 10 * GIB  # someone took it
+
+
+def test_on_a_gpu_the_learners_own_cache_counts_as_free() -> None:
+    """The driver's free memory leaves out what the learner's allocator cached (its last
+    micro-batches' blocks), which the learner reuses first."""
+
+    class Gpu:  # (no GPU here: the figures torch.cuda would report)
+        def mem_get_info(self, device=None):
+            return 20 * GIB, 80 * GIB
+
+        def memory_reserved(self, device=None):
+            return 54 * GIB
+
+        def memory_allocated(self, device=None):
+            return 4 * GIB
+
     cuda = torch.device("cuda", 0)
-    assert learner_budget_bytes(cuda, 4 * GIB, 0.4) == (0.4 * 80 * GIB - 4 * GIB, None)
-    assert learner_budget_bytes(cuda, 4 * GIB, None) == (70 * GIB, None)
-    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * GIB, 80 * GIB))
-    assert learner_budget_bytes(cuda, 4 * GIB, 0.4) == (10 * GIB, None)  # someone took it
+    assert device_budget(cuda, 4 * GIB, None, memory=Gpu()) == (70 * GIB, None)
+    assert device_budget(cuda, 4 * GIB, 0.4, memory=Gpu()) == (28 * GIB, None)
 
 
 def test_auto_measures_the_model_and_fits_the_memory_it_has(model_dir: Path,
@@ -106,6 +128,51 @@ def test_probe_leaves_the_learner_as_it_was(model_dir: Path) -> None:
     given.update(batch())
     for name, value in auto.lora_state().items():
         assert torch.equal(value, given.lora_state()[name]), name
+
+
+def small_memory(monkeypatch, mib: int) -> None:
+    """The CPU learner's memory (half of what the system has available) made ``mib`` MiB."""
+    import psutil
+
+    class Memory:
+        available = 2 * mib * 2**20
+
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: Memory)
+
+
+def test_a_row_longer_than_the_memory_holds_is_refused_before_the_update(
+        model_dir: Path, monkeypatch) -> None:
+    """A row is never split: with auto, one whose activations alone pass the learner's
+    memory is refused before any pass, in one line naming the setting that bounds it;
+    nothing changes. Rows that fit train as usual; a given micro_batch_tokens is trusted."""
+    small_memory(monkeypatch, 4)
+    learner = Learner(config(model_dir))
+    learner.micro_batch_tokens()
+    fit = learner._memory_fit
+    assert fit is not None and fit.longest_row == longest_row_tokens(4 * 2**20,
+                                                                     fit.bytes_per_token)
+    long_rows = synthetic_batch(6, 2000, prompt_lengths=(fit.longest_row, fit.longest_row),
+                                completion_lengths=(5, 5))
+    before = learner.lora_state()
+    with pytest.raises(UbError) as refused:
+        learner.update(long_rows)
+    message = str(refused.value)
+    assert "\n" not in message and message.startswith(
+        f"update 1: a row of {fit.longest_row + 5:,} tokens does not fit the learner's memory "
+        "in one micro-batch")
+    assert message.endswith(f"set batch.max_train_len (ub learn: --max-train-len) to at most "
+                            f"{fit.longest_row:,}, or learner.gradient_checkpointing: true")
+    with pytest.raises(UbError, match="does not fit the learner's memory"):
+        learner.accumulate_gradients(long_rows)
+    for name, value in learner.lora_state().items():
+        assert torch.equal(value, before[name]), name
+    assert learner.update_index == 0
+
+    short_rows = synthetic_batch(6, 2000, prompt_lengths=(10, fit.longest_row - 5),
+                                 completion_lengths=(5, 5))
+    assert learner.update(short_rows)["rows_trained"] == 6
+    trusted = Learner(config(model_dir, micro_batch_tokens=fit.longest_row))
+    assert trusted.update(long_rows)["micro_batches"] == 6  # (a row each, longer than it)
 
 
 # ------------------------------------------------------------------------------------------

@@ -96,7 +96,9 @@ def plan_micro_batches(lengths: list[int], token_budget: int | None,
 
     :param lengths: real tokens of each row to plan (rows not listed are not trained on).
     :param token_budget: most ``rows x longest row`` tokens per micro-batch (padding included);
-        a row longer than the budget gets a micro-batch of its own. ``None``: no token limit.
+        a row longer than the budget gets a micro-batch of its own (rows are never split: the
+        learner refuses, before planning, a row longer than its memory holds, and a budget
+        halved after running out of memory may leave a row alone). ``None``: no token limit.
     :param max_rows: most rows per micro-batch; ``None``: no row limit.
     :returns: lists of indices into ``lengths``, longest rows first. Deterministic: ties keep
         the input order.

@@ -94,9 +94,11 @@ class LearnerConfig:
     gradient_checkpointing: bool = field(default_factory=_schema("gradient_checkpointing"))
     num_threads: int | None = field(default_factory=_schema("num_threads"))
     device_share: float | None = None
-    """The fraction of its GPU's memory the learner may use, when it shares the GPU with a vLLM
-    engine (a run sets it: ``1 - engine.gpu_memory_utilization``); ``None``: what is free.
-    Sizes ``micro_batch_tokens: auto``."""
+    """The fraction of its GPU's memory the learner may use beside an awake vLLM engine in its
+    process (a run sets it: ``1 - engine.gpu_memory_utilization``); ``None``: what is free (no
+    engine beside it, or one asleep: the process's :class:`ub.run.worker.Worker` then drops
+    the share). Sizes ``micro_batch_tokens: auto`` and the longest row it trains
+    (:mod:`ub.learner.memory`)."""
 
     def __post_init__(self) -> None:
         # Accept the shapes YAML/JSON give: a mapping for lora, lists for tuples.

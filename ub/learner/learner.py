@@ -12,7 +12,9 @@ or, in one call that also assembles the batch and reuses a committed output,
 2. Rows without completion tokens, and (for losses linear in the advantage) rows whose advantage
    is 0, are left out: they carry no gradient.
 3. The rest is cut into micro-batches of similar length (:func:`plan_micro_batches`); each is
-   trimmed to its longest row.
+   trimmed to its longest row. A row is never split: with ``micro_batch_tokens: auto`` one
+   longer than the learner's memory holds is refused before the update (a one-line
+   :class:`UbError` naming ``batch.max_train_len``).
 4. Per micro-batch: the model scores every completion token ``t`` with the logits at ``t - 1``
    (``log_softmax(logits / temperature)`` in float32, the distribution the token was sampled
    from); the algorithm's loss (a token sum over the constant ``B * L``) is back-propagated,
@@ -100,12 +102,13 @@ class Learner(LearnerState):
         No optimizer step, and the learner's RNG streams do not advance (a diagnostic: see
         :meth:`lora_gradients`). Returns the loss and token statistics.
 
-        :raises UbError: an empty batch, or a non-finite loss (:class:`NonFiniteError`; the
-            gradients are then zeroed).
+        :raises UbError: an empty batch, a row longer than the learner's memory holds, or a
+            non-finite loss (:class:`NonFiniteError`; the gradients are then zeroed).
         """
         py_state = self.py_rng.getstate()
         try:
             with self._own_rng():
+                self._refuse_rows_too_long(TrainBatch.from_batch(batch))
                 return self._accumulate_fitting(batch)
         finally:
             self.py_rng.setstate(py_state)
@@ -249,12 +252,42 @@ class Learner(LearnerState):
     def micro_batch_tokens(self) -> int | None:
         """The micro-batch token budget updates use: ``learner.micro_batch_tokens``, with
         ``auto`` sized from the memory the learner has (:mod:`ub.learner.memory`, measured once
-        per learner), and halved after an out-of-memory error."""
+        while the settings it depends on stay the same), and halved after an out-of-memory
+        error."""
         if not self._micro_batch_sized:
-            self._micro_batch_tokens = self._auto_micro_batch_tokens()
+            fit = self._memory_fit = self._measure_memory()
+            self._micro_batch_tokens = fit.micro_batch_tokens
             self._micro_batch_sized = True
-            log.info("learner: micro_batch_tokens auto -> %d", self._micro_batch_tokens)
+            log.info("learner: micro_batch_tokens auto -> %d (%.1f GiB for activations at "
+                     "%.2f MiB/token; rows up to %d tokens)", self._micro_batch_tokens,
+                     fit.budget_bytes / 2**30, fit.bytes_per_token / 2**20, fit.longest_row)
         return self._micro_batch_tokens
+
+    def _refuse_rows_too_long(self, batch: TrainBatch) -> None:
+        """A row is never split across micro-batches, so one whose activations alone do not fit
+        the memory ``auto`` measured would run out of memory inside the update (on a GPU
+        beside a sleeping engine, after the engine's memory went to it): refused before any
+        pass, with the setting that bounds it. A given ``micro_batch_tokens`` is trusted: a
+        longer row gets a micro-batch of its own."""
+        batch.validate()
+        self.micro_batch_tokens()
+        fit = self._memory_fit
+        trained = batch.completion_mask[:, 1:].sum(1) > 0
+        if fit is None or not bool(trained.any()):
+            return
+        longest = int(batch.lengths[trained].max())
+        if longest <= fit.longest_row:
+            return
+        advice = "" if self.config.gradient_checkpointing else \
+            ", or learner.gradient_checkpointing: true"
+        if self.config.device_share is not None:
+            advice += ", or lower engine.gpu_memory_utilization"
+        raise UbError(
+            f"update {self.update_index + 1}: a row of {longest:,} tokens does not fit the "
+            f"learner's memory in one micro-batch ({fit.budget_bytes / 2**30:.1f} GiB for "
+            f"activations at {fit.bytes_per_token / 2**20:.2f} MiB/token hold rows of up to "
+            f"{fit.longest_row:,} tokens): set batch.max_train_len (ub learn: "
+            f"--max-train-len) to at most {fit.longest_row:,}{advice}")
 
     def _backward(self, batch: TrainBatch, batch_rows: list[int], normalizer: float,
                   tally: _Tally) -> None:
@@ -331,7 +364,8 @@ class Learner(LearnerState):
             maxima (``tis_ratio_max``, ``logprob_abs_diff_max``), counts and timings. With
             several steps, float figures are means over the steps (maxima their maximum, plus
             ``grad_norm_max``) and counts are sums.
-        :raises UbError: empty batch; :class:`NonFiniteError` for a NaN/inf loss or gradient,
+        :raises UbError: empty batch; a row longer than the learner's memory holds in one
+            micro-batch (before any pass); :class:`NonFiniteError` for a NaN/inf loss or gradient,
             in which case nothing changed (weights, optimizer, RNG streams, update index), even
             if earlier steps of the update had been taken.
         """
@@ -347,6 +381,7 @@ class Learner(LearnerState):
         try:
             with self._own_rng():
                 full = TrainBatch.from_batch(batch)
+                self._refuse_rows_too_long(full)
                 if steps > 1 and self.algorithm.needs_old_logprobs:
                     full = self._with_old_logprobs(full)
                 first = self.update_index * steps  # optimizer steps taken since the cold start

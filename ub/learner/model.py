@@ -21,9 +21,9 @@ from ub.learner.batching import TrainBatch
 from ub.learner.config import LearnerConfig
 from ub.learner.kernels import apply_kernels, resolve_kernels
 from ub.learner.memory import (
+    MemoryFit,
     activation_bytes_per_token,
-    auto_micro_batch_tokens,
-    learner_budget_bytes,
+    device_budget,
     saved_bytes,
 )
 from ub.learner.output_layer import chunked_token_logprobs, is_plain_linear
@@ -163,6 +163,7 @@ class LearnerModel:
             setting = config.micro_batch_tokens
             self._micro_batch_tokens: int | None = setting if isinstance(setting, int) else None
             self._micro_batch_sized = setting != "auto"
+            self._memory_fit: MemoryFit | None = None  # (auto: what the memory holds)
         # LoRA dropout, in place (PEFT makes nn.Identity for p = 0, nn.Dropout otherwise).
         p = config.lora.dropout
         for module in self.model.modules():
@@ -226,9 +227,9 @@ class LearnerModel:
             entropy = -(logprobs.exp() * logprobs).sum(-1)
         return token_logprobs, entropy
 
-    def _auto_micro_batch_tokens(self) -> int:
+    def _measure_memory(self) -> MemoryFit:
         """``micro_batch_tokens: auto``: a probe's activation bytes per token against the
-        memory this learner has (:mod:`ub.learner.memory`)."""
+        memory this learner has now (:mod:`ub.learner.memory`)."""
         config = self.causal_lm.config
         tokens = min(PROBE_TOKENS, getattr(config, "max_position_embeddings", PROBE_TOKENS) - 1)
         ids = torch.randint(1, config.vocab_size, (1, tokens + 1),
@@ -250,8 +251,8 @@ class LearnerModel:
                                                tokens, checkpointing)
         lora_bytes = sum(p.numel() * p.element_size() for p in self.params.values())
         own = sum(t.numel() * t.element_size() for t in weights) + 3 * lora_bytes  # + Adam, grad
-        budget, cap = learner_budget_bytes(self.device, own, self.config.device_share)
-        return auto_micro_batch_tokens(budget, per_token, cap=cap)
+        budget, cap = device_budget(self.device, own, self.config.device_share)
+        return MemoryFit(budget, per_token, cap)
 
     def _rng_devices(self) -> list[int]:
         return [self.device.index or 0] if self.device.type == "cuda" else []

@@ -3,9 +3,11 @@
 Before a GPU run loads a byte, the arithmetic of its shapes says whether it fits: per GPU, the
 vLLM engine's share (``engine.gpu_memory_utilization``) less the weights, the LoRA slots and a
 reserve is its KV cache, in tokens, against what the run's sequences ask of it; the learner's
-share less its weights and optimizer state is its activation budget, which sets the
+part (the GPU less what a sleeping engine keeps while it updates, or less an awake engine's
+share) less its weights and optimizer state is its activation budget, which sets the
 micro-batch (``learner.micro_batch_tokens: auto``, as :mod:`ub.learner.memory` sizes it) and
-bounds the longest row it can train on. Nothing reads weights or a tokenizer.
+bounds the longest row it trains (a longer one it refuses before its update). Nothing reads
+weights or a tokenizer.
 
 Estimates, not measurements: the learner's bytes per token are calibrated on the H200 figures
 of GPU.md (Qwen3 1.7B and 0.6B, with and without gradient checkpointing: within 5%); the
@@ -24,7 +26,9 @@ DEFAULT_GPU_GIB = 80.0
 """The card a machine without a GPU plans for (an 80 GB H100 or A100)."""
 ENGINE_RESERVE_GIB = 2.0
 """What vLLM takes from its share beyond weights, LoRA slots and KV cache: the CUDA context,
-cuBLAS workspaces and the activations of its profiling run (assumed, not measured)."""
+cuBLAS workspaces and the activations of its profiling run; also what it keeps while it sleeps
+(level 1 moves the weights to host memory and drops the KV cache; the context and CUDA graphs
+stay). Assumed, not measured."""
 LAYER_BYTES_PER_WIDTH = 10.0
 """Learner activation bytes per token, per layer and per unit of the layer's width (hidden +
 intermediate + the query, key and value heads' dims): about five bf16 tensors of each, fp32
@@ -129,9 +133,13 @@ class EnginePlan:
 
 @dataclass(frozen=True)
 class LearnerPlan:
-    """The learner on a GPU, in GiB and tokens."""
+    """The learner on a GPU, in GiB and tokens.
+
+    ``share_gib`` is what it has of the GPU: all of it on a GPU of its own, all but what a
+    sleeping engine keeps (``engine_asleep``), else what an awake engine leaves it."""
 
     share_gib: float
+    engine_asleep: bool
     weights_gib: float
     lora_gib: float
     budget_gib: float
@@ -142,6 +150,13 @@ class LearnerPlan:
 
     def activation_gib(self, tokens: int) -> float:
         return tokens * self.bytes_per_token / GIB
+
+    @property
+    def row_limit(self) -> int:
+        """The longest row the learner trains: longer ones it refuses before the update."""
+        from ub.learner.memory import longest_row_tokens
+
+        return longest_row_tokens(self.budget_gib * GIB, self.bytes_per_token)
 
 
 @dataclass(frozen=True)
@@ -167,17 +182,26 @@ def plan_gpus(config: Any, model_config: dict[str, Any], gpu_gib: float,
     weights = shape.params * dtype_bytes / GIB
     slots = e.max_loras * shape.lora_params(e.max_lora_rank, list(shape.projections()))
     engine = _engine_plan(shape, config, gpu_gib, weights, slots * dtype_bytes / GIB)
-    learner_share = gpu_gib if cluster else gpu_gib - engine.share_gib
+    asleep = config.engine_sleeps_during_updates
+    # What the GPU has free for the learner during an update, as the learner reads it.
+    engine_holds = 0.0 if cluster else ENGINE_RESERVE_GIB if asleep else engine.share_gib
     own_lora = shape.lora_params(learner.lora.rank, learner.lora.target_modules)
     max_train = config.batch.max_train_len
     plan = LearnerPlan(
-        share_gib=learner_share, weights_gib=shape.params * 2 / GIB,  # (bf16 on a GPU)
+        share_gib=gpu_gib - engine_holds, engine_asleep=asleep,
+        weights_gib=shape.params * 2 / GIB,  # (bf16 on a GPU)
         lora_gib=own_lora * LEARNER_BYTES_PER_LORA_PARAM / GIB, budget_gib=0.0,
         bytes_per_token=shape.learner_bytes_per_token(learner.gradient_checkpointing),
         micro_batch_tokens=None, micro_batch_setting=learner.micro_batch_tokens,
         longest_row=min(max_train, e.max_model_len) if max_train else e.max_model_len)
-    budget = plan.share_gib - plan.weights_gib - plan.lora_gib
-    plan = _with_budget(plan, budget)
+    own = plan.weights_gib + plan.lora_gib
+    # The learner's own rule (ub.learner.memory): an awake engine's share bounds it, a
+    # sleeping one's does not (the run's learner gets no device_share then: ub.run.worker).
+    from ub.learner.memory import learner_budget_bytes
+
+    share = None if asleep else config.learner_device_share
+    plan = _with_budget(plan, learner_budget_bytes(free=plan.share_gib - own, total=gpu_gib,
+                                                   own=own, device_share=share))
 
     if cluster:  # (Ray workers with a GPU each, as the presets' cluster sections give them)
         engines, learners = config.cluster.rollout_workers, config.cluster.learner_workers
@@ -186,7 +210,7 @@ def plan_gpus(config: Any, model_config: dict[str, Any], gpu_gib: float,
             (_gpus(engines, learners, "learner rank"), None, plan)]
     else:
         gpus = [("GPU 0 (engine and learner" + (", engine asleep during updates)"
-                                                 if e.sleep_mode else ")"), engine, plan)]
+                                                 if asleep else ")"), engine, plan)]
     problems, warnings = _engine_problems(engine), []
     from ub.run.play import kv_cache_problem
 
@@ -248,13 +272,16 @@ def _engine_problems(engine: EnginePlan) -> list[str]:
 def _learner_problems(plan: LearnerPlan, config: Any) -> list[str]:
     advice = ("set learner.gradient_checkpointing: true" if not
               config.learner.gradient_checkpointing else "use a GPU with more memory")
-    if config.cluster.address is None:
+    # (beside a sleeping engine, its share does not bound the learner)
+    lower_engine = config.cluster.address is None and not plan.engine_asleep
+    if lower_engine:
         advice += ", or lower engine.gpu_memory_utilization"
     if plan.budget_gib <= 0:
         return [f"the learner's weights and LoRA optimizer state "
                 f"({plan.weights_gib + plan.lora_gib:.1f} GiB) do not fit its "
-                f"{plan.share_gib:.1f} GiB: lower engine.gpu_memory_utilization, or use a "
-                "GPU with more memory"]
+                f"{plan.share_gib:.1f} GiB: "
+                + ("lower engine.gpu_memory_utilization, or " if lower_engine else "")
+                + "use a GPU with more memory"]
     fits = int(plan.budget_gib * GIB / plan.bytes_per_token)
     problems = []
     tokens = plan.micro_batch_tokens
@@ -263,13 +290,15 @@ def _learner_problems(plan: LearnerPlan, config: Any) -> list[str]:
             f"learner.micro_batch_tokens {tokens:,} needs {plan.activation_gib(tokens):.1f} "
             f"GiB of activations, the learner has {plan.budget_gib:.1f}: lower it to "
             f"{fits:,} (or auto), or {advice}")
-    if plan.activation_gib(plan.longest_row) > plan.budget_gib:
+    if plan.longest_row > plan.row_limit:
+        # (the learner refuses such a row before its update: ub.learner.Learner)
         problems.append(
             f"a row of up to {plan.longest_row:,} tokens (engine.max_model_len, "
             f"batch.max_train_len {config.batch.max_train_len or 'null'}) needs "
             f"{plan.activation_gib(plan.longest_row):.1f} GiB of activations in one "
-            f"micro-batch, the learner has {plan.budget_gib:.1f}: set batch.max_train_len to "
-            f"at most {fits:,}, or {advice}")
+            f"micro-batch, the learner has {plan.budget_gib:.1f} (rows up to "
+            f"{plan.row_limit:,} tokens): set batch.max_train_len to at most "
+            f"{plan.row_limit:,}, or {advice}")
     return problems
 
 
@@ -292,14 +321,18 @@ def describe(plan: GpuPlan) -> list[str]:
             micro = learner.micro_batch_tokens
             micro_text = (f"{micro:,} tokens = {learner.activation_gib(micro):.1f} GiB"
                           if micro is not None else "no limit")
+            whose = (f" (what the sleeping engine's {ENGINE_RESERVE_GIB:.1f} leaves)"
+                     if learner.engine_asleep else "")
             lines.append(
-                f"  learner  {learner.share_gib:.1f} GiB: weights {learner.weights_gib:.1f}, "
-                f"LoRA + optimizer {learner.lora_gib:.1f} -> {learner.budget_gib:.1f} GiB for "
-                f"activations at {learner.bytes_per_token / 2**20:.2f} MiB/token")
+                f"  learner  {learner.share_gib:.1f} GiB{whose}: weights "
+                f"{learner.weights_gib:.1f}, LoRA + optimizer {learner.lora_gib:.1f} -> "
+                f"{learner.budget_gib:.1f} GiB for activations at "
+                f"{learner.bytes_per_token / 2**20:.2f} MiB/token")
             lines.append(
                 f"           micro-batch ({learner.micro_batch_setting}) {micro_text}; longest "
                 f"row {learner.longest_row:,} tokens = "
-                f"{learner.activation_gib(learner.longest_row):.1f} GiB")
+                f"{learner.activation_gib(learner.longest_row):.1f} GiB (fits up to "
+                f"{learner.row_limit:,})")
     lines += [f"warning: {w}" for w in plan.warnings]
     return lines
 

@@ -67,7 +67,7 @@ def learn_round(run: Run, round_: int, *, worker: Worker) -> dict[str, Any]:
     fault_point("learn.after-state")
     # Not pipelined, the engine idles while the learner updates: on a GPU it lends the learner
     # its memory (a no-op on the CPU, and where no engine lives in this process).
-    lend = config.engine.sleep_mode and not config.pipeline.max_staleness
+    lend = config.engine_sleeps_during_updates
     with worker.engine_asleep() if lend else contextlib.nullcontext():
         metrics = learn_on_batch(batch, config.learner_config(run.model_folder()),
                                  paths.checkpoint(round_), paths.checkpoint(round_ + 1),

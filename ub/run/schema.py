@@ -59,8 +59,10 @@ class EngineSection(Section):
                                           "vLLM may take.", json_schema_extra=EXECUTION)
     sleep_mode: bool = Field(True, description="On a GPU, when the learner shares the engine's "
                              "process and rounds are not pipelined: the engine releases its "
-                             "memory (vLLM sleep mode, level 1) while the learner updates. "
-                             "Ignored on the CPU.", json_schema_extra=EXECUTION)
+                             "memory (vLLM sleep mode, level 1) while the learner updates, "
+                             "whose budget is then what the GPU has free (false, or "
+                             "pipelined: 1 - gpu_memory_utilization of it). Ignored on the "
+                             "CPU.", json_schema_extra=EXECUTION)
 
 
 class EnvSection(Section):
@@ -249,6 +251,24 @@ class TrainConfig(Section):
                              "context holds the prompt and the completion): lower it")
         return self
 
+    @property
+    def engine_sleeps_during_updates(self) -> bool:
+        """Whether the engine beside the learner sleeps through each update, its GPU memory
+        lent to the learner: sleep mode on, rounds not pipelined (the engine would be playing
+        the next round), and engine and learner in one process (no cluster)."""
+        return (self.engine.sleep_mode and not self.pipeline.max_staleness
+                and self.cluster.address is None)
+
+    @property
+    def learner_device_share(self) -> float | None:
+        """The fraction of the GPU the learner may use beside the awake engine of its process
+        (``1 - engine.gpu_memory_utilization``; while the engine sleeps the process's worker
+        lifts it: :class:`ub.run.worker.Worker`); ``None`` on a cluster, where the learner
+        has a worker, and a GPU, of its own."""
+        if self.cluster.address is not None:
+            return None
+        return round(1.0 - self.engine.gpu_memory_utilization, 6)
+
     def batch_config(self, **overrides: Any):
         """The ``batch`` section as a validated :class:`ub.batch.BatchConfig`."""
         from ub.batch import BatchConfig
@@ -261,8 +281,8 @@ class TrainConfig(Section):
         from ub.learner.config import LearnerConfig
 
         data = run_learner_defaults(self.seed, self.sampling)
-        if self.cluster.address is None:  # the learner shares its process's GPU with the engine
-            data["device_share"] = round(1.0 - self.engine.gpu_memory_utilization, 6)
+        if self.learner_device_share is not None:
+            data["device_share"] = self.learner_device_share
         for key, value in self.learner.model_dump().items():
             if value is not None or key not in data:
                 data[key] = value

@@ -195,7 +195,10 @@ class BatchSection(Section):
                                    "final and step stages is 0 (|r| <= 1e-9) before sampling "
                                    "(old name: drop_zero_advantage).")
     max_train_len: int | None = Field(None, description="Keep the first N tokens of prompt + "
-                                      "completion (positive); null: no limit.")
+                                      "completion (positive); null: no limit. A row longer "
+                                      "than the learner's memory holds in one micro-batch "
+                                      "(learner.micro_batch_tokens auto) is refused before "
+                                      "the update.")
     seed: int = Field(0, description="Sampling seed (ub train: derived from the run's seed per "
                       "round).")
     pad_token_id: int = Field(0, description="The id that right-pads input_ids (>= 0).")
@@ -274,7 +277,9 @@ class LearnerSection(Section):
                              json_schema_extra=EXECUTION)
     micro_batch_tokens: int | Literal["auto"] | None = Field(
         "auto", description="Most tokens per micro-batch, padding included; auto: sized from "
-        "the memory the learner has (at most 4096 on the CPU); null: no limit. An update that "
+        "the memory the learner has (on a GPU what is free while the engine sleeps, else "
+        "1 - engine.gpu_memory_utilization of it; at most 4096 on the CPU), and a longer row "
+        "than that memory holds is refused before the update; null: no limit. An update that "
         "runs out of memory is retried at half the size.", json_schema_extra=EXECUTION)
     micro_batch_size: int | None = Field(None, description="Most rows per micro-batch; null: no "
                                          "limit.", json_schema_extra=EXECUTION)

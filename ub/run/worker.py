@@ -15,6 +15,7 @@ the caller's own default sampling, so one caller never changes another's.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import logging
 from collections.abc import Iterator
@@ -52,6 +53,7 @@ class Worker:
         self._engine: VLLMEngine | None = None
         self._learner: KeptLearner | None = None  # (ub.learner loads torch: on first use)
         self._device_memory = device_memory
+        self._engine_asleep = False  # (in engine_asleep's block, once the engine slept)
 
     def engine(self, config: EngineConfig, sampling: SamplingConfig) -> EngineHandle:
         """The engine for ``config`` (started once, reused while ``config`` stays the same), as
@@ -77,29 +79,43 @@ class Worker:
                         "cannot switch the vLLM engine to a new model/config while requests "
                         "are in flight: finish or drop them first")
                 self.close_engine()
+            # vLLM starts only if its share of the GPU is free: what the learner's allocator
+            # cached from its last update goes back to the device first.
+            self._free_learner_cache()
             engine = self._engine = VLLMEngine(config)  # (its start freezes the heap)
         return EngineHandle(engine, sampling)
 
     def learner(self, config: LearnerConfig) -> Learner:
         """The learner for ``config``: the base model is loaded on first use and kept while the
         model fields of ``config`` stay the same (the others are applied with
-        :meth:`~ub.learner.learner.Learner.configure`): a :class:`ub.learner.entry.KeptLearner`."""
+        :meth:`~ub.learner.learner.Learner.configure`): a :class:`ub.learner.entry.KeptLearner`.
+
+        Inside :meth:`engine_asleep`, once the engine slept, the learner gets no
+        ``device_share``: its budget is then what the GPU has free, not the share an awake
+        engine leaves it (:func:`ub.learner.memory.learner_budget_bytes`); it measures it again
+        whenever that changes.
+        """
         if self._learner is None:
             from ub.learner.entry import KeptLearner
 
             self._learner = KeptLearner()
+        if self._engine_asleep and config.device_share is not None:
+            config = dataclasses.replace(config, device_share=None)
         return self._learner.learner(config)
 
     @contextlib.contextmanager
     def engine_asleep(self) -> Iterator[None]:
         """The block runs with the engine asleep (:meth:`VLLMEngine.sleep`: on a GPU its
-        memory goes to the learner), and wakes it after. A no-op without an engine, or on the
-        CPU."""
+        memory goes to the learner, whose budget is then what the GPU has free: see
+        :meth:`learner`), and wakes it after, once the learner's cached memory is freed. A
+        no-op without an engine, or on the CPU."""
         engine = self._engine
         slept = engine is not None and not engine.closed and engine.sleep()
+        self._engine_asleep = slept
         try:
             yield
         finally:
+            self._engine_asleep = False
             if slept:
                 assert engine is not None
                 # The learner's allocator keeps what the update reserved (its peak: a long
