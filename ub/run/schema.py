@@ -61,8 +61,10 @@ class EngineSection(Section):
                              "process and rounds are not pipelined: the engine releases its "
                              "memory (vLLM sleep mode, level 1) while the learner updates, "
                              "whose budget is then what the GPU has free (false, or "
-                             "pipelined: 1 - gpu_memory_utilization of it). Ignored on the "
-                             "CPU.", json_schema_extra=EXECUTION)
+                             "pipelined: 1 - gpu_memory_utilization of it). An engine that "
+                             "never sleeps (a Ray worker's, a pipelined run's) starts without "
+                             "sleep mode's allocator either way. Ignored on the CPU.",
+                             json_schema_extra=EXECUTION)
 
 
 class EnvSection(Section):
