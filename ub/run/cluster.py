@@ -163,11 +163,9 @@ def start_workers(run: Any) -> list[Any]:
     roles = [("rollout", i, cluster.rollout) for i in range(cluster.rollout_workers)]
     roles += [("learner", i, cluster.learner) for i in range(cluster.learner_workers)]
     check_fits(roles, ray.cluster_resources())
-    if run.config.rollout.shards < cluster.rollout_workers:
-        log.warning("rollout.shards %d < cluster.rollout_workers %d: %d engine(s) idle every "
-                    "round; set rollout.shards to a multiple of %d", run.config.rollout.shards,
-                    cluster.rollout_workers, cluster.rollout_workers - run.config.rollout.shards,
-                    cluster.rollout_workers)
+    idle = idle_engines(run.config)
+    if idle:
+        log.warning("%s", idle)
     handles = []
     for role, index, resources in roles:
         handles.append(worker_class.options(
@@ -185,6 +183,24 @@ def start_workers(run: Any) -> list[Any]:
                  for rank, h in enumerate(learners)])
         log.info("learners: %d data-parallel ranks, rendezvous %s", len(learners), address)
     return handles
+
+
+def idle_engines(config: Any) -> str | None:
+    """The warning for a round's shards that leave engine workers idle, or ``None``. Shard
+    ``s`` goes to worker ``s % rollout_workers`` and a worker plays its shards one after
+    another, so fewer shards than workers idle the rest every round, and a count that is no
+    multiple of them keeps the others waiting for the workers with a shard more. Said when
+    the workers start and by ``ub train --dry-run``."""
+    shards, workers = config.rollout.shards, config.cluster.rollout_workers
+    if shards < workers:
+        return (f"rollout.shards {shards} < cluster.rollout_workers {workers}: "
+                f"{workers - shards} engine(s) idle every round; set rollout.shards to a "
+                f"multiple of {workers}")
+    if shards % workers:
+        return (f"rollout.shards {shards} is no multiple of cluster.rollout_workers {workers}: "
+                f"{shards % workers} engine(s) play a shard more each round while the others "
+                f"wait; set rollout.shards to a multiple of {workers}")
+    return None
 
 
 def check_fits(roles: list[tuple[str, int, Any]], available: dict[str, float]) -> None:

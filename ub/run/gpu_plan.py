@@ -38,6 +38,11 @@ OUTPUT_BYTES_PER_VOCAB = 12.0
 log-softmax, a bf16 copy), charged on every token: an upper bound (only completions need it)."""
 LEARNER_BYTES_PER_LORA_PARAM = 16
 """fp32 LoRA weight, gradient and Adam's two moments."""
+ENGINE_ALONE_UTILIZATION = 0.9
+"""What an engine alone on its GPU (a Ray worker's) may take of it: vLLM's own default."""
+ENGINE_ALONE_UNUSED = 0.2
+"""An engine alone on its GPU that leaves more than this share of it unused is warned about
+(the presets' one-GPU 0.6 would leave 40% of it idle)."""
 DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "float32": 4}
 """Bytes per weight as the engine holds them on a GPU (``auto``: bfloat16)."""
 
@@ -217,8 +222,45 @@ def plan_gpus(config: Any, model_config: dict[str, Any], gpu_gib: float,
     short = kv_cache_problem(engine.kv_tokens, engine.sequences, engine.max_tokens)
     if short and engine.kv_tokens > 0:
         warnings.append(short)
+    if cluster:
+        warnings += _cluster_warnings(config, engine)
     problems += _learner_problems(plan, config)
     return GpuPlan(gpu_gib, gpus, problems, warnings)
+
+
+def _cluster_warnings(config: Any, engine: EnginePlan) -> list[str]:
+    """What leaves a cluster's GPUs idle, for a plan that gives each Ray worker a GPU of its
+    own: shards that idle engines, GPU requests other than one per worker (the plan's
+    layout), an engine that leaves much of its GPU unused, synchronous rounds."""
+    from ub.run.cluster import idle_engines
+
+    cluster = config.cluster
+    warnings = [w for w in [idle_engines(config)] if w]
+    for role, what in (("rollout", "an engine"), ("learner", "a learner rank")):
+        gpus = getattr(cluster, role).num_gpus
+        if gpus == 1:
+            continue
+        if gpus > 1:
+            why = (f"{what} uses one GPU (no tensor parallelism): {gpus - 1:g} of each "
+                   "worker's GPUs idle")
+        elif gpus > 0:
+            why = (f"Ray may put {int(1 // gpus)} workers on one GPU, where their memory adds "
+                   "up (the plan gives each a GPU of its own)")
+        else:
+            why = ("the workers ask for no GPU: on a cluster with GPUs the run refuses them "
+                   "before they start (each would run on GPU 0)")
+        warnings.append(f"cluster.{role}.num_gpus {gpus:g}: {why}; set it to 1")
+    unused = (1 - config.engine.gpu_memory_utilization) * engine.gpu_gib
+    if cluster.rollout.num_gpus >= 1 and unused > ENGINE_ALONE_UNUSED * engine.gpu_gib:
+        warnings.append(
+            f"each engine alone on its GPU leaves {unused:.1f} GiB of it unused "
+            f"(engine.gpu_memory_utilization {config.engine.gpu_memory_utilization:g}): raise "
+            f"it to {ENGINE_ALONE_UTILIZATION:g} for more KV cache")
+    if not config.pipeline.max_staleness:
+        warnings.append("rounds are synchronous (pipeline.max_staleness 0): the engines' GPUs "
+                        "wait for each update and the learner's for each round's games; "
+                        "pipeline.max_staleness: 1 overlaps them")
+    return warnings
 
 
 def _gpus(first: int, count: int, what: str) -> str:
