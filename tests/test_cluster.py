@@ -64,7 +64,8 @@ def _roles(cluster) -> list:
             + [("learner", i, cluster.learner) for i in range(cluster.learner_workers)])
 
 
-@pytest.mark.parametrize("preset", ["qwen3-1.7b-simpletak", "spiral-kuhn"])
+@pytest.mark.parametrize("preset", ["qwen3-1.7b-simpletak", "qwen3-1.7b-simpletak-8gpu",
+                                    "spiral-kuhn"])
 def test_the_gpu_presets_and_the_documented_example_fit_the_documented_node(preset):
     """`ub train PRESET --ray HEAD:6379` on the node docs/scaling.md starts: one GPU per
     engine and for the learner, within the node's CPUs; the documented config too."""

@@ -1,6 +1,6 @@
 """``ub train CONFIG --dry-run``: a run's GPU memory plan from the base model's config.json
-alone (:mod:`ub.run.gpu_plan`), on a Qwen3-1.7B config.json written here (real shapes, no
-weights, no tokenizer)."""
+alone (:mod:`ub.run.gpu_plan`), on the Qwen3 config.json files of ``bench/qwen3-shapes``
+(the published shapes, no weights, no tokenizer)."""
 
 from __future__ import annotations
 
@@ -10,17 +10,21 @@ from pathlib import Path
 import pytest
 
 from flows.cli import main
+from ub.learner.testing import QWEN3_SHAPES, QWEN3_VOCAB
 from ub.run.config import load_config
-from ub.run.gpu_plan import GIB, ModelShape, plan_gpus
+from ub.run.gpu_plan import ENGINE_ALONE_UTILIZATION, GIB, ModelShape, plan_gpus
 
-QWEN3_1_7B = {"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
-              "num_hidden_layers": 28, "hidden_size": 2048, "intermediate_size": 6144,
-              "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
-              "vocab_size": 151936, "tie_word_embeddings": True,
-              "max_position_embeddings": 40960, "torch_dtype": "bfloat16"}
+SHAPES = Path(__file__).resolve().parents[1] / "bench" / "qwen3-shapes"
+QWEN3_1_7B = json.loads((SHAPES / "Qwen3-1.7B-Base" / "config.json").read_text())
+QWEN3_4B = json.loads((SHAPES / "Qwen3-4B-Base" / "config.json").read_text())
 
-QWEN3_4B = {**QWEN3_1_7B, "num_hidden_layers": 36, "hidden_size": 2560,
-            "intermediate_size": 9728, "num_attention_heads": 32}
+
+@pytest.mark.parametrize(("config", "size"), [(QWEN3_1_7B, "1.7b"), (QWEN3_4B, "4b")])
+def test_the_planning_shapes_are_the_ones_the_gpu_benchmark_builds(config: dict,
+                                                                   size: str) -> None:
+    assert {k: config[k] for k in QWEN3_SHAPES[size]} == QWEN3_SHAPES[size]
+    assert (config["vocab_size"], config["head_dim"], config["tie_word_embeddings"]) == (
+        QWEN3_VOCAB, 128, True)
 
 
 @pytest.fixture()
@@ -140,3 +144,99 @@ def test_dry_run_of_a_plan_that_cannot_fit_is_one_error_line(capsys, tmp_path,
     assert not root.exists()
     code = main(["train", "qwen3-1.7b-simpletak", "--gpu-memory", "40", "--root", str(root)])
     assert code == 2 and "it goes with --dry-run" in capsys.readouterr().err
+
+
+EIGHT_GPU = "qwen3-1.7b-simpletak-8gpu"
+
+
+def test_the_8_gpu_preset_gives_every_engine_and_the_learner_a_gpu_of_its_own() -> None:
+    """Seven engines, one shard each, awake on their own GPUs (no sleep mode, 0.9 of the
+    card), the learner alone on the eighth with the whole card, rounds pipelined: it plans to
+    fit on 8 x 80 GiB with nothing idle to warn about."""
+    config = load_config(EIGHT_GPU)
+    cluster = config.cluster
+    assert cluster.address is not None  # (Ray: the only way to a GPU per worker)
+    assert config.rollout.shards == cluster.rollout_workers == 7
+    assert cluster.learner_workers == 1
+    assert cluster.rollout.num_gpus == cluster.learner.num_gpus == 1
+    assert config.pipeline.max_staleness == 1
+    assert config.engine.sleep_mode is False and not config.engine_sleeps_during_updates
+    assert config.engine.gpu_memory_utilization == ENGINE_ALONE_UTILIZATION
+
+    plan = plan_gpus(config, QWEN3_1_7B, 80)
+    [(engines, engine, none), (learners, no_engine, learner)] = plan.gpus
+    assert engines == "GPUs 0-6 (rollout workers 0-6, one each)" and none is None
+    assert learners == "GPU 7 (learner rank 0)" and no_engine is None
+    assert engine is not None and learner is not None
+    assert engine.share_gib == pytest.approx(72.0)
+    assert engine.kv_tokens == 622_315 > engine.demand_tokens == 128 * 4096
+    assert learner.share_gib == 80 and not learner.engine_asleep
+    assert learner.budget_gib == pytest.approx(80.0 - 3.2048 - 0.5191, abs=1e-3)
+    assert learner.micro_batch_tokens == 12_544
+    assert learner.longest_row == 8192 < learner.row_limit == 12_635
+    assert (plan.problems, plan.warnings) == ([], [])
+
+
+def test_the_8_gpu_preset_is_the_one_gpu_experiment_pipelined() -> None:
+    """What the run's data depends on is the one-GPU preset's, but for the pipeline: the
+    node changes how the work is executed, not what is learned."""
+    one_gpu = load_config("qwen3-1.7b-simpletak", ["pipeline.max_staleness=1"])
+    assert load_config(EIGHT_GPU).training_settings() == one_gpu.training_settings()
+
+
+def test_an_engine_that_never_sleeps_starts_without_the_sleep_allocator(tmp_path) -> None:
+    """vLLM's sleep mode only where the engine sleeps: on one GPU beside a learner of the
+    same process, rounds not pipelined. On a Ray worker or beside a pipelined learner the
+    engine never sleeps, whatever engine.sleep_mode says."""
+    from ub.run.layout import RunPaths
+    from ub.run.play import run_engine_config
+    from ub.run.rounds import Run
+
+    folder = str(SHAPES / "Qwen3-1.7B-Base")
+
+    def sleeps(preset: str, *overrides: str) -> bool:
+        config = load_config(preset, [f"model.base={folder}", *overrides])
+        return run_engine_config(Run(RunPaths(tmp_path / "run"), config, folder)).sleep_mode
+
+    assert sleeps("qwen3-1.7b-simpletak")
+    assert not sleeps("qwen3-1.7b-simpletak", "pipeline.max_staleness=1")
+    assert not sleeps("qwen3-1.7b-simpletak", "cluster.address=auto")
+    assert not sleeps(EIGHT_GPU) and not sleeps(EIGHT_GPU, "engine.sleep_mode=true")
+
+
+def test_a_cluster_plan_warns_about_what_leaves_gpus_idle() -> None:
+    """The one-GPU preset on the 8-GPU node as shipped: one shard for seven engines, each
+    engine at the 0.6 meant for a GPU it shares, synchronous rounds; and GPU requests the
+    plan's layout (a GPU per worker) does not describe."""
+    plan = plan_gpus(load_config("qwen3-1.7b-simpletak", ["cluster.address=auto"]),
+                     QWEN3_1_7B, 80)
+    assert plan.problems == []
+    idle, unused, synchronous = plan.warnings[1:]  # (after the KV cache's, issue 43 item 5)
+    assert idle == ("rollout.shards 1 < cluster.rollout_workers 7: 6 engine(s) idle every "
+                    "round; set rollout.shards to a multiple of 7")
+    assert unused == ("each engine alone on its GPU leaves 32.0 GiB of it unused "
+                      "(engine.gpu_memory_utilization 0.6): raise it to 0.9 for more KV cache")
+    assert synchronous.startswith("rounds are synchronous (pipeline.max_staleness 0)")
+
+    uneven = plan_gpus(load_config(EIGHT_GPU, ["rollout.shards=8"]), QWEN3_1_7B, 80)
+    assert uneven.warnings == [
+        "rollout.shards 8 is no multiple of cluster.rollout_workers 7: 1 engine(s) play a "
+        "shard more each round while the others wait; set rollout.shards to a multiple of 7"]
+    shared = plan_gpus(load_config(EIGHT_GPU, ["cluster.rollout.num_gpus=0.5",
+                                               "cluster.learner.num_gpus=2"]), QWEN3_1_7B, 80)
+    assert shared.warnings == [
+        "cluster.rollout.num_gpus 0.5: Ray may put 2 workers on one GPU, where their memory "
+        "adds up (the plan gives each a GPU of its own); set it to 1",
+        "cluster.learner.num_gpus 2: a learner rank uses one GPU (no tensor parallelism): 1 "
+        "of each worker's GPUs idle; set it to 1"]
+
+
+def test_dry_run_of_the_8_gpu_preset(capsys, tmp_path) -> None:
+    root = tmp_path / "runs"
+    code = main(["train", EIGHT_GPU, "--dry-run", "--root", str(root),
+                 "--set", f"model.base={SHAPES / 'Qwen3-1.7B-Base'}"])
+    out, err = capsys.readouterr()
+    assert (code, err) == (0, "")
+    assert "GPUs 0-6 (rollout workers 0-6, one each), 80 GiB each:\n  engine   72.0 GiB" in out
+    assert "GPU 7 (learner rank 0), 80 GiB:\n  learner  80.0 GiB: weights 3.2" in out
+    assert "warning" not in out and not root.exists()
