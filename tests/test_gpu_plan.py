@@ -227,8 +227,8 @@ def test_a_cluster_plan_warns_about_what_leaves_gpus_idle() -> None:
     assert shared.warnings == [
         "cluster.rollout.num_gpus 0.5: Ray may put 2 workers on one GPU, where their memory "
         "adds up (the plan gives each a GPU of its own); set it to 1",
-        "cluster.learner.num_gpus 2: a learner rank uses one GPU (no tensor parallelism): 1 "
-        "of each worker's GPUs idle; set it to 1"]
+        "cluster.learner.num_gpus 2: a learner rank uses one GPU: 1 of each worker's 2 idle; "
+        "set it to 1"]
 
 
 def test_dry_run_of_the_8_gpu_preset(capsys, tmp_path) -> None:

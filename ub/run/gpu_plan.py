@@ -42,7 +42,7 @@ ENGINE_ALONE_UTILIZATION = 0.9
 """What an engine alone on its GPU (a Ray worker's) may take of it: vLLM's own default."""
 ENGINE_ALONE_UNUSED = 0.2
 """An engine alone on its GPU that leaves more than this share of it unused is warned about
-(the presets' one-GPU 0.6 would leave 40% of it idle)."""
+(the one-GPU presets' 0.6 would leave 40% of it idle)."""
 DTYPE_BYTES = {"auto": 2, "bfloat16": 2, "float16": 2, "float32": 4}
 """Bytes per weight as the engine holds them on a GPU (``auto``: bfloat16)."""
 
@@ -241,8 +241,7 @@ def _cluster_warnings(config: Any, engine: EnginePlan) -> list[str]:
         if gpus == 1:
             continue
         if gpus > 1:
-            why = (f"{what} uses one GPU (no tensor parallelism): {gpus - 1:g} of each "
-                   "worker's GPUs idle")
+            why = f"{what} uses one GPU: {gpus - 1:g} of each worker's {gpus:g} idle"
         elif gpus > 0:
             why = (f"Ray may put {int(1 // gpus)} workers on one GPU, where their memory adds "
                    "up (the plan gives each a GPU of its own)")
