@@ -7,6 +7,7 @@ the holder's pid and host, for the message a second process gets.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 from ub.errors import UbError
+from ub.run.layout import RunPaths
 
 
 class RunLocked(UbError):
@@ -91,3 +93,12 @@ def holder(path: Path) -> dict | None:
         return None
     finally:
         os.close(fd)
+
+
+def removed_if_refused(paths: RunPaths) -> contextlib.AbstractContextManager[None]:
+    """Around a command's checks: a run folder or working copy (a store run's, made by
+    :func:`ub.run.store.catch_up`) that did not exist before them is removed if they refuse
+    the command, unless another process holds the run by now."""
+    from ub.data.atomic import removed_on_failure
+
+    return removed_on_failure(paths.root, keep=lambda: holder(paths.lock) is not None)
