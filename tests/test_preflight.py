@@ -6,6 +6,7 @@ run refused by it on a real Prefect server: tests/test_prefect_server.py.)"""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -145,3 +146,19 @@ def test_ub_train_refuses_what_the_flow_refuses_with_the_same_line(tmp_path, tin
                                         ("engine.max_model_len=100000",)))
     assert (shown.returncode, shown.stderr) == (2, f"ub: error: {line}\n")
     assert not runs.exists()
+
+
+def test_a_dead_holders_lock_record_stays_for_the_run_that_recovers_it(existing):
+    """The preflight looks at the lock without taking it: the process that takes it next
+    still finds the dead holder's record (the flow notes that it recovered its lock)."""
+    holder = subprocess.run(
+        [sys.executable, "-c", "import os, sys; from pathlib import Path; "
+         "from ub.run.lock import RunLock; RunLock(Path(sys.argv[1])).acquire(); os._exit(0)",
+         str(existing.lock)], timeout=60)
+    assert holder.returncode == 0
+    preflight(RunRequest("exp", str(existing.root.parent)))
+    lock = RunLock(existing.lock).acquire()
+    try:
+        assert lock.recovered_from is not None and lock.recovered_from["pid"] != os.getpid()
+    finally:
+        lock.release()

@@ -38,12 +38,9 @@ class RunLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _read_holder(fd)
+            record = _read_holder(fd)
             os.close(fd)
-            who = (f"pid {holder.get('pid')} on {holder.get('host')} since "
-                   f"{holder.get('since')}") if holder else "another process"
-            raise RunLocked(f"run {self.path.parent} is in use by {who}; wait for it to finish "
-                            "or stop it (a dead process releases the lock by itself)") from None
+            raise _in_use(self.path, record) from None
         previous = _read_holder(fd)
         if previous and previous.get("pid") != os.getpid():
             self.recovered_from = previous
@@ -67,6 +64,22 @@ class RunLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _in_use(path: Path, record: dict | None) -> RunLocked:
+    who = (f"pid {record.get('pid')} on {record.get('host')} since {record.get('since')}"
+           if record else "another process")
+    return RunLocked(f"run {path.parent} is in use by {who}; wait for it to finish or stop it "
+                     "(a dead process releases the lock by itself)")
+
+
+def check_not_held(path: Path) -> None:
+    """Refuse a run whose lock a live process holds, with the message :meth:`RunLock.acquire`
+    gives. Takes and writes nothing: a dead holder's record stays for the process that takes
+    the lock next (which notes that it recovered it)."""
+    record = holder(path)
+    if record is not None:
+        raise _in_use(path, record)
 
 
 def _read_holder(fd: int) -> dict | None:

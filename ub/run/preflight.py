@@ -59,7 +59,7 @@ def preflight(request: RunRequest) -> RunStart:
     from ub.data.atomic import check_can_create
     from ub.run.base_model import check_base_model, check_fits_base_model
     from ub.run.gpu_plan import check_run_fits_gpu
-    from ub.run.lock import RunLock, removed_if_refused
+    from ub.run.lock import check_not_held, removed_if_refused
     from ub.run.rounds import resolve_run_config
     from ub.run.store import catch_up
 
@@ -76,8 +76,7 @@ def preflight(request: RunRequest) -> RunStart:
         gpu_note = check_run_fits_gpu(resolved)
         check_services(resolved)
         check_manifests(paths)
-        if paths.root.exists():
-            RunLock(paths.lock).acquire().release()
+        check_not_held(paths.lock)
         check_can_create(paths.root.parent)
     return RunStart(paths, resolved, changed, (*notes, *([gpu_note] if gpu_note else [])))
 
