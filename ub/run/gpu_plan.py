@@ -410,7 +410,8 @@ def plan_model_config(config: Any) -> dict[str, Any] | None:
 
 def this_machines_gpu() -> tuple[float, str] | None:
     """This process's first GPU: its memory in GiB (to 0.1) and its name; ``None`` without
-    one. (It initialises CUDA here, as the run's learner does before its engine starts.)"""
+    one. (On a GPU it initialises CUDA in this process, so vLLM starts a later engine's
+    process by spawn rather than fork, as it does by itself once the learner has run.)"""
     import torch
 
     if not torch.cuda.is_available():
