@@ -66,6 +66,16 @@ def preflighted(start: RunStart) -> Iterator[None]:
         _PREFLIGHTED.reset(token)
 
 
+def _handed_over(paths: RunPaths) -> RunStart | None:
+    """The preflight ``ub train`` handed over for this run (:func:`preflighted`), if any.
+
+    (The flow's body reaches the context variable only through this function: prefect-ray
+    pickles the flow's function by value, with the globals it names, for its Ray tasks, and a
+    ``ContextVar`` does not pickle.)"""
+    start = _PREFLIGHTED.get()
+    return start if start is not None and start.paths == paths else None
+
+
 @flow(name="selfplay", validate_parameters=True)
 def selfplay(run_name: str, config: str | None = None, root: str = "runs",
              rounds: int | None = None, add_rounds: int | None = None,
@@ -96,12 +106,10 @@ def selfplay(run_name: str, config: str | None = None, root: str = "runs",
     Returns:
         Where the run lives and its last evaluation.
     """
-    start = _PREFLIGHTED.get()
-    if start is None or start.paths != RunPaths.of(root, run_name):
-        # A deployment or a schedule: refused here, before the run writes a file.
-        start = preflight(RunRequest(
-            run_name, root, config, tuple(overrides or ()), rounds=rounds,
-            add_rounds=add_rounds, ray_address=ray_address, keep_run_config=keep_run_config))
+    # A deployment or a schedule makes its preflight here, before the run writes a file.
+    start = _handed_over(RunPaths.of(root, run_name)) or preflight(RunRequest(
+        run_name, root, config, tuple(overrides or ()), rounds=rounds, add_rounds=add_rounds,
+        ray_address=ray_address, keep_run_config=keep_run_config))
     paths = start.paths
     with (RunLock(paths.lock) as lock, GcClock() as gc_clock, run_logs(paths.logs),
           ub_logs_to_prefect()):

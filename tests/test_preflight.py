@@ -162,3 +162,14 @@ def test_a_dead_holders_lock_record_stays_for_the_run_that_recovers_it(existing)
         assert lock.recovered_from is not None and lock.recovered_from["pid"] != os.getpid()
     finally:
         lock.release()
+
+
+def test_the_flow_pickles_as_prefect_ray_ships_it():
+    """prefect-ray pickles the flow (its function by value, with the globals it names) into
+    every Ray task's context: the preflight's handover must not put an unpicklable global in
+    the flow's body (a ContextVar there failed every `ub train --ray` run)."""
+    import cloudpickle
+
+    from flows.selfplay import selfplay
+
+    assert cloudpickle.loads(cloudpickle.dumps(selfplay)).name == "selfplay"
