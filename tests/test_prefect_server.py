@@ -1,7 +1,8 @@
 """prefect.yaml on a real Prefect server, as its users run it: `prefect server start` on
 loopback, `prefect deploy --all`, the scheduler creating SCHEDULED runs for both deployments, and
 deployment runs completing on a process worker: ub's component logs in the flow run's logs, and
-the nightly continuation of a run that was started with overrides.
+the nightly continuation of a run that was started with overrides; and a deployment run with a
+bad setting refused at its start by the run's preflight, with `ub train`'s line.
 
 (With SQLAlchemy 2.1 the scheduler failed on every loop and no scheduled run ever appeared;
 requirements/cpu.lock pins the 2.0 series for that reason.)
