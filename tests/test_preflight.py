@@ -102,29 +102,33 @@ def test_keep_run_config_sets_the_given_config_aside_and_says_so(tmp_path, exist
 
 def test_a_gpu_run_whose_plan_cannot_fit_is_refused_with_the_dry_runs_line(
         tmp_path, capsys, monkeypatch):
-    """On a GPU (an 80 GiB one here, as the dry run plans for without one) the qwen3 preset as
-    shipped cannot train its longest rows: refused at the start with the line `ub train
-    --dry-run` ends with; on the CPU the same run has no GPU plan to check."""
+    """On a GPU too small for it (a fake 8 GiB card: this machine's GPU, as the preflight
+    reads it) the qwen3 preset is refused at the start with the line `ub train --dry-run
+    --gpu-memory 8` ends with; on an 80 GiB one it starts; on the CPU it has no GPU plan."""
     from flows.cli import main
 
     model = tmp_path / "Qwen3-1.7B"
     model.mkdir()
     (model / "config.json").write_text(json.dumps(QWEN3_1_7B))
     (model / "model.safetensors").write_bytes(b"")  # (no weights are read)
-    settings = (f"model.base={model}",)
+    settings = (f"model.base={model}", "batch.max_train_len=4096")
     request = RunRequest("qwen", str(tmp_path / "runs"), "qwen3-1.7b-simpletak", settings)
     if gpu_plan.this_machines_gpu() is None:
         assert preflight(request).notes == ()  # skipped cleanly
-    monkeypatch.setattr(gpu_plan, "this_machines_gpu", lambda: (80.0, "80 GiB GPU"))
+    monkeypatch.setattr(gpu_plan, "this_machines_gpu", lambda: (8.0, "8 GiB GPU"))
     line = refused(tmp_path, request)
-    assert line.startswith("a row of up to 8,192 tokens") and "batch.max_train_len" in line
+    assert line.startswith("the engine's share (engine.gpu_memory_utilization: 4.8 GiB)")
+    assert line.endswith("(1 more for this machine's 8 GiB GPU: `ub train CONFIG --dry-run` "
+                         "lists them)")
 
-    assert main(["train", "qwen3-1.7b-simpletak", "--root", str(tmp_path / "runs"), "--set",
-                 settings[0], "--dry-run", "--gpu-memory", "80"]) == 2
-    assert capsys.readouterr().err == f"ub: error: {line}\n"
-    fits = RunRequest("qwen", str(tmp_path / "runs"), "qwen3-1.7b-simpletak",
-                      (*settings, "batch.max_train_len=4096"))
-    assert preflight(fits).notes == ()
+    assert main(["train", "qwen3-1.7b-simpletak", "--root", str(tmp_path / "runs"),
+                 *(f"--set={s}" for s in settings), "--dry-run", "--gpu-memory", "8"]) == 2
+    dry_run = capsys.readouterr()
+    first_problem = line[:line.rindex(" (1 more")]
+    assert f"cannot fit: {first_problem}\n" in dry_run.out
+    assert dry_run.err == f"ub: error: {first_problem} (1 more above)\n"
+    monkeypatch.setattr(gpu_plan, "this_machines_gpu", lambda: (80.0, "80 GiB GPU"))
+    assert preflight(request).notes == ()
 
 
 def test_a_gpu_run_on_a_cluster_planned_from_a_driver_without_a_gpu_says_so(
