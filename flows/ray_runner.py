@@ -38,13 +38,12 @@ def cluster_tasks(run: Run) -> Iterator[None]:
     from ub.run.cluster import (
         alive_nodes,
         check_api_shared,
-        check_reachable,
         connect_error,
         ray_init_kwargs,
         start_workers,
     )
 
-    check_reachable(address)
+    # (The run's preflight has checked that the cluster answers.)
     with get_client(sync_client=True) as client:
         api_url = str(client.api_url)  # also the temporary server's, which workers must share
     context = FlowRunContext.get()

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 from prefect import flow
@@ -32,19 +35,45 @@ from tasks import (
     track,
 )
 from ub.run.base_model import resolve_base_model
-from ub.run.config import load_config
 from ub.run.evaluate import eval_due
 from ub.run.layout import RunPaths, remove_orphans
 from ub.run.lock import RunLock
 from ub.run.logs import run_logs
 from ub.run.manifest import GcClock, round_manifest, timed
 from ub.run.play import ShardResult
+from ub.run.preflight import RunRequest, RunStart, preflight
 from ub.run.progress import Progress
-from ub.run.rounds import Run, open_run
+from ub.run.rounds import Run, save_run_config
 from ub.run.store import publish, sync
 from ub.run.tracking import finish_wandb, wandb_run_id
 
 log = logging.getLogger("ub.flow")
+
+
+_PREFLIGHTED: ContextVar[RunStart | None] = ContextVar("ub_preflighted_run", default=None)
+
+
+@contextmanager
+def preflighted(start: RunStart) -> Iterator[None]:
+    """In this block the ``selfplay`` flow of ``start``'s run takes ``start`` as its preflight
+    (``ub train``'s, made before Prefect started) instead of making its own, so the run's
+    config is resolved once. It stays in this process: a flow's parameters are what a
+    deployment can give, JSON, and the deployment's own runs make their preflight."""
+    token = _PREFLIGHTED.set(start)
+    try:
+        yield
+    finally:
+        _PREFLIGHTED.reset(token)
+
+
+def _handed_over(paths: RunPaths) -> RunStart | None:
+    """The preflight ``ub train`` handed over for this run (:func:`preflighted`), if any.
+
+    (The flow's body reaches the context variable only through this function: prefect-ray
+    pickles the flow's function by value, with the globals it names, for its Ray tasks, and a
+    ``ContextVar`` does not pickle.)"""
+    start = _PREFLIGHTED.get()
+    return start if start is not None and start.paths == paths else None
 
 
 @flow(name="selfplay", validate_parameters=True)
@@ -54,7 +83,9 @@ def selfplay(run_name: str, config: str | None = None, root: str = "runs",
              ray_address: str | None = None, keep_run_config: bool = False) -> dict[str, Any]:
     """Train run ``run_name`` under ``root`` until ``rounds`` rounds are committed.
 
-    Starting the flow again on the same run continues after its last committed round.
+    Starting the flow again on the same run continues after its last committed round. Its
+    preflight (:func:`ub.run.preflight.preflight`, ``ub train``'s own) first refuses, with
+    one line and before the run writes a file, whatever would make the run fail.
 
     Args:
         run_name: The run's name: its folder under ``root``.
@@ -75,33 +106,30 @@ def selfplay(run_name: str, config: str | None = None, root: str = "runs",
     Returns:
         Where the run lives and its last evaluation.
     """
-    paths = RunPaths.of(root, run_name)
-    new_config = load_config(config, overrides) if config is not None else None
+    # A deployment or a schedule makes its preflight here, before the run writes a file.
+    start = _handed_over(RunPaths.of(root, run_name)) or preflight(RunRequest(
+        run_name, root, config, tuple(overrides or ()), rounds=rounds, add_rounds=add_rounds,
+        ray_address=ray_address, keep_run_config=keep_run_config))
+    paths = start.paths
     with (RunLock(paths.lock) as lock, GcClock() as gc_clock, run_logs(paths.logs),
           ub_logs_to_prefect()):
         try:
-            return _train(paths, new_config, rounds, add_rounds, quiet, lock, gc_clock,
-                          ray_address, keep_run_config)
+            return _train(start, quiet, lock, gc_clock)
         except Exception:
             log.exception("run %s failed", run_name)  # the traceback, for after the fact
             raise
 
 
-def _train(paths: RunPaths, new_config: Any, rounds: int | None, add_rounds: int | None,
-           quiet: bool, lock: RunLock, gc_clock: GcClock, ray_address: str | None,
-           keep_run_config: bool = False) -> dict[str, Any]:
+def _train(start: RunStart, quiet: bool, lock: RunLock, gc_clock: GcClock) -> dict[str, Any]:
     """The rounds of one process: resume after the last committed round, run to the end."""
-    fetched, published = sync(paths)  # a run in a store: this machine's copy catches up
+    paths = start.paths
+    fetched, published = sync(paths)  # a store run: what came since the preflight, locked now
     if fetched or published:
         log.info("run store %s: fetched %d file(s), published %d", paths.store, len(fetched),
                  len(published))
-    if keep_run_config and new_config is not None and paths.config.exists():
-        # (checked after the sync: a run in a store may exist only there)
-        log.info("run %s exists: continuing it with its own config (%s); the given config "
-                 "and overrides start a new run only", paths.name, paths.config)
-        new_config = None
-    train_config = open_run(paths, new_config, rounds=rounds, add_rounds=add_rounds,
-                            ray_address=ray_address)
+    for note in start.notes:
+        log.info("%s", note)
+    train_config = save_run_config(paths, start.config, start.config_changed)
     wandb_run_id(paths)  # made once, at the run's start, and published with ub-run.json
     publish(paths, paths.config, paths.root / "ub-run.json")
     run = Run(paths, train_config, resolve_base_model(train_config))

@@ -9,10 +9,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ub.cli.args import catch_up, check_can_create, removed_if_refused, round_number
+from ub.cli.args import round_number
 from ub.errors import UbError
 from ub.run.gpu_plan import DEFAULT_GPU_GIB
+
+if TYPE_CHECKING:
+    from ub.run.preflight import RunRequest
 
 
 def add_parser(sub) -> None:
@@ -41,93 +45,54 @@ def add_parser(sub) -> None:
     train.set_defaults(func=cmd_train)
 
 
-def _check_services(config) -> None:
-    """The Ray cluster and hosted opponents a run needs answer, before the run writes."""
-    if config.cluster.address is not None:
-        from ub.run.cluster import check_reachable
-
-        check_reachable(config.cluster.address)
-    from ub.actors.spec import parse_actor
-
-    names = [*config.opponent_config().fixed_names(), *config.eval.opponents]
-    for name in dict.fromkeys(names):
-        if parse_actor(name).kind == "hosted":
-            from ub.actors.hosted import check_hosted
-
-            check_hosted(name)
-
-
-def _check_manifests(paths) -> None:
-    """Every committed round's manifest reads: a damaged one is refused here, naming the file
-    and `ub doctor`, rather than by the flow after Prefect and the logs have started."""
-    from ub.run.layout import read_json
-
-    paths.next_round()  # (refuses a gap in the rounds)
-    for round_ in paths.committed_rounds():
-        read_json(paths.manifest(round_))
-
-
 def cmd_train(args: argparse.Namespace) -> int:
     from flows.prefect_env import configure_prefect
-    from ub.run.base_model import check_base_model, check_fits_base_model
-    from ub.run.config import config_run_name, load_config
+    from ub.run.config import config_run_name
     from ub.run.layout import RunPaths
-    from ub.run.lock import RunLock
-    from ub.run.rounds import resolve_run_config
+    from ub.run.preflight import preflight
 
     if args.resume and args.config:
         raise UbError("give a CONFIG to start (or continue) a run, or --resume NAME to continue "
                       "one with its own config, not both")
     name = args.resume or args.run or config_run_name(args.config or "tiny-cpu")
-    paths = RunPaths.of(args.root, name)
     if args.gpu_memory is not None and not args.dry_run:
         raise UbError("--gpu-memory plans a run's memory: it goes with --dry-run")
     if args.dry_run:
-        return _dry_run(args, paths)
-    # Everything that can be refused is refused here, in a second, before Prefect starts; a
-    # store run's working copy that catch_up made for a refused command goes again.
-    with removed_if_refused(paths):
-        catch_up(paths)
-        config, source = None, None
-        if not args.resume and (args.config or not paths.config.exists()):
-            source = args.config or "tiny-cpu"
-            config = load_config(source, args.set)
-        elif args.set:
-            raise UbError("--set changes a run's settings: it needs CONFIG (the run's data "
-                          "must come from one config; start a new --run to change them)")
-        resolved = resolve_run_config(paths, config, rounds=args.rounds,
-                                      ray_address=args.ray)[0]
-        check_base_model(resolved.model.base)
-        check_fits_base_model(resolved)
-        _check_services(resolved)
-        _check_manifests(paths)
-        if paths.root.exists():
-            RunLock(paths.lock).acquire().release()
-        check_can_create(paths.root.parent)
+        return _dry_run(args, RunPaths.of(args.root, name))
+    # Everything that can be refused is refused here, in a second, before Prefect starts.
+    start = preflight(_request(args, name))
 
-    configure_prefect((paths.root.parent if paths.store else Path(args.root)) / ".prefect")
+    configure_prefect((start.paths.root.parent if start.paths.store else Path(args.root))
+                      / ".prefect")
     from flows.prefect_env import start_tied_server
 
     start_tied_server()  # dies with this process, even by SIGKILL
-    from flows.selfplay import selfplay  # (Prefect is imported after configure_prefect)
+    from flows.selfplay import preflighted, selfplay  # (Prefect imports after configure_prefect)
 
-    selfplay(run_name=name, config=source, root=str(args.root), rounds=args.rounds,
-             overrides=list(args.set), quiet=args.quiet, ray_address=args.ray)
+    with preflighted(start):  # the flow takes this preflight's config: resolved once
+        selfplay(run_name=name, config=args.config, root=str(args.root), rounds=args.rounds,
+                 overrides=list(args.set), quiet=args.quiet, ray_address=args.ray)
     return 0
+
+
+def _request(args: argparse.Namespace, name: str) -> RunRequest:
+    """The run ``ub train`` asks for: CONFIG starts it (or must match it), ``--resume`` takes
+    its own config, and neither takes its own or, for a new run, tiny-cpu's."""
+    from ub.run.preflight import RunRequest
+
+    return RunRequest(name, str(args.root), config=args.config, overrides=tuple(args.set),
+                      rounds=args.rounds, ray_address=args.ray,
+                      new_run_config=None if args.resume else "tiny-cpu")
 
 
 def _dry_run(args: argparse.Namespace, paths) -> int:
     """``ub train ... --dry-run``: the run it would start and its GPU plan; writes nothing
     (no catch-up of a store run, no lock, no Prefect), and exits 2 when the plan cannot fit."""
-    from ub.run.config import load_config
-    from ub.run.gpu_plan import describe, plan_gpus, plan_model_config, shape_line
+    from ub.run.gpu_plan import cannot_fit, describe, plan_gpus, plan_model_config, shape_line
+    from ub.run.preflight import requested_config
     from ub.run.rounds import resolve_run_config
 
-    config = None
-    if not args.resume and (args.config or not paths.config.exists()):
-        config = load_config(args.config or "tiny-cpu", args.set)
-    elif args.set:
-        raise UbError("--set changes a run's settings: it needs CONFIG")
+    config = requested_config(paths, _request(args, paths.name))[0]
     resolved = resolve_run_config(paths, config, rounds=args.rounds, ray_address=args.ray)[0]
     state = (f"exists, {len(paths.committed_rounds())} of {resolved.rounds} rounds committed"
              if paths.config.exists() else f"new, {resolved.rounds} rounds")
@@ -147,19 +112,19 @@ def _dry_run(args: argparse.Namespace, paths) -> int:
         print(line)
     for problem in plan.problems:
         print(f"cannot fit: {problem}")
-    if plan.problems:
-        more = len(plan.problems) - 1
-        raise UbError(plan.problems[0] + (f" ({more} more above)" if more else ""))
+    refusal = cannot_fit(plan, "above")
+    if refusal is not None:
+        raise refusal
     return 0
 
 
 def _gpu_gib(asked: float | None) -> tuple[float, str]:
     """The GPU memory to plan for, and where the figure comes from."""
+    from ub.run.gpu_plan import this_machines_gpu
+
     if asked is not None:
         return asked, "--gpu-memory"
-    import torch
-
-    if torch.cuda.is_available():
-        total = torch.cuda.get_device_properties(0).total_memory / 2**30
-        return round(total, 1), f"this machine's {torch.cuda.get_device_name(0)}"
+    gpu = this_machines_gpu()
+    if gpu is not None:
+        return gpu[0], f"this machine's {gpu[1]}"
     return DEFAULT_GPU_GIB, "no GPU here: --gpu-memory GIB plans for another"

@@ -1,7 +1,8 @@
 """prefect.yaml on a real Prefect server, as its users run it: `prefect server start` on
 loopback, `prefect deploy --all`, the scheduler creating SCHEDULED runs for both deployments, and
 deployment runs completing on a process worker: ub's component logs in the flow run's logs, and
-the nightly continuation of a run that was started with overrides.
+the nightly continuation of a run that was started with overrides; and a deployment run with a
+bad setting refused at its start by the run's preflight, with `ub train`'s line.
 
 (With SQLAlchemy 2.1 the scheduler failed on every loop and no scheduled run ever appeared;
 requirements/cpu.lock pins the 2.0 series for that reason.)
@@ -146,8 +147,63 @@ def _logs(api: str, flow_run_id: str) -> list[dict]:
     return response.json()
 
 
+@pytest.fixture(scope="module")
+def worker(server, deployed):
+    """A process worker on the ``ub-process`` pool, as `prefect worker start` runs it: it runs
+    the triggered deployment runs; its output is in ``worker.log`` (returned)."""
+    _, env, home = server
+    output = home / "worker.log"
+    with output.open("w") as log:
+        process = subprocess.Popen([*PREFECT, "worker", "start", "--pool", "ub-process"],
+                                   cwd=ROOT, env={**env, "PREFECT_WORKER_QUERY_SECONDS": "2"},
+                                   stdout=log, stderr=subprocess.STDOUT, text=True,
+                                   start_new_session=True, preexec_fn=as_from_a_terminal)
+        try:
+            yield output
+        finally:
+            process.terminate()
+            try:
+                process.wait(30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def _finished(api: str, run_id: str, worker_log: Path, timeout: float = 600) -> dict:
+    """The final state of flow run ``run_id`` (the worker's output with a timeout)."""
+    def final() -> dict | None:
+        state = _flow_runs(api, id={"any_": [run_id]})[0]["state"]
+        return state if state["type"] in ("COMPLETED", "FAILED", "CRASHED") else None
+
+    try:
+        return _wait_for(final, timeout, "the triggered run finishes", poll=2)
+    except AssertionError as timed_out:
+        raise AssertionError(f"{timed_out}\n{worker_log.read_text()[-6000:]}") from None
+
+
+def test_a_deployment_run_with_a_bad_setting_fails_at_its_start_in_ub_trains_line(
+        server, worker, tiny_model, tmp_path, capsys):
+    """Issue 44: the flow, as a deployment runs it, makes `ub train`'s preflight. Before, with
+    this setting, it wrote the run folder (checkpoint 0, logs, ub-run.json: 20 paths) and
+    failed inside vLLM's engine start, twice; now it fails at its start with the one line
+    `ub train` prints, and the runs folder is never made."""
+    from flows.cli import main
+
+    api, env, _ = server
+    runs, bad = tmp_path / "runs", "engine.max_model_len=100000"
+    assert main(["train", "tiny-cpu", "--run", "bad", "--root", str(runs), "--set", bad]) == 2
+    line = capsys.readouterr().err.removeprefix("ub: error: ").rstrip("\n")
+    assert "engine.max_model_len 100000" in line and "\n" not in line
+
+    run_id = _trigger(env, {"run_name": "bad", "root": str(runs), "overrides": [bad]})
+    state = _finished(api, run_id, worker, timeout=300)
+    assert state["type"] == "FAILED" and line in state["message"], state
+    assert not runs.exists()
+    _wait_for(lambda: any(line in r["message"] for r in _logs(api, run_id)), 30,
+              "the line in the flow run's logs")
+
+
 def test_deployment_runs_log_ub_lines_and_continue_a_run_started_with_overrides(
-        server, deployed, tiny_model, tmp_path):
+        server, worker, tiny_model, tmp_path):
     """Two runs of `nightly-train` on a process worker: the first starts a run with an
     override, the second continues it the way the schedule does (the deployment's config
     without the override). Both complete, and ub's own log lines are in the flow runs' logs."""
@@ -162,32 +218,16 @@ def test_deployment_runs_log_ub_lines_and_continue_a_run_started_with_overrides(
         "eval": {"every": 0}}))
     runs = tmp_path / "runs"
     common = {"run_name": "by-hand", "root": str(runs), "config": str(config), "add_rounds": 1}
-    worker = subprocess.Popen([*PREFECT, "worker", "start", "--pool", "ub-process"], cwd=ROOT,
-                              env={**env, "PREFECT_WORKER_QUERY_SECONDS": "2"},
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                              start_new_session=True, preexec_fn=as_from_a_terminal)
+    def run_to_the_end(params: dict) -> str:
+        run_id = _trigger(env, params)
+        state = _finished(api, run_id, worker)
+        assert state["type"] == "COMPLETED", f"{state}\n{worker.read_text()[-6000:]}"
+        return run_id
 
-    def run_to_the_end(run_id: str) -> None:
-        def finished() -> dict | None:
-            state = _flow_runs(api, id={"any_": [run_id]})[0]["state"]
-            return state if state["type"] in ("COMPLETED", "FAILED", "CRASHED") else None
-
-        state = _wait_for(finished, 600, "the triggered run finishes", poll=3)
-        if state["type"] != "COMPLETED":
-            worker.terminate()
-            pytest.fail(f"{state}\n{worker.communicate(timeout=60)[0][-6000:]}")
-
-    try:
-        started = _trigger(env, {**common, "overrides": ["seed=4"]})
-        run_to_the_end(started)
-        # The second night: the deployment's parameters, no override (before the fix: refused
-        # with "was started with another config: seed (4 in the run, 3 now)").
-        continued = _trigger(env, common)
-        run_to_the_end(continued)
-    finally:
-        if worker.poll() is None:
-            worker.terminate()
-            worker.wait(30)
+    started = run_to_the_end({**common, "overrides": ["seed=4"]})
+    # The second night: the deployment's parameters, no override (before the fix: refused
+    # with "was started with another config: seed (4 in the run, 3 now)").
+    continued = run_to_the_end(common)
     run = runs / "by-hand"
     assert len(sorted((run / "rounds").glob("*.json"))) == 2  # one round per night
     assert yaml.safe_load((run / "config.yaml").read_text())["seed"] == 4  # its own config

@@ -262,6 +262,24 @@ def test_rerun_changes_nothing_and_more_rounds_extend(reference_run, config_file
     assert is_checkpoint(copy.checkpoint(3))
 
 
+def test_the_flow_takes_ub_trains_preflight_and_resolves_the_config_once(reference_run,
+                                                                          tmp_path):
+    """`ub train` hands its preflight to the flow (issue 44): the flow runs on that config
+    and makes no preflight of its own, which would refuse the config file it is named here
+    (none); without the handover it does."""
+    from flows.selfplay import preflighted, selfplay
+    from ub.errors import UbError
+    from ub.run.preflight import RunRequest, preflight
+
+    root, missing = str(reference_run.root.parent), str(tmp_path / "no-such.yaml")
+    start = preflight(RunRequest("ref", root))
+    with preflighted(start):
+        summary = selfplay(run_name="ref", config=missing, root=root, quiet=True)
+    assert summary["rounds"] == 2
+    with pytest.raises(UbError, match=r"no-such\.yaml does not exist"):
+        selfplay(run_name="ref", config=missing, root=root, quiet=True)
+
+
 def test_ub_eval_adds_an_unrated_shard_once_and_leaves_the_run_alone(reference_run, capsys):
     from flows.cli import main
 

@@ -4,12 +4,11 @@ the run a command names."""
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
+from ub.data.atomic import check_can_create  # noqa: F401 (the commands' output check)
 from ub.errors import UbError
 from ub.numbers import NumberError, first_non_finite, parse_float, parse_int, parse_port
 
@@ -111,17 +110,6 @@ def game_count(text: str) -> int:
     return value
 
 
-def check_can_create(folder: Path) -> None:
-    """Fail before any work if ``folder`` could not be created and written, creating nothing
-    (the folder appears only when its first file is written)."""
-    existing = folder.absolute()
-    while not existing.exists() and existing != existing.parent:
-        existing = existing.parent
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        reason = "not a folder" if not existing.is_dir() else "permission denied"
-        raise UbError(f"output folder {folder} is not writable ({existing}: {reason})")
-
-
 def yaml_section(path_text: str | None, section: str) -> dict:
     """The ``section:`` mapping of a YAML file (or the whole file if it has no such key)."""
     loaded = yaml_document(path_text)
@@ -187,44 +175,3 @@ def run_dir(args: argparse.Namespace) -> Path:
         where = "" if args.root is not None else f" (and no folder {args.run})"
         raise UbError(f"no run {args.run!r} under {given}{where}")
     return root
-
-
-def catch_up(paths) -> None:
-    """A run in a store (``--root s3://...``): bring this machine's copy up to date first."""
-    if paths.store:
-        from ub.run.lock import RunLock
-        from ub.run.store import sync
-
-        check_store(paths)  # (before the lock creates the working copy)
-        with RunLock(paths.lock):
-            sync(paths)
-
-
-def removed_if_refused(paths) -> contextlib.AbstractContextManager[None]:
-    """Around a command's checks: a run folder or working copy (a store run's, made by
-    :func:`catch_up`) that did not exist before them is removed if they refuse the command,
-    unless another process holds the run by now."""
-    from ub.data.atomic import removed_on_failure
-    from ub.run.lock import holder
-
-    return removed_on_failure(paths.root, keep=lambda: holder(paths.lock) is not None)
-
-
-def check_store(paths) -> None:
-    """A run in a store: its URL opens and answers (known scheme, package installed, a port
-    that is one, endpoint reachable) before anything is written locally."""
-    if paths.store:
-        from ub.numbers import url_port
-        from ub.run.store import RunStore
-
-        try:
-            url_port(paths.store)
-        except NumberError as exc:
-            raise UbError(f"run store {paths.store}: {exc}") from None
-        try:
-            store = RunStore(paths.store)
-            store.files("rounds")
-            store.probe()
-        except OSError as exc:  # (some filesystems connect when they are opened)
-            raise UbError(f"run store {paths.store} is unreachable ({exc}): check the URL, "
-                          "the credentials and the network") from None

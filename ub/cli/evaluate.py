@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from ub.cli.args import catch_up, game_count, non_negative_int, removed_if_refused
+from ub.cli.args import game_count, non_negative_int
 from ub.errors import UbError
 
 if TYPE_CHECKING:
@@ -32,7 +32,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     from ub.run.evaluate import evaluate_checkpoint
     from ub.run.layout import RunPaths, checkpoint_name
-    from ub.run.lock import RunLock
+    from ub.run.lock import RunLock, removed_if_refused
     from ub.run.progress import baseline_cell, eval_cell
     from ub.run.worker import process_worker
 
@@ -69,7 +69,7 @@ def _checked(args: argparse.Namespace, paths: RunPaths
     from ub.run.config import game_specs
     from ub.run.plan import actor_spec
     from ub.run.rounds import Run, resolve_run_config
-    from ub.run.store import fetch_checkpoint
+    from ub.run.store import catch_up, fetch_checkpoint
 
     catch_up(paths)
     config, _ = resolve_run_config(paths, None)

@@ -86,3 +86,14 @@ def removed_on_failure(path: Path, keep: Callable[[], bool] = lambda: False) -> 
                 except OSError:
                     break
         raise
+
+
+def check_can_create(folder: Path) -> None:
+    """Fail before any work if ``folder`` could not be created and written, creating nothing
+    (the folder appears only when its first file is written)."""
+    existing = folder.absolute()
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        reason = "not a folder" if not existing.is_dir() else "permission denied"
+        raise UbError(f"output folder {folder} is not writable ({existing}: {reason})")

@@ -406,3 +406,56 @@ def plan_model_config(config: Any) -> dict[str, Any] | None:
             raise UbError(f"cannot read {path}: {exc}") from None
         return data if isinstance(data, dict) else None
     return base_model_config(config)
+
+
+def this_machines_gpu() -> tuple[float, str] | None:
+    """This process's first GPU: its memory in GiB (to 0.1) and its name; ``None`` without
+    one. (On a GPU it initialises CUDA in this process, so vLLM starts a later engine's
+    process by spawn rather than fork, as it does by itself once the learner has run.)"""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    properties = torch.cuda.get_device_properties(0)
+    return round(properties.total_memory / GIB, 1), properties.name
+
+
+def cannot_fit(plan: GpuPlan, more: str) -> UbError | None:
+    """The one line a plan that cannot fit is refused with (its first problem; ``more`` says
+    where the others are), or ``None`` when it fits."""
+    if not plan.problems:
+        return None
+    others = len(plan.problems) - 1
+    return UbError(plan.problems[0] + (f" ({others} more {more})" if others else ""))
+
+
+def check_run_fits_gpu(config: Any) -> str | None:
+    """At a run's start, ``ub train --dry-run``'s plan for this machine's GPU: a plan that
+    cannot fit is refused with the line the dry run ends with.
+
+    A run with no GPU here plays and learns on the CPU, where the model-fit check applies
+    (:func:`ub.run.base_model.check_fits_base_model`): nothing to plan. A run on a Ray
+    cluster is planned for GPUs of this machine's size (its GPU nodes alike, as the
+    presets' single-node clusters are). Returns why the plan was not checked, for the run's
+    log, where a GPU run cannot be planned here (no GPU on a cluster's driver, a hub model's
+    ``config.json`` not fetched yet); else ``None``.
+    """
+    gpu = this_machines_gpu()
+    cluster = config.cluster
+    if gpu is None:
+        if cluster.address is not None and (cluster.rollout.num_gpus or cluster.learner.num_gpus):
+            return ("GPU plan not checked: this machine has no GPU to size the cluster's by "
+                    "(`ub train CONFIG --dry-run --gpu-memory GIB` plans it)")
+        return None
+    base = config.model.base
+    model_config = plan_model_config(config)
+    if model_config is None or "num_hidden_layers" not in model_config:
+        return (f"GPU plan not checked: model.base {base} has no config.json on this machine "
+                "yet (`ub train CONFIG --dry-run` plans it once it has)")
+    gpu_gib, name = gpu
+    plan = plan_gpus(config, model_config, gpu_gib, f"model.base {base}'s config.json")
+    refusal = cannot_fit(plan, f"for this machine's {name}: `ub train CONFIG --dry-run` "
+                         "lists them")
+    if refusal is not None:
+        raise refusal
+    return None

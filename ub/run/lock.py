@@ -7,6 +7,7 @@ the holder's pid and host, for the message a second process gets.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 from ub.errors import UbError
+from ub.run.layout import RunPaths
 
 
 class RunLocked(UbError):
@@ -36,12 +38,9 @@ class RunLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _read_holder(fd)
+            record = _read_holder(fd)
             os.close(fd)
-            who = (f"pid {holder.get('pid')} on {holder.get('host')} since "
-                   f"{holder.get('since')}") if holder else "another process"
-            raise RunLocked(f"run {self.path.parent} is in use by {who}; wait for it to finish "
-                            "or stop it (a dead process releases the lock by itself)") from None
+            raise _in_use(self.path, record) from None
         previous = _read_holder(fd)
         if previous and previous.get("pid") != os.getpid():
             self.recovered_from = previous
@@ -65,6 +64,22 @@ class RunLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def _in_use(path: Path, record: dict | None) -> RunLocked:
+    who = (f"pid {record.get('pid')} on {record.get('host')} since {record.get('since')}"
+           if record else "another process")
+    return RunLocked(f"run {path.parent} is in use by {who}; wait for it to finish or stop it "
+                     "(a dead process releases the lock by itself)")
+
+
+def check_not_held(path: Path) -> None:
+    """Refuse a run whose lock a live process holds, with the message :meth:`RunLock.acquire`
+    gives. Takes and writes nothing: a dead holder's record stays for the process that takes
+    the lock next (which notes that it recovered it)."""
+    record = holder(path)
+    if record is not None:
+        raise _in_use(path, record)
 
 
 def _read_holder(fd: int) -> dict | None:
@@ -91,3 +106,12 @@ def holder(path: Path) -> dict | None:
         return None
     finally:
         os.close(fd)
+
+
+def removed_if_refused(paths: RunPaths) -> contextlib.AbstractContextManager[None]:
+    """Around a command's checks: a run folder or working copy (a store run's, made by
+    :func:`ub.run.store.catch_up`) that did not exist before them is removed if they refuse
+    the command, unless another process holds the run by now."""
+    from ub.data.atomic import removed_on_failure
+
+    return removed_on_failure(paths.root, keep=lambda: holder(paths.lock) is not None)

@@ -88,13 +88,19 @@ def _first_difference(old: Any, new: Any, where: str = "") -> str | None:
 
 def open_run(paths: RunPaths, config: TrainConfig | None, *, rounds: int | None = None,
              add_rounds: int | None = None, ray_address: str | None = None) -> TrainConfig:
-    """:func:`resolve_run_config`, and the result stored as the run's ``config.yaml``."""
+    """:func:`resolve_run_config`, and the result stored (:func:`save_run_config`)."""
     chosen, changed = resolve_run_config(paths, config, rounds=rounds, add_rounds=add_rounds,
                                          ray_address=ray_address)
+    return save_run_config(paths, chosen, changed)
+
+
+def save_run_config(paths: RunPaths, config: TrainConfig, changed: bool) -> TrainConfig:
+    """A resolved config stored as the run's ``config.yaml`` where it ``changed`` (a new run,
+    more rounds), and its base model recorded: a run's first writes."""
     if changed:
-        _write_config(paths, chosen)
-    record_base_model(paths, chosen)
-    return chosen
+        _write_config(paths, config)
+    record_base_model(paths, config)
+    return config
 
 
 def resolve_run_config(paths: RunPaths, config: TrainConfig | None, *,

@@ -336,3 +336,33 @@ def sync(paths: RunPaths) -> tuple[list[str], list[str]]:
     # The latest checkpoint, which the next round plays and `ub eval` defaults to.
     fetch_checkpoint(paths, paths.checkpoint(len(paths.committed_rounds())))
     return fetched, published
+
+
+def check_store(paths: RunPaths) -> None:
+    """A run in a store: its URL opens and answers (known scheme, package installed, a port
+    that is one, endpoint reachable) before anything is written locally."""
+    if not paths.store:
+        return
+    from ub.numbers import NumberError, url_port
+
+    try:
+        url_port(paths.store)
+    except NumberError as exc:
+        raise UbError(f"run store {paths.store}: {exc}") from None
+    try:
+        store = RunStore(paths.store)
+        store.files("rounds")
+        store.probe()
+    except OSError as exc:  # (some filesystems connect when they are opened)
+        raise UbError(f"run store {paths.store} is unreachable ({exc}): check the URL, "
+                      "the credentials and the network") from None
+
+
+def catch_up(paths: RunPaths) -> None:
+    """A run in a store (``--root s3://...``): bring this machine's copy up to date first."""
+    if paths.store:
+        from ub.run.lock import RunLock
+
+        check_store(paths)  # (before the lock creates the working copy)
+        with RunLock(paths.lock):
+            sync(paths)

@@ -1,0 +1,129 @@
+"""A run's preflight: everything that would make a run fail is refused before it writes a file.
+
+Every way a run starts goes through :func:`preflight`: ``ub train`` (before Prefect starts, so
+in a second), the ``selfplay`` flow when a Prefect deployment or its schedule runs it, and
+``ub train --ray``. It resolves the run's config once (:class:`RunStart` carries it to the
+flow) and checks, in this order: the run store answers (a store run's working copy catches up
+first), the config loads and matches the run's own, the base model can load and bounds the
+settings, the run's GPU plan fits (:func:`ub.run.gpu_plan.check_run_fits_gpu`), the Ray
+cluster and hosted opponents answer, the committed rounds' manifests read, no live process
+holds the run, and its folder can be created. A refusal is one :class:`~ub.errors.UbError`
+line and leaves nothing behind: no run folder, no checkpoint 0, no logs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ub.errors import UbError
+from ub.run.config import TrainConfig
+from ub.run.layout import RunPaths
+
+
+@dataclass(frozen=True)
+class RunRequest:
+    """How a run was asked to start or continue: the ``selfplay`` flow's parameters."""
+
+    name: str
+    root: str = "runs"
+    config: str | None = None
+    """A preset or YAML file that starts the run (or must match it); ``None``: its own."""
+    overrides: tuple[str, ...] = ()
+    """``key.sub=value`` settings over ``config`` (or over ``new_run_config``)."""
+    rounds: int | None = None
+    add_rounds: int | None = None
+    ray_address: str | None = None
+    keep_run_config: bool = False
+    """An existing run continues with its own config; ``config`` and ``overrides`` only start
+    it (the nightly deployment's setting)."""
+    new_run_config: str | None = None
+    """Without ``config``: what a run that does not exist yet starts from (``ub train``
+    without CONFIG: tiny-cpu); ``None``: such a run is refused."""
+
+
+@dataclass(frozen=True)
+class RunStart:
+    """A run that passed its preflight; nothing of it has been written yet."""
+
+    paths: RunPaths
+    config: TrainConfig
+    """The resolved config: the run trains with exactly this."""
+    config_changed: bool
+    """It differs from the run's ``config.yaml`` (a new run, more rounds): written at start."""
+    notes: tuple[str, ...] = ()
+    """What the run's log says at its start (a given config set aside, a check not made)."""
+
+
+def preflight(request: RunRequest) -> RunStart:
+    """Refuse what would fail, then return the run as it will start (see the module)."""
+    from ub.data.atomic import check_can_create
+    from ub.run.base_model import check_base_model, check_fits_base_model
+    from ub.run.gpu_plan import check_run_fits_gpu
+    from ub.run.lock import check_not_held, removed_if_refused
+    from ub.run.rounds import resolve_run_config
+    from ub.run.store import catch_up
+
+    paths = RunPaths.of(request.root, request.name)
+    # A store run's working copy that catch_up made goes again if the run is refused.
+    with removed_if_refused(paths):
+        catch_up(paths)
+        config, notes = requested_config(paths, request)
+        resolved, changed = resolve_run_config(
+            paths, config, rounds=request.rounds, add_rounds=request.add_rounds,
+            ray_address=request.ray_address)
+        check_base_model(resolved.model.base)
+        check_fits_base_model(resolved)
+        gpu_note = check_run_fits_gpu(resolved)
+        check_services(resolved)
+        check_manifests(paths)
+        check_not_held(paths.lock)
+        check_can_create(paths.root.parent)
+    return RunStart(paths, resolved, changed, (*notes, *([gpu_note] if gpu_note else [])))
+
+
+def requested_config(paths: RunPaths, request: RunRequest) -> tuple[TrainConfig | None,
+                                                                       tuple[str, ...]]:
+    """The config the request gives the run (``None``: the run's own) and a note when the
+    given one is set aside; nothing is checked against the run yet. (A store run may exist
+    only in the store: the preflight reads this after its catch-up.)"""
+    from ub.run.config import load_config
+
+    exists = paths.config.exists()
+    if request.config is not None and request.keep_run_config and exists:
+        return None, (f"run {paths.name} exists: continuing it with its own config "
+                      f"({paths.config}); the given config and overrides start a new run "
+                      "only",)
+    source = request.config or (None if exists else request.new_run_config)
+    if source is None:
+        if request.overrides:
+            raise UbError("--set (overrides) changes a run's settings: it needs CONFIG (the "
+                          "run's data must come from one config; start a new --run to change "
+                          "them)")
+        return None, ()
+    return load_config(source, list(request.overrides)), ()
+
+
+def check_services(config: TrainConfig) -> None:
+    """The Ray cluster and hosted opponents a run needs answer, before the run writes."""
+    if config.cluster.address is not None:
+        from ub.run.cluster import check_reachable
+
+        check_reachable(config.cluster.address)
+    from ub.actors.spec import parse_actor
+
+    names = [*config.opponent_config().fixed_names(), *config.eval.opponents]
+    for name in dict.fromkeys(names):
+        if parse_actor(name).kind == "hosted":
+            from ub.actors.hosted import check_hosted  # (only where a run has one)
+
+            check_hosted(name)
+
+
+def check_manifests(paths: RunPaths) -> None:
+    """Every committed round's manifest reads: a damaged one is refused here, naming the file
+    and `ub doctor`, rather than once Prefect and the run's logs have started."""
+    from ub.run.layout import read_json
+
+    paths.next_round()  # (refuses a gap in the rounds)
+    for round_ in paths.committed_rounds():
+        read_json(paths.manifest(round_))
