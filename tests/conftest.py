@@ -119,3 +119,16 @@ def bad_server():
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
+
+
+@pytest.fixture(scope="session")
+def rollout():
+    """30 games of TicTacToe between two random players, played as run ``run`` plays them:
+    real games and real shard tables, for the tests of what is written and read."""
+    from ub.actors.spec import parse_actor
+    from ub.games.specs import GameSpec
+    from ub.rollout import assign_games, play_games
+
+    actors = [parse_actor("random"), parse_actor("random")]
+    return play_games(assign_games(GameSpec("TicTacToe-v0-train"), actors, 30, base_seed=3),
+                      run="run", base_seed=3)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from servers import prefect_test_server
 
 from ub.dashboard import sparkline
 from ub.dashboard_state import gather
@@ -32,14 +33,13 @@ CONFIG = {
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, tiny_model) -> Path:
-    from prefect.testing.utilities import prefect_test_harness
 
     from flows.selfplay import selfplay
 
     folder = tmp_path_factory.mktemp("dash")
     config = folder / "dash.yaml"
     config.write_text(yaml.safe_dump(CONFIG))
-    with prefect_test_harness(server_startup_timeout=120):
+    with prefect_test_server():
         selfplay(run_name="dash", config=str(config), root=str(folder / "runs"), quiet=True)
     return RunPaths.of(folder / "runs", "dash").root
 

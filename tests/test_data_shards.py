@@ -9,7 +9,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from ub.actors.spec import parse_actor
 from ub.data.schema import GAMES_SCHEMA, SCHEMA_VERSION, STEPS_SCHEMA
 from ub.data.shards import (
     ShardId,
@@ -25,15 +24,6 @@ from ub.data.shards import (
 )
 from ub.data.sql import query
 from ub.errors import UbError
-from ub.games.specs import GameSpec
-from ub.rollout import assign_games, play_games
-
-
-@pytest.fixture(scope="module")
-def rollout():
-    spec = GameSpec("TicTacToe-v0-train")
-    actors = [parse_actor("random"), parse_actor("random")]
-    return play_games(assign_games(spec, actors, 30, base_seed=3), run="unit", base_seed=3)
 
 
 def test_shard_paths_are_a_function_of_round_and_shard(tmp_path):
@@ -50,7 +40,7 @@ def _write_rounds(root, rollout, rounds):
                                          pa.array([round_] * n, pa.int32()))
         steps = steps.set_column(schema.get_field_index("actor_kind"), "actor_kind",
                                  pa.array(["model"] * n, pa.string()))
-        write_shard(root, ShardId(round_, 0), "unit", steps, rollout.games)
+        write_shard(root, ShardId(round_, 0), "run", steps, rollout.games)
 
 
 def test_plain_readers_type_round_as_an_integer(tmp_path, rollout):
@@ -93,14 +83,14 @@ def test_format_1_hive_folders_are_still_read_and_kept(tmp_path, rollout):
     """A data root written in run format 1 (``round=NNNNNN``) reads as before, and new rounds
     written to it follow its layout instead of mixing the two."""
     legacy = tmp_path / "games" / "round=000000"
-    write_shard(tmp_path, ShardId(0, 0), "unit", rollout.steps, rollout.games)
+    write_shard(tmp_path, ShardId(0, 0), "run", rollout.steps, rollout.games)
     for table in ("steps", "games"):  # what an older ub wrote
         (tmp_path / table / "round-000000").rename(tmp_path / table / "round=000000")
     assert uses_legacy_layout(tmp_path) and legacy.is_dir()
     assert committed_shards(tmp_path) == [ShardId(0, 0)]
     assert shard_path(tmp_path, "games", ShardId(0, 0)).parent == legacy
     assert next_free_shard(tmp_path, 0) == ShardId(0, 1)
-    write_shard(tmp_path, ShardId(1, 0), "unit", rollout.steps, rollout.games)
+    write_shard(tmp_path, ShardId(1, 0), "run", rollout.steps, rollout.games)
     assert (tmp_path / "games" / "round=000001" / "shard-0000.parquet").exists()
     assert committed_shards(tmp_path) == [ShardId(0, 0), ShardId(1, 0)]
     n = query(tmp_path, "SELECT count(*) AS n FROM games").to_pylist()[0]["n"]
@@ -111,14 +101,14 @@ def test_format_1_hive_folders_are_still_read_and_kept(tmp_path, rollout):
 
 
 def test_written_shard_has_schema_rows_and_provenance(tmp_path, rollout):
-    steps_path, games_path = write_shard(tmp_path, ShardId(0, 0), "unit", rollout.steps,
+    steps_path, games_path = write_shard(tmp_path, ShardId(0, 0), "run", rollout.steps,
                                          rollout.games, {"model": "none"})
     assert pq.read_schema(steps_path).remove_metadata().equals(STEPS_SCHEMA)
     assert pq.read_schema(games_path).remove_metadata().equals(GAMES_SCHEMA)
     assert pq.ParquetFile(steps_path).metadata.row_group(0).column(0).compression == "ZSTD"
     meta = read_metadata(games_path)
     assert meta["schema_version"] == SCHEMA_VERSION
-    assert (meta["run"], meta["round"], meta["shard"], meta["model"]) == ("unit", 0, 0, "none")
+    assert (meta["run"], meta["round"], meta["shard"], meta["model"]) == ("run", 0, 0, "none")
     games = query(tmp_path, "SELECT count(*) AS n, sum(num_turns) AS turns FROM games").to_pylist()
     steps = query(tmp_path, "SELECT count(*) AS n FROM steps").to_pylist()
     assert games[0]["n"] == 30
@@ -172,7 +162,7 @@ def test_schema_checks_name_the_file(tmp_path, rollout):
 
 
 def test_sql_is_read_only(tmp_path, rollout):
-    write_shard(tmp_path, ShardId(0, 0), "unit", rollout.steps, rollout.games)
+    write_shard(tmp_path, ShardId(0, 0), "run", rollout.steps, rollout.games)
     outside = tmp_path / "leak.csv"
     with pytest.raises(UbError, match="read-only: COPY statements are refused"):
         query(tmp_path, f"COPY games TO '{outside}'")
@@ -227,7 +217,7 @@ def _write_schema_1_shard(root: Path, sid: ShardId, steps: pa.Table, games: pa.T
     steps = steps.cast(STEPS_SCHEMA).rename_columns(
         ["final_reward" if name == "env_reward" else name for name in STEPS_SCHEMA.names])
     for table, data in (("steps", steps), ("games", games.cast(GAMES_SCHEMA))):
-        meta = {"schema_version": 1, "table": table, "ub_version": "0.1.0", "run": "unit",
+        meta = {"schema_version": 1, "table": table, "ub_version": "0.1.0", "run": "run",
                 "round": sid.round, "shard": sid.shard, "created_at": "2026-01-01T00:00:00Z",
                 "host": "old"}
         path = shard_path(root, table, sid)
@@ -246,12 +236,12 @@ def versioned_roots(rollout, tmp_path_factory):
     for round_ in range(4):
         steps, games = _round_of(rollout, round_)
         sid = ShardId(round_, 0)
-        write_shard(roots["v2"], sid, "unit", steps, games)
+        write_shard(roots["v2"], sid, "run", steps, games)
         _write_schema_1_shard(roots["v1"], sid, steps, games)
         if round_ < 2:
             _write_schema_1_shard(roots["mixed"], sid, steps, games)
         else:
-            write_shard(roots["mixed"], sid, "unit", steps, games)
+            write_shard(roots["mixed"], sid, "run", steps, games)
     assert read_metadata(shard_path(roots["mixed"], "steps", ShardId(0, 0)))["schema_version"] == 1
     assert "final_reward" in pq.read_schema(shard_path(roots["v1"], "steps", ShardId(3, 0))).names
     return roots

@@ -3,13 +3,11 @@ loopback) and a misbehaving one (errors, garbage, slowness) exercise the same HT
 
 from __future__ import annotations
 
-import socket
-import subprocess
 import sys
 import time
 
-import httpx
 import pytest
+from servers import free_port, serving
 
 from ub.actors.hosted import check_hosted, parse_hosted
 from ub.actors.spec import parse_actor
@@ -21,44 +19,21 @@ from ub.rollout import assign_games, play_games
 RANDOM = parse_actor("random")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def vllm_server(tiny_model, tmp_path_factory):
     """`vllm.entrypoints.openai.api_server` serving the tiny model as `tiny`."""
-    port = _free_port()
-    log_path = tmp_path_factory.mktemp("vllm-serve") / "server.log"
-    with open(log_path, "w") as log:
-        server = subprocess.Popen(
-            [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
-             str(tiny_model), "--served-model-name", "tiny", "--host", "127.0.0.1", "--port",
-             str(port), "--max-model-len", "1024",
-             # as ub serves on the CPU (ub.inference.patches.vllm_engine_args): compiling the
-             # model cost this fixture ~20 s warm, ~50 s on a fresh machine, and bought nothing
-             "--enforce-eager"], stdout=log, stderr=subprocess.STDOUT)
-        base = f"http://127.0.0.1:{port}/v1"
-        try:
-            deadline = time.monotonic() + 300
-            while True:
-                try:
-                    if httpx.get(f"{base}/models", timeout=2).status_code == 200:
-                        break
-                except httpx.HTTPError:
-                    pass
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"vLLM server did not start; see {log_path}")
-                time.sleep(1)
-            yield base
-        finally:
-            server.terminate()
-            try:
-                server.wait(30)
-            except subprocess.TimeoutExpired:
-                server.kill()
+    port = free_port()
+    base = f"http://127.0.0.1:{port}/v1"
+    with serving([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
+                  str(tiny_model), "--served-model-name", "tiny", "--host", "127.0.0.1",
+                  "--port", str(port), "--max-model-len", "1024",
+                  # as ub serves on the CPU (ub.inference.patches.vllm_engine_args): compiling
+                  # the model cost this fixture ~20 s warm, ~50 s on a fresh machine, and
+                  # bought nothing
+                  "--enforce-eager"],
+                 f"{base}/models", tmp_path_factory.mktemp("vllm-serve") / "server.log",
+                 timeout=300):
+        yield base
 
 
 def test_a_hosted_model_plays_real_games(vllm_server, tmp_path):
@@ -101,7 +76,7 @@ def test_skip_records_the_game_as_errored_and_goes_on(bad_server):
 
 
 def test_unreachable_endpoint_and_missing_key_are_named(bad_server, monkeypatch):
-    port = _free_port()  # nothing listens there
+    port = free_port()  # nothing listens there
     with pytest.raises(UbError, match=rf"127.0.0.1:{port}/v1/models is unreachable"):
         check_hosted(f"hosted:m@http://127.0.0.1:{port}/v1")
     monkeypatch.delenv("UB_TEST_HOSTED_KEY", raising=False)

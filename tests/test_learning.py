@@ -19,6 +19,7 @@ import math
 
 import pyarrow.parquet as pq
 import pytest
+from servers import prefect_test_server
 
 from ub.actors.names import checkpoint_actor
 from ub.data.shards import ShardId, shard_path
@@ -50,14 +51,13 @@ CONFIG = {
 def run(tiny_model, tmp_path_factory) -> RunPaths:
     """A short real run of CONFIG, evaluated at checkpoints 0 and ROUNDS."""
     import yaml
-    from prefect.testing.utilities import prefect_test_harness
 
     from flows.selfplay import selfplay
 
     root = tmp_path_factory.mktemp("learning")
     config = root / "learning.yaml"
     config.write_text(yaml.safe_dump(CONFIG))
-    with prefect_test_harness(server_startup_timeout=120):
+    with prefect_test_server():
         selfplay(run_name="learn", config=str(config), root=str(root), quiet=True)
     return RunPaths.of(root, "learn")
 

@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 import yaml
 from processes import as_from_a_terminal
+from servers import free_port, serving, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFECT = [sys.executable, "-m", "prefect"]
@@ -29,63 +28,21 @@ DEPLOYMENTS = [d["name"] for d in yaml.safe_load((ROOT / "prefect.yaml").read_te
                ["deployments"]]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait_for(check, timeout: float, what: str, poll: float = 1.0):
-    """Poll `check` until it returns something truthy. A request that times out counts as
-    "not yet": the server shares two cores with the flow run it reports on (vLLM, the learner)
-    and can stall past a request's timeout (CI saw one at 10 s); the deadline still bounds it."""
-    deadline = time.monotonic() + timeout
-    stalled = None
-    while True:
-        try:
-            found = check()
-        except httpx.TimeoutException as error:
-            found, stalled = None, error
-        if found:
-            return found
-        assert time.monotonic() < deadline, (
-            f"{what} within {timeout:.0f} s" + (f" (last request: {stalled!r})" if stalled else ""))
-        time.sleep(poll)
-
-
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     """A real Prefect server (API, UI off, scheduler every 2 s) with its own home."""
     home = tmp_path_factory.mktemp("prefect-home")
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
     env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false",
                PREFECT_UI_ENABLED="false",
                PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS="2")
-    log = (home / "server.log").open("w")
-    process = subprocess.Popen([*PREFECT, "server", "start", "--host", "127.0.0.1",
-                                "--port", str(port)], env=env, stdout=log,
-                               stderr=subprocess.STDOUT, start_new_session=True)
     api = f"http://127.0.0.1:{port}/api"
-
-    def healthy() -> bool:
-        assert process.poll() is None, (home / "server.log").read_text()[-3000:]
-        try:
-            return httpx.get(f"{api}/health", timeout=2).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    try:
-        _wait_for(healthy, 180, "the Prefect server answers")
+    with serving([*PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                 f"{api}/health", home / "server.log", timeout=180, env=env,
+                 start_new_session=True):
         env["PREFECT_API_URL"] = api
         yield api, env, home
-    finally:
-        process.terminate()
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-        log.close()
 
 
 def _cli(env: dict, *args: str, timeout: float = 300) -> str:
@@ -121,7 +78,7 @@ def test_the_scheduler_creates_runs_for_every_deployment(server, deployed):
                   for name, id_ in deployed.items()}
         return counts if all(counts.values()) else None
 
-    _wait_for(scheduled_for_all, 90, "scheduled flow runs for every deployment")
+    wait_for(scheduled_for_all, 90, "scheduled flow runs for every deployment")
 
 
 def test_every_deployed_parameter_has_a_description(server, deployed):
@@ -175,7 +132,7 @@ def _finished(api: str, run_id: str, worker_log: Path, timeout: float = 600) -> 
         return state if state["type"] in ("COMPLETED", "FAILED", "CRASHED") else None
 
     try:
-        return _wait_for(final, timeout, "the triggered run finishes", poll=2)
+        return wait_for(final, timeout, "the triggered run finishes", poll=2)
     except AssertionError as timed_out:
         raise AssertionError(f"{timed_out}\n{worker_log.read_text()[-6000:]}") from None
 
@@ -198,7 +155,7 @@ def test_a_deployment_run_with_a_bad_setting_fails_at_its_start_in_ub_trains_lin
     state = _finished(api, run_id, worker, timeout=300)
     assert state["type"] == "FAILED" and line in state["message"], state
     assert not runs.exists()
-    _wait_for(lambda: any(line in r["message"] for r in _logs(api, run_id)), 30,
+    wait_for(lambda: any(line in r["message"] for r in _logs(api, run_id)), 30,
               "the line in the flow run's logs")
 
 
@@ -236,9 +193,9 @@ def test_deployment_runs_log_ub_lines_and_continue_a_run_started_with_overrides(
         found = [r for r in _logs(api, started) if r["name"].startswith("ub.")]
         return found or None
 
-    lines = _wait_for(ub_lines, 30, "ub's log lines in the flow run's logs")
+    lines = wait_for(ub_lines, 30, "ub's log lines in the flow run's logs")
     assert any(r["name"] == "ub.rollout" and "train shard 0/0 committed" in r["message"]
                for r in lines), [(r["name"], r["message"]) for r in lines]
-    _wait_for(lambda: any(r["name"] == "ub.flow" and "continuing it with its own config"
+    wait_for(lambda: any(r["name"] == "ub.flow" and "continuing it with its own config"
                           in r["message"] for r in _logs(api, continued)), 30,
               "the continuation's note in its flow run's logs")

@@ -21,6 +21,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 from processes import as_from_a_terminal, descendants
+from servers import free_port
 
 from flows.cli import main
 from ub.run.layout import RunPaths
@@ -85,12 +86,6 @@ def _recorded(paths: RunPaths) -> list[dict]:
     return [r for r in rows if r["actor_kind"] == "model"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _user_env() -> dict[str, str]:
     """This process's environment without the vLLM defaults conftest set: a user's shell."""
     from ub.inference.environment import SET_BY_UB
@@ -102,7 +97,7 @@ class Served:
     """`ub serve` in a child process, its stdout collected line by line."""
 
     def __init__(self, paths: RunPaths, log: Path, *args: str) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.log = log.open("w")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "flows.cli", "serve", RUN, "--root", str(paths.root.parent),

@@ -9,11 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from ub.actors.spec import parse_actor
 from ub.data.shards import ShardId, shard_path, write_parquet_atomic, write_shard
 from ub.data.sql import connect_tables, query, run_sql
 from ub.errors import UbError
-from ub.games.specs import GameSpec
 from ub.learner.checkpoint import (
     ADAPTER_CONFIG,
     ADAPTER_WEIGHTS,
@@ -23,7 +21,6 @@ from ub.learner.checkpoint import (
 )
 from ub.learner.checkpoint_writer import write_checkpoint
 from ub.model.lora import LoraSettings
-from ub.rollout import assign_games, play_games
 from ub.run.layout import RunPaths, write_json_atomic
 from ub.run.store import (
     RunStore,
@@ -35,13 +32,6 @@ from ub.run.store import (
     sync,
 )
 from ub.run.urls import is_url, working_copy
-
-
-@pytest.fixture(scope="module")
-def rollout():
-    spec = GameSpec("TicTacToe-v0-train")
-    actors = [parse_actor("random"), parse_actor("random")]
-    return play_games(assign_games(spec, actors, 10, base_seed=5), run="run", base_seed=5)
 
 
 @pytest.fixture()
@@ -113,8 +103,9 @@ def test_a_store_reader_trusts_what_a_local_reader_trusts(paths, rollout):
                                "eval_games": store.shard_dataset("games", "eval")})
     # Shard 1 has steps but no games file: not committed, in the store as on disk.
     assert run_sql(in_place, sql).to_pylist() == query(paths.train_data, sql).to_pylist() == [
-        {"n": rollout.steps.num_rows, "games": 10}]
-    assert run_sql(in_place, "SELECT count(*) AS n FROM eval_games").to_pylist() == [{"n": 10}]
+        {"n": rollout.steps.num_rows, "games": rollout.games.num_rows}]
+    games = [{"n": rollout.games.num_rows}]
+    assert run_sql(in_place, "SELECT count(*) AS n FROM eval_games").to_pylist() == games
 
 
 def test_a_checkpoint_is_fetched_whole_and_verified(paths, tmp_path):
@@ -194,7 +185,8 @@ def test_a_format_1_run_in_a_store_is_read_and_fetched(paths, rollout, tmp_path)
     store.publish_missing(paths.root)
     assert "games/round=000000/shard-0000.parquet" in store.files()
     in_place = connect_tables({"games": store.shard_dataset("games")})
-    assert run_sql(in_place, "SELECT count(*) AS n FROM games").to_pylist() == [{"n": 10}]
+    games = [{"n": rollout.games.num_rows}]
+    assert run_sql(in_place, "SELECT count(*) AS n FROM games").to_pylist() == games
     other = RunPaths(tmp_path / "machine-b", paths.store)
     assert fetch_round(other, other.train_data, "games", 0) == [
         "games/round=000000/shard-0000.parquet"]

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 from faults.runs import train
+from servers import prefect_test_server
 
 from ub.data.shards import committed_shards
 from ub.learner.checkpoint import is_checkpoint
@@ -42,11 +43,8 @@ STEP_COLUMNS = ["game_id", "turn", "actor", "prompt_token_ids", "completion_toke
 @pytest.fixture(scope="module")
 def prefect_api():
     """A Prefect test server for this module; its URL lets subprocesses share it."""
-    from prefect.settings import PREFECT_API_URL
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield PREFECT_API_URL.value()
+    with prefect_test_server() as api:
+        yield api
 
 
 @pytest.fixture(scope="module")

@@ -9,17 +9,15 @@ from pathlib import Path
 
 import pytest
 import yaml
+from servers import prefect_test_server
 
 from faults.runs import CONFIG
 
 
 @pytest.fixture(scope="package")
 def prefect_api():
-    from prefect.settings import PREFECT_API_URL
-    from prefect.testing.utilities import prefect_test_harness
-
-    with prefect_test_harness(server_startup_timeout=120):
-        yield PREFECT_API_URL.value()
+    with prefect_test_server() as api:
+        yield api
 
 
 @pytest.fixture(scope="package")
