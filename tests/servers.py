@@ -54,11 +54,16 @@ def serving(command: Sequence[str], url: str, log: Path, *, timeout: float,
             wait_for(answers, timeout, f"{url} answers")
             yield process
         finally:
-            process.terminate()
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+            stop(process)
+
+
+def stop(process: subprocess.Popen) -> None:
+    """SIGTERM, and SIGKILL if it still runs 30 s later."""
+    process.terminate()
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
 
 
 def wait_for(check: Callable[[], object], timeout: float, what: str, poll: float = 1.0):

@@ -20,7 +20,7 @@ import httpx
 import pytest
 import yaml
 from processes import as_from_a_terminal
-from servers import free_port, serving, wait_for
+from servers import free_port, serving, stop, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 PREFECT = [sys.executable, "-m", "prefect"]
@@ -118,11 +118,7 @@ def worker(server, deployed):
         try:
             yield output
         finally:
-            process.terminate()
-            try:
-                process.wait(30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+            stop(process)
 
 
 def _finished(api: str, run_id: str, worker_log: Path, timeout: float = 600) -> dict:
