@@ -22,9 +22,15 @@ from ub.errors import UbError
 from ub.inference.engine import VLLMEngine
 from ub.inference.environment import configure_vllm_environment
 from ub.inference.handle import EngineHandle
+from ub.inference.patches import vllm_engine_args
 from ub.inference.types import EngineConfig, GenerationRequest, SamplingConfig
 from ub.inference.validation import validate_adapter_dir
+from ub.run.config import load_config, preset_names
+from ub.run.layout import RunPaths
+from ub.run.play import run_engine_config
+from ub.run.rounds import Run
 from ub.run.worker import Worker, process_worker
+from ub.serve import cli_flags
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -496,6 +502,55 @@ def test_config_errors() -> None:
     with pytest.raises(UbError, match="max_tokens"):
         SamplingConfig(max_tokens=0)
     assert SamplingConfig(stop="\n").stop == ("\n",)
+
+
+@pytest.fixture(scope="module")
+def vllm_command_line():
+    """vLLM's own command-line parser of its engine arguments (what ``vllm serve`` parses)."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    return EngineArgs.add_cli_args(FlexibleArgumentParser())
+
+
+@pytest.mark.parametrize("preset", preset_names())
+def test_gpu_engine_arguments_are_what_vllm_takes(preset: str, vllm_command_line,
+                                                   tmp_path: Path) -> None:
+    """What each preset's run hands vLLM on a GPU, without a GPU: every keyword is a field of
+    vLLM's ``EngineArgs`` (which ``vllm.LLM`` builds from them), and vLLM's own command line
+    (``ub serve``'s path) parses each value back to the same value of the same type. The GPU
+    choices hold: bfloat16 for ``auto``, vLLM sizes the KV cache from
+    ``gpu_memory_utilization``, sleep mode, chunked prefill and compiled execution left on."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    model = tmp_path / "model"  # (a folder: vLLM resolves the name of one that is not)
+    model.mkdir()
+    run = Run(RunPaths(tmp_path / "run"), load_config(preset), str(model))
+    config = run_engine_config(run)
+    kwargs = vllm_engine_args(config, on_cpu=False)
+
+    unknown = set(kwargs) - {field.name for field in dataclasses.fields(EngineArgs)}
+    assert not unknown, f"not vLLM engine arguments: {sorted(unknown)}"
+    engine_args = EngineArgs(**kwargs)
+    parsed = EngineArgs.from_cli_args(vllm_command_line.parse_args(cli_flags(kwargs)))
+    typed = {key: (type(value), value) for key, value in kwargs.items()}
+    assert {key: (type(getattr(parsed, key)), getattr(parsed, key)) for key in kwargs} == typed
+    assert {key: (type(getattr(engine_args, key)), getattr(engine_args, key))
+            for key in kwargs} == typed
+
+    assert kwargs["dtype"] == ("bfloat16" if config.dtype == "auto" else config.dtype)
+    assert kwargs["gpu_memory_utilization"] == run.config.engine.gpu_memory_utilization
+    assert kwargs.get("enable_sleep_mode", False) == run.config.engine.sleep_mode
+    assert kwargs["max_loras"] == run.config.engine.max_loras
+    assert kwargs["max_lora_rank"] == run.config.engine.max_lora_rank
+    # The CPU's workarounds stay on the CPU.
+    assert not {"kv_cache_memory_bytes", "enable_chunked_prefill", "enforce_eager",
+                "max_num_batched_tokens"} & set(kwargs)
+    assert set(vllm_engine_args(config, on_cpu=True)) - set(kwargs) == {
+        "kv_cache_memory_bytes", "enable_chunked_prefill", "enforce_eager",
+        "max_num_batched_tokens"}
 
 
 def test_configure_environment_keeps_user_values(
