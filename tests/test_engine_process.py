@@ -7,7 +7,8 @@ death, its replacement and its close.
 The tests that only read run the bodies of ``test_vllm_engine.py`` (imported: pytest runs
 them here with this module's ``engine``). The CPU engine keeps the separate process's layout:
 this process renders and detokenizes, the engine core schedules, and (on the CPU only) a worker
-process of its own runs the model.
+process of its own runs the model, with ub's CPU LoRA ops (the mixed batch's test: vLLM's own
+gave base-model rows an adapter's delta there, :mod:`ub.inference.cpu_lora_worker`).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from test_vllm_engine import (  # noqa: F401  (pytest collects what is imported)
     model_dir,
     req,
     test_aborted_requests_never_come_out,
+    test_base_and_adapters_mixed_in_one_batch_match_alone,
     test_continuous_batching_step_loop,
     test_generation_tokens_text_and_logprobs,
     test_kv_cache_capacity_is_known_and_checked_against_the_run,

@@ -487,12 +487,12 @@ def test_gpu_engine_arguments_are_what_vllm_takes(preset: str, vllm_command_line
     assert kwargs.get("enable_sleep_mode", False) == run.config.engine.sleep_mode
     assert kwargs["max_loras"] == run.config.engine.max_loras
     assert kwargs["max_lora_rank"] == run.config.engine.max_lora_rank
-    # The CPU's workarounds stay on the CPU.
+    # The CPU's workarounds (and LoRA ops) stay on the CPU.
     assert not {"kv_cache_memory_bytes", "enable_chunked_prefill", "enforce_eager",
-                "max_num_batched_tokens"} & set(kwargs)
+                "max_num_batched_tokens", "worker_extension_cls"} & set(kwargs)
     assert set(vllm_engine_args(config, on_cpu=True)) - set(kwargs) == {
         "kv_cache_memory_bytes", "enable_chunked_prefill", "enforce_eager",
-        "max_num_batched_tokens"}
+        "max_num_batched_tokens", "worker_extension_cls"}
 
 
 def test_configure_environment_keeps_user_values(
