@@ -242,7 +242,8 @@ def test_kernels_auto_is_none_on_the_cpu_and_liger_says_why_it_cannot_run(model_
                                                                           ) -> None:
     learner = Learner(config(model_dir, micro_batch_tokens=4096))
     assert learner.kernels == "none"
-    assert learner.update(batch())["kernels"] == "none"
+    metrics = learner.update(batch())
+    assert metrics["kernels"] == "none" and metrics["liger_kernels"] == []
     with pytest.raises(UbError, match=r"^learner.kernels is liger, but the learner runs on "
                                       r"cpu, and Liger's kernels are CUDA-only"):
         Learner(config(model_dir, kernels="liger"))
@@ -254,6 +255,78 @@ def test_kernels_auto_is_none_on_the_cpu_and_liger_says_why_it_cannot_run(model_
             resolve_kernels("liger", cuda, "qwen3")
     with pytest.raises(UbError, match="kernels must be one of auto, liger, none"):
         LearnerConfig(base_model=str(model_dir), kernels="fast").validate()
+
+
+@pytest.fixture()
+def recording_liger(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
+    """Liger Kernel as the learner finds it, on the CPU: a stand-in ``liger_kernel`` whose
+    Qwen3 patch function (the real one launches Triton kernels, CUDA-only) records each call,
+    with the settings it got and how many LoRA layers the model had then, and patches each
+    decoder layer's MLP as Liger's SwiGLU does: its forward replaced by one that calls the
+    MLP's own projections (counted, to show the patched module runs in the update)."""
+    import importlib.machinery
+    import sys
+    import types
+
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    import ub.learner.kernels
+
+    calls: list[dict] = []
+
+    def apply_liger_kernel_to_qwen3(model, **settings) -> None:
+        lora_layers = sum(isinstance(m, BaseTunerLayer) for m in model.modules())
+        call = {"settings": settings, "lora_layers": lora_layers, "mlp_runs": 0}
+        calls.append(call)
+        for layer in model.model.layers:
+            mlp = layer.mlp
+
+            def swiglu(x, mlp=mlp):
+                call["mlp_runs"] += 1
+                return mlp.down_proj(torch.nn.functional.silu(mlp.gate_proj(x)) * mlp.up_proj(x))
+
+            mlp.forward = swiglu
+
+    names = ("liger_kernel", "liger_kernel.transformers", "liger_kernel.transformers.monkey_patch")
+    for name in names:
+        module = types.ModuleType(name)
+        module.__spec__ = importlib.machinery.ModuleSpec(name, None)
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(sys.modules[names[-1]], "MODEL_TYPE_TO_APPLY_LIGER_FN",
+                        {"qwen3": apply_liger_kernel_to_qwen3}, raising=False)
+    monkeypatch.setattr(ub.learner.kernels, "LIGER_DEVICE_TYPES", frozenset({"cuda", "cpu"}))
+    return calls
+
+
+def test_liger_patches_the_base_model_before_lora_wraps_it_and_the_learner_records_it(
+        model_dir: Path, recording_liger: list[dict]) -> None:
+    """``learner.kernels: auto`` where Liger runs: its patch function gets the loaded model
+    with no LoRA layer yet and ub's settings (body kernels on, loss kernels off); PEFT then
+    wraps the projections the patched MLP calls, so the update runs the patched modules and
+    trains their LoRA weights; each update's metrics name the kernels (the round manifest and
+    the run's ``learner`` view take them from there). A model PEFT wrapped is refused."""
+    from ub.learner.kernels import LIGER_SETTINGS, apply_kernels
+
+    learner = Learner(config(model_dir, micro_batch_tokens=4096))
+    assert learner.kernels == "liger"
+    (call,) = recording_liger
+    assert call["settings"] == LIGER_SETTINGS and call["lora_layers"] == 0
+    mlp = learner.causal_lm.model.layers[0].mlp
+    assert all(isinstance(getattr(mlp, name).lora_A, torch.nn.ModuleDict)
+               for name in ("gate_proj", "up_proj", "down_proj"))
+
+    before = {name: value.clone() for name, value in learner.lora_state().items()
+              if ".mlp." in name and "lora_B" in name}
+    metrics = learner.update(batch())
+    assert metrics["kernels"] == "liger"
+    assert metrics["liger_kernels"] == ["rope", "rms_norm", "swiglu"]
+    assert call["mlp_runs"] > 0
+    after = learner.lora_state()
+    assert before and all(not torch.equal(after[name], value) for name, value in before.items())
+
+    with pytest.raises(UbError, match="before PEFT wraps it"):
+        apply_kernels("liger", learner.causal_lm)
+    assert len(recording_liger) == 1
 
 
 def _liger_installed() -> bool:

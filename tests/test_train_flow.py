@@ -515,11 +515,12 @@ def test_pipelined_rounds_play_the_previous_checkpoint(prefect_api, config_file,
     # Which kernels ran and the micro-batch size (auto: the CPU's 4,096) are recorded, and
     # queryable in the learner view.
     assert learner["kernels"] == "none" and learner["micro_batch_tokens"] == 4096
+    assert learner["liger_kernels"] == []
     capsys.readouterr()
-    assert main(["sql", str(paths.root), "SELECT round, kernels, micro_batch_tokens FROM "
-                 "learner ORDER BY round", "--format", "csv"]) == 0
-    assert capsys.readouterr().out.split() == ["round,kernels,micro_batch_tokens",
-                                               "0,none,4096", "1,none,4096"]
+    assert main(["sql", str(paths.root), "SELECT round, kernels, len(liger_kernels) AS liger, "
+                 "micro_batch_tokens FROM learner ORDER BY round", "--format", "csv"]) == 0
+    assert capsys.readouterr().out.split() == ["round,kernels,liger,micro_batch_tokens",
+                                               "0,none,0,4096", "1,none,0,4096"]
     # The KL penalty: nothing to pay on the fresh adapter (the base model), then a divergence.
     assert json.loads(paths.manifest(0).read_text())["learner"]["kl_to_base"] == 0.0
     assert learner["kl_to_base"] > 0

@@ -17,94 +17,21 @@ import weakref
 from pathlib import Path
 
 import pytest
+from random_models import build_lora_adapters, build_random_test_model
 
 from ub.errors import UbError
 from ub.inference.engine import VLLMEngine
 from ub.inference.environment import configure_vllm_environment
 from ub.inference.handle import EngineHandle
+from ub.inference.patches import vllm_engine_args
 from ub.inference.types import EngineConfig, GenerationRequest, SamplingConfig
 from ub.inference.validation import validate_adapter_dir
+from ub.run.config import load_config, preset_names
+from ub.run.layout import RunPaths
+from ub.run.play import run_engine_config
+from ub.run.rounds import Run
 from ub.run.worker import Worker, process_worker
-
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-
-
-def build_random_test_model(path: Path, hidden_size: int = 128) -> Path:
-    """Build a tiny random-init Qwen3 model with a locally trained byte-level BPE tokenizer.
-
-    Vocabulary ~1000 with ``<|endoftext|>`` as eos and pad; 2 layers, 4 heads of dim 32, 2 KV
-    heads, tied embeddings, float32. A large init scale keeps the logits peaked, so greedy
-    decoding has no near-ties that batch-size-dependent rounding could flip.
-    """
-    import torch
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
-
-    path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    rng = random.Random(0)
-    letters = "abcdefghijklmnopqrstuvwxyz"
-    words = ["".join(rng.choice(letters) for _ in range(rng.randint(2, 7))) for _ in range(3000)]
-    words += ["[0]", "[1]", "[4]", "[8]", "X", "O", "move", "board", "player", "pass", "bet"]
-    lines = [" ".join(rng.choice(words) for _ in range(rng.randint(4, 16))) for _ in range(4000)]
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=1000,
-        special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-    )
-    tokenizer.train_from_iterator(lines, trainer)
-    hf_tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, eos_token="<|endoftext|>", pad_token="<|endoftext|>"
-    )
-    hf_tokenizer.save_pretrained(path)
-
-    torch.manual_seed(0)
-    eos = hf_tokenizer.eos_token_id
-    config = Qwen3Config(
-        vocab_size=len(hf_tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        max_position_embeddings=2048,
-        tie_word_embeddings=True,
-        initializer_range=0.2,
-        eos_token_id=eos,
-        pad_token_id=eos,
-        bos_token_id=eos,
-    )
-    Qwen3ForCausalLM(config).to(torch.float32).save_pretrained(path)
-    return path
-
-
-def build_lora_adapters(model_dir: Path, out_dirs: list[Path], rank: int = 8) -> list[Path]:
-    """Save one PEFT LoRA adapter per directory, each with different random (non-zero) B weights.
-
-    PEFT initializes B to zero (a no-op adapter), so B is re-drawn here.
-    """
-    import torch
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    base = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    config = LoraConfig(r=rank, lora_alpha=2 * rank, target_modules=LORA_TARGETS)
-    model = get_peft_model(base, config)
-    for seed, out in enumerate(out_dirs):
-        torch.manual_seed(seed)
-        with torch.no_grad():
-            for name, param in model.named_parameters():
-                if "lora_A" in name:
-                    torch.nn.init.normal_(param, std=0.2)
-                elif "lora_B" in name:
-                    torch.nn.init.normal_(param, std=0.5)
-        model.save_pretrained(out)
-    return out_dirs
-
+from ub.serve import cli_flags
 
 # ------------------------------------------------------------------------------------------
 # Fixtures
@@ -277,6 +204,27 @@ def test_continuous_batching_step_loop(engine: EngineHandle) -> None:
     while engine.has_unfinished():
         rest += engine.step()
     assert [g.request_id for g in rest] == [background.request_id]
+
+
+def test_aborted_requests_never_come_out(engine: EngineHandle) -> None:
+    """A rollout that fails midway drops its requests: they leave vLLM, never come out of a
+    later step, and the requests beside them finish as if alone."""
+    long = SamplingConfig(max_tokens=200)
+    kept = [req(p, seed=i, sampling=GREEDY) for i, p in enumerate(PROMPTS[:3])]
+    dropped = [req(p, seed=i, sampling=long) for i, p in enumerate(PROMPTS[3:7])]
+    alone = tokens(engine, [req(r.prompt_token_ids, r.seed, sampling=GREEDY) for r in kept])
+    for request in kept + dropped:
+        engine.submit(request)
+    finished = {g.request_id: g for g in engine.step()}  # (prefills: all still running)
+    engine.abort([r.request_id for r in dropped] + ["never-submitted"])
+    while engine.has_unfinished():
+        finished.update((g.request_id, g) for g in engine.step())
+    assert sorted(finished) == sorted(r.request_id for r in kept)
+    assert [finished[r.request_id].completion_token_ids for r in kept] == alone
+    assert engine.step() == []
+    # An aborted request's id may be used again.
+    (again,) = engine.generate([GenerationRequest(dropped[0].request_id, PROMPTS[3], 0)])
+    assert again.completion_token_ids
 
 
 def test_stop_strings_keep_text_and_tokens_consistent(engine: EngineHandle) -> None:
@@ -496,6 +444,55 @@ def test_config_errors() -> None:
     with pytest.raises(UbError, match="max_tokens"):
         SamplingConfig(max_tokens=0)
     assert SamplingConfig(stop="\n").stop == ("\n",)
+
+
+@pytest.fixture(scope="module")
+def vllm_command_line():
+    """vLLM's own command-line parser of its engine arguments (what ``vllm serve`` parses)."""
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    return EngineArgs.add_cli_args(FlexibleArgumentParser())
+
+
+@pytest.mark.parametrize("preset", preset_names())
+def test_gpu_engine_arguments_are_what_vllm_takes(preset: str, vllm_command_line,
+                                                   tmp_path: Path) -> None:
+    """What each preset's run hands vLLM on a GPU, without a GPU: every keyword is a field of
+    vLLM's ``EngineArgs`` (which ``vllm.LLM`` builds from them), and vLLM's own command line
+    (``ub serve``'s path) parses each value back to the same value of the same type. The GPU
+    choices hold: bfloat16 for ``auto``, vLLM sizes the KV cache from
+    ``gpu_memory_utilization``, sleep mode, chunked prefill and compiled execution left on."""
+    import dataclasses
+
+    from vllm.engine.arg_utils import EngineArgs
+
+    model = tmp_path / "model"  # (a folder: vLLM resolves the name of one that is not)
+    model.mkdir()
+    run = Run(RunPaths(tmp_path / "run"), load_config(preset), str(model))
+    config = run_engine_config(run)
+    kwargs = vllm_engine_args(config, on_cpu=False)
+
+    unknown = set(kwargs) - {field.name for field in dataclasses.fields(EngineArgs)}
+    assert not unknown, f"not vLLM engine arguments: {sorted(unknown)}"
+    engine_args = EngineArgs(**kwargs)
+    parsed = EngineArgs.from_cli_args(vllm_command_line.parse_args(cli_flags(kwargs)))
+    typed = {key: (type(value), value) for key, value in kwargs.items()}
+    assert {key: (type(getattr(parsed, key)), getattr(parsed, key)) for key in kwargs} == typed
+    assert {key: (type(getattr(engine_args, key)), getattr(engine_args, key))
+            for key in kwargs} == typed
+
+    assert kwargs["dtype"] == ("bfloat16" if config.dtype == "auto" else config.dtype)
+    assert kwargs["gpu_memory_utilization"] == run.config.engine.gpu_memory_utilization
+    assert kwargs.get("enable_sleep_mode", False) == run.config.engine.sleep_mode
+    assert kwargs["max_loras"] == run.config.engine.max_loras
+    assert kwargs["max_lora_rank"] == run.config.engine.max_lora_rank
+    # The CPU's workarounds (and LoRA ops) stay on the CPU.
+    assert not {"kv_cache_memory_bytes", "enable_chunked_prefill", "enforce_eager",
+                "max_num_batched_tokens", "worker_extension_cls"} & set(kwargs)
+    assert set(vllm_engine_args(config, on_cpu=True)) - set(kwargs) == {
+        "kv_cache_memory_bytes", "enable_chunked_prefill", "enforce_eager",
+        "max_num_batched_tokens", "worker_extension_cls"}
 
 
 def test_configure_environment_keeps_user_values(

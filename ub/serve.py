@@ -229,8 +229,9 @@ def cli_flags(kwargs: dict[str, Any]) -> list[str]:
 
 
 def _server_main(argv: list[str]) -> None:
-    """``python -m ub.serve ENGINE_JSON SERVER_ARGS...``: vLLM's OpenAI server."""
-    from ub.inference import cpu_lora
+    """``python -m ub.serve ENGINE_JSON SERVER_ARGS...``: vLLM's OpenAI server. (On the CPU
+    the engine arguments carry ub's LoRA ops into the process vLLM spawns to run the model:
+    :mod:`ub.inference.cpu_lora_worker`.)"""
     from ub.inference.noise import quiet_vllm_logging
     from ub.inference.patches import vllm_engine_args
     from ub.inference.types import EngineConfig
@@ -240,10 +241,6 @@ def _server_main(argv: list[str]) -> None:
     from vllm.platforms import current_platform
 
     on_cpu = current_platform.is_cpu()
-    if on_cpu:
-        # ub's CPU LoRA ops (ub.inference.cpu_lora), also in the processes vLLM starts (below).
-        os.environ[_CPU_LORA] = "1"
-        cpu_lora.install()
     from vllm.entrypoints.launchers.api_server.entry import main
 
     sys.argv = ["vllm.entrypoints.openai.api_server",
@@ -251,15 +248,5 @@ def _server_main(argv: list[str]) -> None:
     main()
 
 
-_CPU_LORA = "UB_SERVE_CPU_LORA"
-
 if __name__ == "__main__":
     _server_main(sys.argv[1:])
-elif __name__ == "__mp_main__" and os.environ.get(_CPU_LORA) == "1":
-    # vLLM's CPU build runs the model in processes it *spawns* (its CPU platform forces the
-    # spawn method), and a spawned process first imports its parent's main module under this
-    # name: so the model's process gets the LoRA ops of the in-process engine too (vLLM's own
-    # give base-model requests batched with LoRA requests an adapter's delta).
-    from ub.inference import cpu_lora as _cpu_lora
-
-    _cpu_lora.install()

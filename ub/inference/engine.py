@@ -60,7 +60,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ub.errors import UbError
-from ub.inference import cpu_lora
 from ub.inference.environment import (
     apply_vllm_log_level,
     engine_env_defaults,
@@ -186,8 +185,6 @@ class VLLMEngine:
         on_cpu = current_platform.is_cpu()
         set_env_defaults(engine_env_defaults(on_cpu, cfg.model), replace_ours=False)
         self.can_sleep = cfg.sleep_mode and not on_cpu
-        if on_cpu and cfg.enable_lora:
-            cpu_lora.install()
         kwargs = {**vllm_engine_args(cfg, on_cpu), "use_tqdm_on_load": False}
 
         hint = ""

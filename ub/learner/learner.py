@@ -417,6 +417,7 @@ class Learner(LearnerState):
             seconds=seconds,
             tokens_per_second=metrics["tokens"] / seconds if seconds > 0 else 0.0,
             kernels=self.kernels,
+            liger_kernels=list(self.liger_kernels),
             peak_rss_mb=_peak_rss_mb(),
             **_peak_device_memory(self.device),
         )

@@ -99,7 +99,7 @@ class LearnerModel:
                           f"{' '.join(str(e).split())[:300]}") from e
         self.kernels = resolve_kernels(config.kernels, self.device,
                                        getattr(base.config, "model_type", ""))
-        apply_kernels(self.kernels, base)
+        self.liger_kernels = apply_kernels(self.kernels, base)  # (before PEFT, below)
         base.to(self.device)
         base.config.use_cache = False  # training: no KV cache
         base.requires_grad_(False)

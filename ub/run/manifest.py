@@ -46,7 +46,7 @@ def round_manifest(run: Run, shards: list[ShardResult], metrics: dict[str, Any],
             "update", "loss", "grad_norm", "entropy_mean", "logprob_mean", "tokens",
             "tokens_per_second", "seconds", "clip_fraction", "ratio_mean", "approx_kl",
             "tis_ratio_mean", "tis_ratio_max", "tis_capped_fraction", "kl_to_base", "kernels",
-            "optimizer_steps", "early_stopped", "learning_rate",
+            "liger_kernels", "optimizer_steps", "early_stopped", "learning_rate",
             "micro_batch_tokens", "peak_gpu_gib", "reused", "assemble_seconds")
             if k in metrics},
         "batch": {k: batch[k] for k in ("size", "total_tokens", "truncated", "reward_mean",

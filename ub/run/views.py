@@ -55,7 +55,8 @@ LEARNER_SCHEMA = pa.schema([
     ("early_stopped", pa.bool_()), ("learning_rate", pa.float64()),
     ("tokens", pa.int64()), ("tokens_per_second", pa.float64()),
     ("seconds", pa.float64()), ("micro_batch_tokens", pa.int64()), ("kernels", pa.string()),
-    ("peak_gpu_gib", pa.float64()), ("batch_size", pa.int64()), ("batch_tokens", pa.int64()),
+    ("liger_kernels", pa.list_(pa.string())), ("peak_gpu_gib", pa.float64()),
+    ("batch_size", pa.int64()), ("batch_tokens", pa.int64()),
     ("truncated", pa.int64()), ("reward_mean", pa.float64()), ("advantage_std", pa.float64()),
 ])
 ROUNDS_SCHEMA = pa.schema([
