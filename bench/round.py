@@ -35,10 +35,10 @@ def main() -> None:
     args = parser.parse_args()
 
     root = Path(args.root or tempfile.mkdtemp(prefix="ub-bench-round-"))
-    from flows.prefect_env import configure_prefect
+    from ub.flows.prefect_env import configure_prefect
 
     configure_prefect(root / ".prefect")
-    from flows.selfplay import selfplay
+    from ub.flows.selfplay import selfplay
     from ub.run.layout import RunPaths, read_json
 
     started = time.perf_counter()

@@ -197,7 +197,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="ub-bench-scale-"))
     report: dict = {"cluster_cpus": args.cpus, "root": str(root)}
     if args.part in ("rollout", "all"):
-        from flows.prefect_env import configure_prefect
+        from ub.flows.prefect_env import configure_prefect
 
         configure_prefect(root / ".prefect")
         with ray_head(args.cpus) as address:

@@ -135,7 +135,7 @@ def main() -> None:
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     started = time.perf_counter()
     child = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "train", str(config_file), "--run", "soak",
+        [sys.executable, "-m", "ub.flows.cli", "train", str(config_file), "--run", "soak",
          "--root", str(root), "--quiet"], env=env, stdout=subprocess.DEVNULL,
         stderr=open(root / "soak.stderr", "w"))  # noqa: SIM115 (lives as long as the child)
     paths = RunPaths.of(root, "soak")

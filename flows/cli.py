@@ -1,7 +1,7 @@
-"""The ``ub`` command (``[project.scripts]``; ``python -m flows.cli`` runs the same).
+"""The ``ub`` command (``[project.scripts]``; ``python -m ub.flows.cli`` runs the same).
 
 The application composes the library's commands (:mod:`ub.cli`, one module per command) with
-the commands that run Prefect flows (``ub train``, :mod:`flows.train_command`). It lives with the
+the commands that run Prefect flows (``ub train``, :mod:`ub.flows.train_command`). It lives with the
 flows because it is the one place that may import both: the library ``ub`` imports nothing of
 ``flows`` or ``tasks`` (docs/architecture.md). Nothing here imports Prefect, vLLM or torch:
 ``ub --help`` and argument errors are instant.
@@ -14,7 +14,6 @@ import os
 import sys
 from collections.abc import Sequence
 
-from flows import train_command
 from ub.cli import (
     batch,
     config,
@@ -31,6 +30,7 @@ from ub.cli import (
     sql,
 )
 from ub.cli.parser import build_parser, run
+from ub.flows import train_command
 
 # In the order `ub --help` lists them.
 COMMANDS = (model, play, sql, batch, learn, train_command, sft, evaluate, serve, dashboard,

@@ -13,11 +13,9 @@ from prefect import flow
 from prefect.artifacts import create_table_artifact
 from pydantic import BaseModel
 
-from flows.prefect_logs import ub_logs_to_prefect
-from tasks import evaluate
-from tasks.track import artifact_key
 from ub.errors import UbError
 from ub.evaluation import EvalRow
+from ub.flows.prefect_logs import ub_logs_to_prefect
 from ub.learner.checkpoint import latest_checkpoint
 from ub.run.base_model import resolve_base_model
 from ub.run.layout import RunPaths, checkpoint_name
@@ -25,6 +23,8 @@ from ub.run.lock import RunLock
 from ub.run.logs import run_logs
 from ub.run.rounds import Run, resolve_run_config
 from ub.run.store import fetch_checkpoint, sync
+from ub.tasks import evaluate
+from ub.tasks.track import artifact_key
 
 log = logging.getLogger("ub.flow")
 

@@ -5,7 +5,7 @@ round's decisions into the next checkpoint, evaluation measures it against fixed
 due, ratings absorb the round's games, and the round manifest commits it. Starting the flow again
 on the same run continues after the last committed round.
 
-On a Ray cluster the same tasks run through prefect-ray (:mod:`flows.ray_runner`); the steps
+On a Ray cluster the same tasks run through prefect-ray (:mod:`ub.flows.ray_runner`); the steps
 themselves are the library's (:mod:`ub.run.rounds` names their modules; through :mod:`tasks`).
 """
 
@@ -21,19 +21,8 @@ from typing import Any
 
 from prefect import flow
 
-from flows.prefect_logs import ub_logs_to_prefect
-from flows.ray_runner import cluster_tasks
-from tasks import (
-    commit,
-    evaluate,
-    learn,
-    plan,
-    rate,
-    report,
-    rollout,
-    start_checkpoint,
-    track,
-)
+from ub.flows.prefect_logs import ub_logs_to_prefect
+from ub.flows.ray_runner import cluster_tasks
 from ub.run.base_model import resolve_base_model
 from ub.run.evaluate import eval_due
 from ub.run.layout import RunPaths, remove_orphans
@@ -46,6 +35,17 @@ from ub.run.progress import Progress
 from ub.run.rounds import Run, save_run_config
 from ub.run.store import publish, sync
 from ub.run.tracking import finish_wandb, wandb_run_id
+from ub.tasks import (
+    commit,
+    evaluate,
+    learn,
+    plan,
+    rate,
+    report,
+    rollout,
+    start_checkpoint,
+    track,
+)
 
 log = logging.getLogger("ub.flow")
 

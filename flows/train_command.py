@@ -1,7 +1,7 @@
-"""``ub train``: refuse in a second what would fail, then run the :func:`~flows.selfplay.selfplay`
-flow on a Prefect server tied to this process.
+"""``ub train``: refuse in a second what would fail, then run the
+:func:`~ub.flows.selfplay.selfplay` flow on a Prefect server tied to this process.
 
-It is the one command that runs a flow, so it lives with the flows; :mod:`flows.cli` adds it to
+It is the one command that runs a flow, so it lives with the flows; :mod:`ub.flows.cli` adds it to
 the library's commands (:mod:`ub.cli`).
 """
 
@@ -46,7 +46,7 @@ def add_parser(sub) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from flows.prefect_env import configure_prefect
+    from ub.flows.prefect_env import configure_prefect
     from ub.run.config import config_run_name
     from ub.run.layout import RunPaths
     from ub.run.preflight import preflight
@@ -64,10 +64,10 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     configure_prefect((start.paths.root.parent if start.paths.store else Path(args.root))
                       / ".prefect")
-    from flows.prefect_env import start_tied_server
+    from ub.flows.prefect_env import start_tied_server
 
     start_tied_server()  # dies with this process, even by SIGKILL
-    from flows.selfplay import preflighted, selfplay  # (Prefect imports after configure_prefect)
+    from ub.flows.selfplay import preflighted, selfplay  # (Prefect imports after configure_prefect)
 
     with preflighted(start):  # the flow takes this preflight's config: resolved once
         selfplay(run_name=name, config=args.config, root=str(args.root), rounds=args.rounds,

@@ -8,14 +8,14 @@ no tags on purpose: Prefect checks tag concurrency limits with a server round tr
 (~1 s each on a busy 2-core machine, a fifth of a tiny-cpu round).
 """
 
-from tasks.commit import commit
-from tasks.evaluate import evaluate
-from tasks.learn import learn, start_checkpoint
-from tasks.plan import plan
-from tasks.rate import rate
-from tasks.report import report
-from tasks.rollout import rollout
-from tasks.track import track
+from ub.tasks.commit import commit
+from ub.tasks.evaluate import evaluate
+from ub.tasks.learn import learn, start_checkpoint
+from ub.tasks.plan import plan
+from ub.tasks.rate import rate
+from ub.tasks.report import report
+from ub.tasks.rollout import rollout
+from ub.tasks.track import track
 
 __all__ = ["commit", "evaluate", "learn", "plan", "rate", "report", "rollout",
            "start_checkpoint", "track"]

@@ -8,9 +8,9 @@ from prefect import task
 from prefect.artifacts import create_link_artifact
 from prefect.cache_policies import NONE
 
-from tasks.track import artifact_key
 from ub.errors import UbError
 from ub.run.rounds import Run
+from ub.tasks.track import artifact_key
 
 log = logging.getLogger("ub.flow")
 

@@ -1,8 +1,10 @@
 """The layers import downwards only (docs/architecture.md): the library ``ub`` imports nothing of
-the Prefect tasks (``tasks``), the flows (``flows``) or Prefect itself, and the tasks nothing of
-the flows. Inside ``ub``: only the commands import the command line (``ub.cli``), no import
-cycle, and no import from a layer to one above it, as the table "Layers inside ``ub/``" of
-docs/architecture.md orders them (this test reads it there).
+the Prefect tasks (``ub.tasks``, the folder ``tasks/``), the flows (``ub.flows``, the folder
+``flows/``) or Prefect itself, and the tasks nothing of the flows. Nothing imports ``tasks`` or
+``flows`` as top-level names: they install under ub's own name only. Inside the library: only the
+commands import the command line (``ub.cli``), no import cycle, and no import from a layer to one
+above it, as the table "Layers inside ``ub/``" of docs/architecture.md orders them (this test
+reads it there).
 
 Every import counts, at any depth: inside functions and under ``if TYPE_CHECKING:`` too. A
 function-level import still makes the importer depend on the module it names (it runs whenever
@@ -21,8 +23,29 @@ ROOT = Path(__file__).resolve().parent.parent
 ARCHITECTURE = ROOT / "docs" / "architecture.md"
 LAYER_TABLE = "## Layers inside `ub/`"
 
-# Each layer and what it must not import: the layers above it (and, for the library, Prefect).
-FORBIDDEN = {"ub": ("tasks", "flows", "prefect", "prefect_ray"), "tasks": ("flows",)}
+# The folders tasks/ and flows/ are the packages ub.tasks and ub.flows through these links in ub/
+# (pyproject.toml: the wheel and the editable install hold the package `ub` alone).
+LINKED = {"tasks": ROOT / "ub" / "tasks", "flows": ROOT / "ub" / "flows"}
+
+# Each layer (a folder) and what it must not import: the layers above it (and, for the library,
+# Prefect). Nothing anywhere imports the top-level names `tasks` or `flows`: none is installed.
+FORBIDDEN = {"ub": ("ub.tasks", "ub.flows", "prefect", "prefect_ray"), "tasks": ("ub.flows",)}
+TOP_LEVEL = ("tasks", "flows")
+
+
+def python_files(folder: Path) -> list[Path]:
+    """The ``.py`` files under ``folder``; under ``ub/``, those of the library alone (not the
+    linked tasks/ and flows/, which are layers of their own)."""
+    return sorted(path for path in folder.rglob("*.py")
+                  if not any(path.is_relative_to(link) for link in LINKED.values()))
+
+
+def test_tasks_and_flows_are_linked_into_ub():
+    for name, link in LINKED.items():
+        assert link.is_symlink() and link.resolve() == ROOT / name, (
+            f"{link.relative_to(ROOT)} must be a link to ../{name} (a checkout without symlinks "
+            f"cannot import ub.{name})")
+        assert (link / "__init__.py").is_file()
 
 
 def _dynamic_import(node: ast.AST) -> str | None:
@@ -48,23 +71,45 @@ def imported_modules(path: Path) -> list[tuple[int, str]]:
     return found
 
 
+def names(module: str, prefixes: tuple[str, ...]) -> bool:
+    """Whether ``module`` is one of ``prefixes`` or inside one."""
+    return any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes)
+
+
 @pytest.mark.parametrize("layer", sorted(FORBIDDEN))
 def test_a_layer_imports_nothing_above_it(layer):
-    files = sorted((ROOT / layer).rglob("*.py"))
+    files = python_files(ROOT / layer)
     assert files, f"no Python files under {layer}/"
     offending = [f"{path.relative_to(ROOT)}:{line} imports {module}"
                  for path in files for line, module in imported_modules(path)
-                 if module.split(".")[0] in FORBIDDEN[layer]]
+                 if names(module, FORBIDDEN[layer])]
+    assert not offending, "\n".join(offending)
+
+
+@pytest.mark.parametrize("folder", ["ub", "tasks", "flows", "tests", "bench", "scripts"])
+def test_nothing_imports_tasks_or_flows_as_top_level_names(folder):
+    files = python_files(ROOT / folder)
+    assert files, f"no Python files under {folder}/"
+    offending = [f"{path.relative_to(ROOT)}:{line} imports {module} (installed as ub.{module})"
+                 for path in files for line, module in imported_modules(path)
+                 if names(module, TOP_LEVEL)]
+    offending += [f"{path.relative_to(ROOT)}: runs python -m {name}"
+                  for path in files for name in TOP_LEVEL
+                  if re.search(rf"""["' ]-m["', ]+{name}\.""", path.read_text())]
     assert not offending, "\n".join(offending)
 
 
 def test_the_check_sees_every_kind_of_import(tmp_path):
     source = tmp_path / "m.py"
-    source.write_text("import flows.selfplay\nfrom tasks import plan\nfrom . import sibling\n"
+    source.write_text("import ub.flows.selfplay\nfrom ub.tasks import plan\nfrom . import sib\n"
                       "def f():\n    from flows.cli import main\n"
-                      "    importlib.import_module('tasks.rate')\n")
-    assert [m for _, m in imported_modules(source)] == [
-        "flows.selfplay", "tasks", "flows.cli", "tasks.rate"]
+                      "    importlib.import_module('ub.tasks.rate')\n")
+    found = [m for _, m in imported_modules(source)]
+    assert found == ["ub.flows.selfplay", "ub.tasks", "flows.cli", "ub.tasks.rate"]
+    assert [m for m in found if names(m, FORBIDDEN["ub"])] == [
+        "ub.flows.selfplay", "ub.tasks", "ub.tasks.rate"]
+    assert [m for m in found if names(m, TOP_LEVEL)] == ["flows.cli"]
+    assert not names("ub.tasksmith", FORBIDDEN["ub"])
 
 
 # --- inside ub: the import graph ----------------------------------------------------------------
@@ -77,7 +122,7 @@ def modules_of(root: Path, package: str = "ub") -> dict[str, Path]:
     """Every module of ``package`` under ``root`` by dotted name (a package's ``__init__`` is the
     package's own name)."""
     found = {}
-    for path in sorted((root / package).rglob("*.py")):
+    for path in python_files(root / package):
         parts = path.relative_to(root).with_suffix("").parts
         found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return found

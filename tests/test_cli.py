@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import main
+from ub.flows.cli import main
 
 
 def run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -375,7 +375,7 @@ def test_a_refused_command_leaves_the_disk_as_it_found_it(capsys, tmp_path, monk
 
 
 def test_the_installed_command_prints_everything_and_exits_with_its_code(capsys, tmp_path):
-    """The console script skips the interpreter's teardown (``flows.cli.entry`` ends in
+    """The console script skips the interpreter's teardown (``ub.flows.cli.entry`` ends in
     ``os._exit``): its piped output, still in Python's buffer when the command returns, is
     whole, and its exit code is the command's, 0 or 2."""
     ub = str(Path(sys.executable).parent / "ub")

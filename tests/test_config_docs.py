@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from flows.cli import main
 from ub.errors import UbError
+from ub.flows.cli import main
 from ub.run.config import load_config, load_yaml, preset_names, validate_config
 from ub.run.config_docs import DOC, REGENERATE, load_any, markdown, sections, show
 

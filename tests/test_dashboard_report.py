@@ -34,7 +34,7 @@ CONFIG = {
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory, tiny_model) -> Path:
 
-    from flows.selfplay import selfplay
+    from ub.flows.selfplay import selfplay
 
     folder = tmp_path_factory.mktemp("dash")
     config = folder / "dash.yaml"
@@ -151,7 +151,7 @@ def test_a_collapsing_env_is_flagged_with_its_numbers(run_dir, tmp_path, capsys)
 
 
 def test_dashboard_once_prints_every_panel(run_dir, capsys):
-    from flows.cli import main
+    from ub.flows.cli import main
 
     assert main(["dashboard", str(run_dir), "--once"]) == 0
     out = capsys.readouterr().out
@@ -164,7 +164,7 @@ def test_dashboard_once_prints_every_panel(run_dir, capsys):
 def test_dashboard_in_a_real_terminal_refreshes_and_quits_on_q(run_dir):
     session = f"ubdash{time.monotonic_ns()}"
     # The test process may export COLUMNS/LINES for its own output; the pane has its own size.
-    command = (f"env -u COLUMNS -u LINES {sys.executable} -m flows.cli dashboard {run_dir} "
+    command = (f"env -u COLUMNS -u LINES {sys.executable} -m ub.flows.cli dashboard {run_dir} "
                "--refresh 0.5")
     subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "120", "-y", "60",
                     command], check=True)
@@ -192,7 +192,7 @@ def test_dashboard_in_a_real_terminal_refreshes_and_quits_on_q(run_dir):
 def test_report_writes_real_plots_and_one_page(run_dir, tmp_path, capsys):
     import matplotlib.image
 
-    from flows.cli import main
+    from ub.flows.cli import main
 
     out = tmp_path / "report"
     assert main(["report", str(run_dir), "--out", str(out)]) == 0
@@ -248,7 +248,7 @@ def test_report_plots_put_each_quantity_on_its_own_labelled_axis(run_dir, tmp_pa
 
 
 def test_bad_runs_are_clear(run_dir, tmp_path, capsys):
-    from flows.cli import main
+    from ub.flows.cli import main
 
     with pytest.raises(UbError, match="is not a ub run"):
         gather(tmp_path)
@@ -287,7 +287,7 @@ def test_a_run_driven_elsewhere_shows_its_phase_from_its_logs(run_dir, tmp_path)
     fresh lines in RUN/logs/ say it runs, and which step it is in."""
     from datetime import datetime, timedelta
 
-    from flows.cli import main
+    from ub.flows.cli import main
 
     copy = tmp_path / "deployed"
     shutil.copytree(run_dir, copy)

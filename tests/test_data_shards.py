@@ -263,8 +263,8 @@ def test_schema_versions_1_and_2_are_read_newer_refused(tmp_path, versioned_root
 def test_old_and_mixed_runs_show_env_reward_in_ub_sql(versioned_roots, capsys):
     """``ub sql`` (a data folder, a run in a store) and ub's views show schema 1's
     ``final_reward`` as ``env_reward``, the same rows as a run written by this ub."""
-    from flows.cli import main
     from ub.data.sql import table_dataset
+    from ub.flows.cli import main
 
     everything = "SELECT * FROM steps ORDER BY round, game_id, turn"
     expected = query(versioned_roots["v2"], everything)
@@ -329,7 +329,7 @@ def test_doctor_names_the_schema_versions_of_a_runs_rounds(versioned_roots, tmp_
     import json
     import shutil
 
-    from flows.cli import main
+    from ub.flows.cli import main
     from ub.run.doctor import examine
 
     run = tmp_path / "run"

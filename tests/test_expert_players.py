@@ -153,7 +153,7 @@ def test_kuhn_expert_plays_real_games_legally():
 
 
 def test_expert_refuses_games_it_cannot_play(tmp_path, capsys):
-    from flows.cli import main
+    from ub.flows.cli import main
     from ub.run.config import validate_config
 
     assert main(["play", "--env", "SimpleTak-v0-train", "--players", "expert,random",

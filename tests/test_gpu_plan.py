@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.cli import main
+from ub.flows.cli import main
 from ub.learner.testing import QWEN3_SHAPES, QWEN3_VOCAB
 from ub.run.config import load_config
 from ub.run.gpu_plan import ENGINE_ALONE_UTILIZATION, GIB, ModelShape, plan_gpus

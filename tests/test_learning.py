@@ -52,7 +52,7 @@ def run(tiny_model, tmp_path_factory) -> RunPaths:
     """A short real run of CONFIG, evaluated at checkpoints 0 and ROUNDS."""
     import yaml
 
-    from flows.selfplay import selfplay
+    from ub.flows.selfplay import selfplay
 
     root = tmp_path_factory.mktemp("learning")
     config = root / "learning.yaml"

@@ -56,7 +56,7 @@ def run(tiny_model, tmp_path_factory) -> RunPaths:
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), env.get("PYTHONPATH")) if p)
     done = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "train", str(config), "--run", "own",
+        [sys.executable, "-m", "ub.flows.cli", "train", str(config), "--run", "own",
          "--root", str(root), "--quiet"], env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-3000:]
     return RunPaths.of(root, "own")

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from flows.cli import main
 from ub.errors import UbError
+from ub.flows.cli import main
 from ub.inference.validation import validate_adapter_dir
 from ub.learner import Learner, LearnerConfig
 from ub.learner.base_identity import resolve_checkpoint_base

@@ -139,7 +139,7 @@ def test_a_deployment_run_with_a_bad_setting_fails_at_its_start_in_ub_trains_lin
     this setting, it wrote the run folder (checkpoint 0, logs, ub-run.json: 20 paths) and
     failed inside vLLM's engine start, twice; now it fails at its start with the one line
     `ub train` prints, and the runs folder is never made."""
-    from flows.cli import main
+    from ub.flows.cli import main
 
     api, env, _ = server
     runs, bad = tmp_path / "runs", "engine.max_model_len=100000"

@@ -105,7 +105,7 @@ def test_a_gpu_run_whose_plan_cannot_fit_is_refused_with_the_dry_runs_line(
     """On a GPU too small for it (a fake 8 GiB card: this machine's GPU, as the preflight
     reads it) the qwen3 preset is refused at the start with the line `ub train --dry-run
     --gpu-memory 8` ends with; on an 80 GiB one it starts; on the CPU it has no GPU plan."""
-    from flows.cli import main
+    from ub.flows.cli import main
 
     model = tmp_path / "Qwen3-1.7B"
     model.mkdir()
@@ -174,6 +174,6 @@ def test_the_flow_pickles_as_prefect_ray_ships_it():
     the flow's body (a ContextVar there failed every `ub train --ray` run)."""
     import cloudpickle
 
-    from flows.selfplay import selfplay
+    from ub.flows.selfplay import selfplay
 
     assert cloudpickle.loads(cloudpickle.dumps(selfplay)).name == "selfplay"

@@ -23,7 +23,7 @@ import pytest
 from processes import as_from_a_terminal, descendants
 from servers import free_port
 
-from flows.cli import main
+from ub.flows.cli import main
 from ub.run.layout import RunPaths
 
 RUN = "srv"
@@ -100,7 +100,7 @@ class Served:
         self.port = free_port()
         self.log = log.open("w")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "flows.cli", "serve", RUN, "--root", str(paths.root.parent),
+            [sys.executable, "-m", "ub.flows.cli", "serve", RUN, "--root", str(paths.root.parent),
              "--port", str(self.port), *args],
             stdout=subprocess.PIPE, stderr=self.log, text=True, env=_user_env(),
             preexec_fn=as_from_a_terminal)

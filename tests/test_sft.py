@@ -96,7 +96,7 @@ def test_an_empty_selection_or_bad_sql_is_a_clear_error_and_writes_nothing(
 
 
 def test_cli_sft(shards, tmp_path, capsys):
-    from flows.cli import main
+    from ub.flows.cli import main
 
     out = tmp_path / "warm"
     assert main(["sft", "--shards", str(shards), "--out", str(out), "--batch-size", "32",

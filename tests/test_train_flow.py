@@ -57,7 +57,7 @@ def config_file(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def reference_run(prefect_api, config_file, tiny_model, tmp_path_factory) -> RunPaths:
     """An uninterrupted 2-round run, in this process."""
-    from flows.selfplay import selfplay
+    from ub.flows.selfplay import selfplay
 
     root = tmp_path_factory.mktemp("runs")
     summary = selfplay(run_name="ref", config=str(config_file), root=str(root), quiet=True)
@@ -213,7 +213,7 @@ def test_evaluate_run_returns_and_logs_its_result(reference_run, prefect_api):
     from prefect.client.orchestration import get_client
     from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
 
-    from flows.evaluate import CheckpointEvaluation, evaluate_run
+    from ub.flows.evaluate import CheckpointEvaluation, evaluate_run
 
     state = evaluate_run(run_name="ref", root=str(reference_run.root.parent), checkpoint=2,
                          return_state=True)
@@ -239,7 +239,7 @@ def test_evaluate_run_returns_and_logs_its_result(reference_run, prefect_api):
 
 
 def test_rerun_changes_nothing_and_more_rounds_extend(reference_run, config_file, tmp_path):
-    from flows.selfplay import selfplay
+    from ub.flows.selfplay import selfplay
 
     paths = reference_run
 
@@ -265,8 +265,8 @@ def test_the_flow_takes_ub_trains_preflight_and_resolves_the_config_once(referen
     """`ub train` hands its preflight to the flow (issue 44): the flow runs on that config
     and makes no preflight of its own, which would refuse the config file it is named here
     (none); without the handover it does."""
-    from flows.selfplay import preflighted, selfplay
     from ub.errors import UbError
+    from ub.flows.selfplay import preflighted, selfplay
     from ub.run.preflight import RunRequest, preflight
 
     root, missing = str(reference_run.root.parent), str(tmp_path / "no-such.yaml")
@@ -279,7 +279,7 @@ def test_the_flow_takes_ub_trains_preflight_and_resolves_the_config_once(referen
 
 
 def test_ub_eval_adds_an_unrated_shard_once_and_leaves_the_run_alone(reference_run, capsys):
-    from flows.cli import main
+    from ub.flows.cli import main
 
     paths = reference_run
     ratings = paths.ratings(1).read_text()
@@ -309,8 +309,8 @@ SQL_DOC = Path(__file__).resolve().parents[1] / "docs" / "sql.md"
 def test_documented_queries_and_run_views_describe_the_run(reference_run, capsys):
     import re
 
-    from flows.cli import main
     from ub.data.sql import query
+    from ub.flows.cli import main
     from ub.run.views import RunViews
 
     root = reference_run.root
@@ -342,7 +342,7 @@ def test_documented_queries_and_run_views_describe_the_run(reference_run, capsys
 
 
 def test_a_corrupt_metrics_file_is_skipped_with_a_warning(reference_run, tmp_path, capsys):
-    from flows.cli import main
+    from ub.flows.cli import main
 
     copy = tmp_path / "ref"
     shutil.copytree(reference_run.root, copy)
@@ -445,8 +445,8 @@ def test_another_config_on_an_existing_run_is_refused(reference_run, tmp_path):
 def test_keep_run_config_continues_a_run_whatever_config_is_passed(reference_run, config_file):
     """The nightly deployment passes its config every night: with keep_run_config an existing
     run goes on with its own, as `ub train --resume` does."""
-    from flows.selfplay import selfplay
     from ub.errors import UbError
+    from ub.flows.selfplay import selfplay
 
     root = str(reference_run.root.parent)
     with pytest.raises(UbError, match="another config: seed"):
@@ -493,8 +493,8 @@ def test_pipelined_rounds_play_the_previous_checkpoint(prefect_api, config_file,
                                                         capsys):
     """max_staleness 1: round r+1 is played by checkpoint r while the learner makes r+1, and
     the importance weights see the older behaviour policy."""
-    from flows.cli import main
-    from flows.selfplay import selfplay
+    from ub.flows.cli import main
+    from ub.flows.selfplay import selfplay
 
     selfplay(run_name="piped", config=str(config_file), root=str(tmp_path), quiet=True,
              overrides=["pipeline.max_staleness=1", "learner.algorithm=ppo", "eval.every=0",
@@ -570,7 +570,7 @@ def test_every_execution_setting_is_free_and_every_other_is_locked():
 @pytest.fixture(scope="module")
 def first_round_run(prefect_api, config_file, tiny_model, tmp_path_factory) -> RunPaths:
     """The reference config stopped after its first round (the run a resume continues)."""
-    from flows.selfplay import selfplay
+    from ub.flows.selfplay import selfplay
 
     root = tmp_path_factory.mktemp("first")
     selfplay(run_name="ref", config=str(config_file), root=str(root), rounds=1, quiet=True)
@@ -608,7 +608,7 @@ def test_a_runs_result_depends_on_its_seed_not_its_name(first_round_run, config_
     never by its id, which begins with the run's name. A seed study reproduces the demo."""
     import torch
 
-    from flows.selfplay import selfplay
+    from ub.flows.selfplay import selfplay
 
     selfplay(run_name="another-name", config=str(config_file), root=str(tmp_path), rounds=1,
              quiet=True)
@@ -637,7 +637,7 @@ def test_a_run_resumes_with_other_execution_settings_and_computes_the_same(
     engine share; a one-GPU run moves to a Ray node: none of these are refused, and the
     resumed run's second round is the uninterrupted run's. Every free key of a section changes
     at once (one resume per section: each resume is a real one-round run)."""
-    from flows.selfplay import selfplay
+    from ub.flows.selfplay import selfplay
 
     copy = RunPaths.of(tmp_path, "ref")
     shutil.copytree(first_round_run.root, copy.root)
@@ -660,7 +660,7 @@ def test_a_round_left_unfinished_keeps_its_shards_when_resumed_with_others(
     """A process committed round 1's first shard and died; the run resumes with 3 shards a
     round: round 1 is finished in the one shard it started with (no game played twice or
     never), the next round would be split in 3."""
-    from flows.selfplay import selfplay
+    from ub.flows.selfplay import selfplay
     from ub.run.base_model import resolve_base_model
     from ub.run.plan import plan_round, round_shards
     from ub.run.play import rollout_shard

@@ -115,7 +115,7 @@ def _raise_stop(signum: int, _frame: Any) -> None:
 
 def _tie_to_parent() -> Any:
     """A ``preexec_fn`` that makes the kernel send the child SIGTERM when this process dies
-    (as ``ub train`` ties its Prefect server: :func:`flows.prefect_env.start_tied_server`).
+    (as ``ub train`` ties its Prefect server: :func:`ub.flows.prefect_env.start_tied_server`).
     Linux only; elsewhere ``None``."""
     if not sys.platform.startswith("linux"):
         return None

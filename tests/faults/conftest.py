@@ -30,7 +30,7 @@ def fault_config(tmp_path_factory) -> Path:
 @pytest.fixture(scope="package")
 def reference(prefect_api, fault_config, tiny_model, tmp_path_factory) -> tuple[Path, Counter]:
     """The uninterrupted run ``run`` and how often it reached each fault point."""
-    from flows.selfplay import selfplay
+    from ub.flows.selfplay import selfplay
 
     root = tmp_path_factory.mktemp("reference")
     census = root / "census.txt"

@@ -55,7 +55,7 @@ def train(config: Path, root: Path | str, api_url: str, *, name: str = "run",
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("UB_FAULT")}
     child_env.update({"PREFECT_API_URL": api_url, **(env or {})})
     return subprocess.run(
-        [sys.executable, "-m", "flows.cli", "train", str(config), "--run", name,
+        [sys.executable, "-m", "ub.flows.cli", "train", str(config), "--run", name,
          "--root", str(root), "--quiet"],
         env=child_env, capture_output=True, text=True, timeout=900)
 

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from faults.runs import differences, train
-from flows.cli import main
+from ub.flows.cli import main
 from ub.run.layout import check_run_format
 
 

@@ -13,8 +13,9 @@ from ub.data.sql import query
 def test_an_env_raising_mid_game_errors_only_that_game(tmp_path, ledger):
     env = {**os.environ, "UB_FAULT_AT": "env.step:9:raise"}
     done = subprocess.run(
-        [sys.executable, "-m", "flows.cli", "play", "--env", "TicTacToe-v0-train", "--games", "6",
-         "--players", "random,random", "--concurrency", "6", "--out", str(tmp_path)],
+        [sys.executable, "-m", "ub.flows.cli", "play", "--env", "TicTacToe-v0-train",
+         "--games", "6", "--players", "random,random", "--concurrency", "6",
+         "--out", str(tmp_path)],
         env=env, capture_output=True, text=True, timeout=300)
     ledger["faults injected"] += 1
     assert done.returncode == 0, done.stderr[-2000:]

@@ -47,7 +47,7 @@ def test_sigkill_of_train_leaves_no_process(tmp_path):
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("PREFECT_API_URL", "PREFECT_HOME", "UB_FAULT"))}
     train = subprocess.Popen(
-        [sys.executable, "-m", "flows.cli", "train", "--run", "doomed", "--root",
+        [sys.executable, "-m", "ub.flows.cli", "train", "--run", "doomed", "--root",
          str(tmp_path / "runs"), "--quiet", "--set", "rollout.games_per_round=4"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
     try:

@@ -153,7 +153,7 @@ def test_an_unreachable_ray_address_is_a_clear_error(prefect_api, tiny_model, tm
 
 
 def test_the_nightly_eval_of_a_ray_run_needs_no_cluster(one_process, tmp_path):
-    from flows.evaluate import evaluate_run
+    from ub.flows.evaluate import evaluate_run
 
     run = tmp_path / "run"
     shutil.copytree(one_process, run)

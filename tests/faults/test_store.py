@@ -43,9 +43,9 @@ def test_a_run_in_a_store_resumes_on_another_machine_and_loses_nothing(
     # ... and `ub sql` reads it in place.
     sql = ("SELECT (SELECT count(*) FROM steps) AS steps, (SELECT count(*) FROM eval_games) "
            "AS eval_games, (SELECT max(round) FROM ratings) AS rated")
-    out = subprocess.run([sys.executable, "-m", "flows.cli", "sql", f"{store}/run", sql,
+    out = subprocess.run([sys.executable, "-m", "ub.flows.cli", "sql", f"{store}/run", sql,
                           "--format", "csv"], capture_output=True, text=True, timeout=120)
-    local = subprocess.run([sys.executable, "-m", "flows.cli", "sql", str(ref), sql,
+    local = subprocess.run([sys.executable, "-m", "ub.flows.cli", "sql", str(ref), sql,
                             "--format", "csv"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout == local.stdout and out.stdout.splitlines()[1].endswith(",1")

@@ -1,7 +1,7 @@
 """The library's commands of the ``ub`` command line, one module per command.
 
 Each command module has ``add_parser(sub)``, which adds the command's subparser to the
-subparsers ``sub`` and sets its ``func``. The ``ub`` command itself (:mod:`flows.cli`) composes
+subparsers ``sub`` and sets its ``func``. The ``ub`` command itself (:mod:`ub.flows.cli`) composes
 these with the commands that run Prefect flows (``ub train``), which live with the flows: the
 library imports nothing of the orchestration (docs/architecture.md).
 
