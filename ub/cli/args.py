@@ -8,7 +8,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from ub.data.atomic import check_can_create  # noqa: F401 (the commands' output check)
 from ub.errors import UbError
 from ub.numbers import NumberError, first_non_finite, parse_float, parse_int, parse_port
 

@@ -10,11 +10,11 @@ from ub.cli.args import (
     add_batch_options,
     add_checkpoint_io,
     add_learner_options,
-    check_can_create,
     yaml_document,
     yaml_section,
 )
 from ub.cli.batch import batch_config
+from ub.data.atomic import check_can_create
 from ub.errors import UbError
 
 

@@ -7,8 +7,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ub.cli.args import check_can_create, whole_number
+from ub.cli.args import whole_number
 from ub.cli.parser import Parser
+from ub.data.atomic import check_can_create
 from ub.errors import UbError
 
 

@@ -6,13 +6,13 @@ import argparse
 from pathlib import Path
 
 from ub.cli.args import (
-    check_can_create,
     game_count,
     non_negative_float,
     positive_int,
     round_number,
     whole_number,
 )
+from ub.data.atomic import check_can_create
 from ub.errors import UbError
 
 

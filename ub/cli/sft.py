@@ -9,11 +9,11 @@ from ub.cli.args import (
     add_batch_options,
     add_checkpoint_io,
     add_learner_options,
-    check_can_create,
     positive_int,
     yaml_section,
 )
 from ub.cli.learn import learner_config
+from ub.data.atomic import check_can_create
 from ub.errors import UbError
 
 
