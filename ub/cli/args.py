@@ -36,6 +36,11 @@ def int_at_least(minimum: int, maximum: int | None = None) -> Callable[[str], in
 
 
 whole_number = argument_type(parse_int, "int")
+positive_int = int_at_least(1)
+non_negative_int = int_at_least(0)
+port_number = argument_type(parse_port, "port")
+non_negative_float = argument_type(lambda text: parse_float(text, 0), "float")
+wait_seconds = argument_type(lambda text: parse_float(text, 0, MAX_WAIT_S), "seconds")
 
 
 class HelpWhenPrinted(str):
@@ -51,11 +56,6 @@ class HelpWhenPrinted(str):
 
     def __mod__(self, params: object) -> str:  # argparse fills in %(default)s and the like
         return self.make() % params
-positive_int = int_at_least(1)
-non_negative_int = int_at_least(0)
-port_number = argument_type(parse_port, "port")
-non_negative_float = argument_type(lambda text: parse_float(text, 0), "float")
-wait_seconds = argument_type(lambda text: parse_float(text, 0, MAX_WAIT_S), "seconds")
 
 
 def round_number(minimum: int = 0) -> Callable[[str], int]:
