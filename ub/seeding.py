@@ -14,3 +14,7 @@ def derive_seed(*parts: object) -> int:
     """A stable 63-bit seed from ``parts``, e.g. ``derive_seed(run_seed, round, game, "env")``."""
     text = "/".join(str(p) for p in parts).encode()
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big") >> 1
+
+
+DEFAULT_SEED = 0
+"""The run's seed when a config gives none (``seed``); the learner's too (``learner.seed``)."""

@@ -1,35 +1,28 @@
-"""The sections of a training config that the packages below :mod:`ub.run` take their settings
-from: ``batch``, ``learner``, ``opponents``, ``rating``, and ``sampling`` (the learner's
-defaults); and the run's default seed (the learner's too).
-
-Typed, documented pydantic models: each field's type, default and one line of meaning live here
-and nowhere else. The code that uses them keeps its own plain dataclasses
-(:class:`ub.batch.BatchConfig`, :class:`ub.learner.LearnerConfig`,
-:class:`ub.pool.OpponentConfig`, :class:`ub.pool.RatingConfig`), whose defaults are read from
-these models (:func:`default_of`), and whose ``validate()`` checks the values (ranges, registered
-names) with one clear line per problem, for ``ub batch`` / ``ub learn`` and ``ub train`` alike.
-"""
+"""The settings sections not yet declared in the package that uses them (being moved there:
+:mod:`ub.settings` has the base and the rules)."""
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import logging
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    ValidationError,
-    model_serializer,
-    model_validator,
-)
+from pydantic import BaseModel, Field, ValidationError, model_serializer, model_validator
 
 from ub.errors import UbError
+from ub.seeding import DEFAULT_SEED
+from ub.settings import (
+    EXECUTION,
+    Section,
+    components_of,
+    default_of,
+    format_errors,
+    is_execution,
+    names_components,
+)
 
-log = logging.getLogger("ub.config")
+__all__ = ["DEFAULT_SEED", "EXECUTION", "Section", "check_types", "components_of", "default_of",
+           "format_errors", "is_execution", "names_components", "renamed_keys"]
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 Attention = Literal["auto", "sdpa", "eager", "flash_attention_2"]
@@ -42,97 +35,20 @@ OPPONENT_MODES = ("mirror", "lagged", "random", "fixed", "match-quality", "ts-di
 LAGGED_K = 4
 """How many recent checkpoints ``lagged`` picks from when ``k`` is not given."""
 
-DEFAULT_SEED = 0
-"""The run's seed when a config gives none (``seed``); the learner's too (``learner.seed``)."""
-
-# Renamed keys still accepted in existing configs: old name -> new name, per section.
-RENAMED = {"batch": {"drop_zero_advantage": "drop_zero_reward"}}
-
-
-EXECUTION: dict[str, Any] = {"execution": True}
-"""``json_schema_extra`` of a field that says how a run's work is executed (memory, batching,
-kernels, where it runs), not what it computes: the run's data does not depend on it beyond
-float summation order, so it may change when a run resumes; each round's manifest records the
-values it ran with. Every other field is locked at the run's start
-(:meth:`ub.run.schema.TrainConfig.training_settings`)."""
-
-
-def is_execution(info: Any) -> bool:
-    """Whether a field (its pydantic ``FieldInfo``) is marked :data:`EXECUTION`."""
-    extra = getattr(info, "json_schema_extra", None)
-    return isinstance(extra, dict) and bool(extra.get("execution"))
-
-
-def names_components(kind: str) -> dict[str, Any]:
-    """``json_schema_extra`` of a field that names components of ``kind`` (``algorithm``, or a
-    reward stage: ``final``, ``step``, ``sampling``): docs/config.md and ``ub config show``
-    list the registered names after its description, read from the registry itself
-    (:func:`ub.run.config_docs.registered_names`), so no description lists them by hand."""
-    return {"components": kind}
-
-
-def components_of(info: Any) -> str | None:
-    """The kind of components a field (its ``FieldInfo``) names, or ``None``."""
-    extra = getattr(info, "json_schema_extra", None)
-    return extra.get("components") if isinstance(extra, dict) else None
-
-
-class Section(BaseModel):
-    """Base of every config section."""
-
-    # strict: no YAML `true` for a count, no 2.0 for an int; finite: `.inf`/`.nan` in a weight
-    # or a size would only fail later, deep inside the run.
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
-
-
-def default_of(section: type[BaseModel], name: str) -> Any:
-    """The default of ``section.name`` (a fresh copy: safe to mutate)."""
-    return copy.deepcopy(section.model_fields[name].get_default(call_default_factory=True))
-
 
 def renamed_keys(data: Any, section: str) -> Any:
-    """``data`` with the deprecated keys of ``section`` renamed, and one log line for each."""
-    if not isinstance(data, dict):
+    """(Until ``BatchConfig`` is the section.) ``data`` with ``section``'s deprecated keys
+    renamed."""
+    if not isinstance(data, dict) or section != BatchSection.key:
         return data
-    out = dict(data)
-    for old, new in RENAMED.get(section, {}).items():
-        if old in out:
-            if new in out:
-                raise ValueError(f"{section}.{old} is the old name of {section}.{new}: "
-                                 f"give only {new}")
-            log.warning("config: %s.%s is deprecated, read as %s.%s (same meaning)",
-                        section, old, section, new)
-            out[new] = out.pop(old)
-    return out
-
-
-def format_errors(exc: ValidationError, section: str = "") -> str:
-    """A pydantic error as one line: each bad field by its dotted path, with what was given."""
-    parts = []
-    for err in exc.errors():
-        where = ".".join(str(p) for p in (section, *err["loc"]) if p != "") or "(top level)"
-        message = err["msg"]
-        if err["type"] == "extra_forbidden":
-            message = "unknown setting"
-        elif err["type"] == "literal_error":
-            message = f"got {err['input']!r}; {err['msg'].lower()}"
-        elif err["type"] == "value_error" and not err["loc"]:  # a check across sections
-            parts.append(str(err["ctx"]["error"]))
-            continue
-        elif err["type"] == "value_error":  # a validator's own words, without pydantic's prefix
-            message = str(err["ctx"]["error"])
-        elif "input" in err and err["type"] != "missing":
-            message = f"{message} (got {err['input']!r})"
-        parts.append(f"{where}: {message}")
-    return "; ".join(parts)
+    return BatchSection._renamed_keys(data)
 
 
 def check_types(section: type[BaseModel], data: Mapping[str, Any], name: str) -> None:
-    """Check the types of the settings in ``data`` that ``section`` has (strictly: no bool for
-    a count), for the code that takes a section as a plain mapping (``ub batch``, ``ub learn``);
-    unknown keys are left to the caller, which lists the valid ones."""
+    """(Until the mirrors go.) Check the types of the settings in ``data`` that ``section``
+    has."""
     known = {k: v for k, v in data.items() if k in section.model_fields and v is not None
-             and not dataclasses.is_dataclass(v)}  # (a LoraSettings is typed already)
+             and not dataclasses.is_dataclass(v)}
     try:
         section.model_validate(known)
     except ValidationError as exc:
@@ -203,10 +119,8 @@ class BatchSection(Section):
                       "round).")
     pad_token_id: int = Field(0, description="The id that right-pads input_ids (>= 0).")
 
-    @model_validator(mode="before")
-    @classmethod
-    def _renamed(cls, data: Any) -> Any:
-        return renamed_keys(data, "batch")
+    key = "batch"
+    renamed: ClassVar[dict[str, str]] = {"drop_zero_advantage": "drop_zero_reward"}
 
 
 class LoraSection(Section):

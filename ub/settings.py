@@ -1,0 +1,133 @@
+"""What every settings section of ub shares: the :class:`Section` base and its error format.
+
+A section (``batch``, ``learner``, ``opponents``, ``rating``, the run's own in
+:mod:`ub.run.schema`) is one pydantic model, declared once, in the package that uses it
+(:class:`ub.batch.BatchConfig`, :class:`ub.learner.LearnerSection`, ...): each field's type,
+default, range (``Field(gt=0)``) and one line of meaning live there and nowhere else, so
+``docs/config.md``, ``ub config show`` and the error a user sees come from the same place. The
+library takes the sections themselves; a bad value is refused when the section is built, with
+one line naming the key (:meth:`Section.from_dict`).
+
+This module imports nothing of ub but its errors: it sits below every package that reads it.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Mapping
+from typing import Any, ClassVar, Self
+
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+
+from ub.errors import UbError
+
+log = logging.getLogger("ub.config")
+
+EXECUTION: dict[str, Any] = {"execution": True}
+"""``json_schema_extra`` of a field that says how a run's work is executed (memory, batching,
+kernels, where it runs), not what it computes: the run's data does not depend on it beyond
+float summation order, so it may change when a run resumes; each round's manifest records the
+values it ran with. Every other field is locked at the run's start
+(:meth:`ub.run.schema.TrainConfig.training_settings`)."""
+
+
+def is_execution(info: Any) -> bool:
+    """Whether a field (its pydantic ``FieldInfo``) is marked :data:`EXECUTION`."""
+    extra = getattr(info, "json_schema_extra", None)
+    return isinstance(extra, dict) and bool(extra.get("execution"))
+
+
+def names_components(kind: str) -> dict[str, Any]:
+    """``json_schema_extra`` of a field that names components of ``kind`` (``algorithm``, or a
+    reward stage: ``final``, ``step``, ``sampling``): docs/config.md and ``ub config show``
+    list the registered names after its description, read from the registry itself
+    (:func:`ub.run.config_docs.registered_names`), so no description lists them by hand."""
+    return {"components": kind}
+
+
+def components_of(info: Any) -> str | None:
+    """The kind of components a field (its ``FieldInfo``) names, or ``None``."""
+    extra = getattr(info, "json_schema_extra", None)
+    return extra.get("components") if isinstance(extra, dict) else None
+
+
+def format_errors(exc: ValidationError, section: str = "") -> str:
+    """A pydantic error as one line: each bad field by its dotted path, with what was given."""
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in (section, *err["loc"]) if p != "") or "(top level)"
+        message = err["msg"]
+        if err["type"] == "extra_forbidden":
+            message = "unknown setting"
+        elif err["type"] == "literal_error":
+            message = f"got {err['input']!r}; {err['msg'].lower()}"
+        elif err["type"] == "value_error" and not err["loc"] and not section:
+            parts.append(str(err["ctx"]["error"]))  # a check across sections says it all
+            continue
+        elif err["type"] == "value_error":  # a validator's own words, without pydantic's prefix
+            message = str(err["ctx"]["error"])
+        elif "input" in err and err["type"] != "missing":
+            message = f"{message} (got {err['input']!r})"
+        parts.append(f"{where}: {message}")
+    return "; ".join(parts)
+
+
+class Section(BaseModel):
+    """Base of every settings section: strict, frozen, no unknown keys.
+
+    ``key`` is where the section sits in a run's config (``batch``, ``learner.lora``): the
+    errors of :meth:`from_dict` name a bad setting by it. ``renamed`` maps deprecated keys still
+    accepted to their new names (read under the new name, with a log line).
+    """
+
+    # strict: no YAML `true` for a count, no 2.0 for an int; finite: `.inf`/`.nan` in a weight
+    # or a size would only fail later, deep inside the run.
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False)
+
+    key: ClassVar[str] = ""
+    renamed: ClassVar[dict[str, str]] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed_keys(cls, data: Any) -> Any:
+        if not cls.renamed or not isinstance(data, Mapping):
+            return data
+        out = dict(data)
+        for old, new in cls.renamed.items():
+            if old in out:
+                if new in out:
+                    raise ValueError(f"{cls.key}.{old} is the old name of {cls.key}.{new}: "
+                                     f"give only {new}")
+                log.warning("config: %s.%s is deprecated, read as %s.%s (same meaning)",
+                            cls.key, old, cls.key, new)
+                out[new] = out.pop(old)
+        return out
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any] | None) -> Self:
+        """The section from plain data (a YAML mapping), or one :class:`UbError` line naming
+        each bad key by its path in a run's config (e.g. ``batch.batch_size: Input should be
+        greater than 0 (got 0)``)."""
+        try:
+            return cls.model_validate(dict(data or {}) if isinstance(data, Mapping) else data)
+        except ValidationError as exc:
+            raise UbError(format_errors(exc, cls.key)) from None
+
+    def to_dict(self) -> dict[str, Any]:
+        """The settings as plain YAML/JSON data (what :meth:`from_dict` reads back)."""
+        return self.model_dump(mode="json")
+
+    def replace(self, **changes: Any) -> Self:
+        """A copy with ``changes``, validated like the original (unlike pydantic's
+        ``model_copy``, which checks nothing and would carry what a section built from its old
+        values, such as a batch's transforms)."""
+        try:
+            return type(self).model_validate({**dict(self), **changes})
+        except ValidationError as exc:
+            raise UbError(format_errors(exc, self.key)) from None
+
+
+def default_of(section: type[BaseModel], name: str) -> Any:
+    """The default of ``section.name`` (a fresh copy: safe to mutate)."""
+    return copy.deepcopy(section.model_fields[name].get_default(call_default_factory=True))
