@@ -192,7 +192,7 @@ def test_stop_strings_reach_training_and_evaluation_sampling():
     assert train.stop == evaluation.stop == ("]", ";")
     assert (train.temperature, evaluation.temperature) == (1.0, 0.0)
     assert train.max_tokens == evaluation.max_tokens == config.sampling.max_tokens
-    assert load_config("tiny-cpu").sampling.stop == ["]"]  # the demo plays one move per turn
+    assert load_config("tiny-cpu").sampling.stop == ("]",)  # the demo plays one move per turn
     with pytest.raises(UbError, match=r"sampling.stop.0: String should have at least 1"):
         load_config("tiny-cpu", ["sampling.stop=['']"])
 

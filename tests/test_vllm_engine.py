@@ -17,6 +17,7 @@ import weakref
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 from random_models import build_lora_adapters, build_random_test_model
 
 from ub.errors import UbError
@@ -439,11 +440,12 @@ def test_vllm_start_failure_is_one_clear_line(model_dir: Path, tmp_path: Path) -
 def test_config_errors() -> None:
     with pytest.raises(UbError, match="max_lora_rank 12 is not supported"):
         EngineConfig(model="m", max_lora_rank=12)
-    with pytest.raises(UbError, match="top_p"):
-        SamplingConfig(top_p=0)
-    with pytest.raises(UbError, match="max_tokens"):
+    with pytest.raises(UbError, match=r"^sampling.top_p: Input should be greater than 0 "):
+        SamplingConfig.from_dict({"top_p": 0})
+    with pytest.raises(ValidationError, match="max_tokens"):
         SamplingConfig(max_tokens=0)
     assert SamplingConfig(stop="\n").stop == ("\n",)
+    assert SamplingConfig.from_dict({"stop": ["]"]}).stop == ("]",)  # (YAML gives a list)
 
 
 @pytest.fixture(scope="module")

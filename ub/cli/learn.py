@@ -94,12 +94,13 @@ def run_level_learner_defaults(path_text: str | None) -> dict:
     whole = yaml_document(path_text)
     if "seed" not in whole and "sampling" not in whole:
         return {}
+    from ub.inference.types import SamplingConfig
     from ub.run.schema import run_learner_defaults
-    from ub.run.sections import DEFAULT_SEED, SamplingSection
+    from ub.seeding import DEFAULT_SEED
 
     try:
-        sampling = SamplingSection.model_validate(whole.get("sampling") or {})
-    except ValueError as error:
-        raise UbError(f"{path_text}: sampling: {error}") from None
+        sampling = SamplingConfig.from_dict(whole.get("sampling"))
+    except UbError as error:
+        raise UbError(f"{path_text}: {error}") from None
     seed = whole.get("seed")
     return run_learner_defaults(DEFAULT_SEED if seed is None else seed, sampling)

@@ -9,8 +9,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Annotated, Any, ClassVar
+
+from pydantic import Field, field_validator
 
 from ub.errors import UbError
+from ub.settings import Section
 
 # vLLM only accepts these values for max_lora_rank (vllm.config.lora.MaxLoRARanks).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
@@ -69,33 +73,29 @@ class EngineConfig:
             )
 
 
-@dataclass(frozen=True)
-class SamplingConfig:
-    """How to sample a completion.
+class SamplingConfig(Section):
+    """How rollouts sample (the ``sampling:`` section), and what the engine takes per request:
+    a completion cut at ``max_tokens`` finishes with ``"length"``; one that meets a ``stop``
+    string keeps the token that completed it, and its text contains the string."""
 
-    Attributes:
-        temperature: 0 is greedy; 1 samples from the model's distribution.
-        top_p: nucleus sampling mass (1 = off).
-        max_tokens: most completion tokens; a completion cut here finishes with ``"length"``.
-        stop: strings that end a completion. The completion keeps the token that completed the
-            stop string, and the text is that of the tokens (so it contains the stop string).
-    """
+    key: ClassVar[str] = "sampling"
 
-    temperature: float = 1.0
-    top_p: float = 1.0
-    max_tokens: int = 32
-    stop: tuple[str, ...] = ()
+    temperature: float = Field(1.0, ge=0, description="Sampling temperature of training games "
+                               "(the learner scores at it too); 0: greedy.")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling (keep 1: the learner "
+                         "does not model top-p).")
+    max_tokens: int = Field(32, ge=1, description="Most tokens per completion (also the "
+                            "learner's default length_normalizer).")
+    # A tuple, so that the config is hashable; YAML's list is accepted (strict=False), and a
+    # bare string is one stop string, not its characters.
+    stop: tuple[Annotated[str, Field(min_length=1)], ...] = Field(
+        (), strict=False, description="Strings that end a completion, kept in it (e.g. "
+        "[']'] ends a bracketed move).")
 
-    def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise UbError(f"sampling.temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise UbError(f"sampling.top_p must be in (0, 1], got {self.top_p}")
-        if self.max_tokens < 1:
-            raise UbError(f"sampling.max_tokens must be >= 1, got {self.max_tokens}")
-        # A bare string would be split into characters; a list (from YAML) is not hashable.
-        stop = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop)
-        object.__setattr__(self, "stop", stop)
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _one_string(cls, value: Any) -> Any:
+        return (value,) if isinstance(value, str) else value
 
 
 @dataclass(frozen=True)

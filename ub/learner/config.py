@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ub.errors import UbError, settings_from_mapping
+from ub.inference.types import SamplingConfig
 from ub.model.lora import LoraSettings
 from ub.run.sections import (
     ATTENTION,
@@ -16,7 +17,6 @@ from ub.run.sections import (
     DTYPES,
     KERNELS,
     LearnerSection,
-    SamplingSection,
     check_types,
     default_of,
 )
@@ -73,8 +73,8 @@ class LearnerConfig:
     entropy_coef: float = field(default_factory=_schema("entropy_coef"))
     target_kl: float | None = field(default_factory=_schema("target_kl"))
     length_normalizer: int = field(
-        default_factory=lambda: default_of(SamplingSection, "max_tokens"))
-    temperature: float = field(default_factory=lambda: default_of(SamplingSection, "temperature"))
+        default_factory=lambda: default_of(SamplingConfig, "max_tokens"))
+    temperature: float = field(default_factory=lambda: default_of(SamplingConfig, "temperature"))
 
     learning_rate: float = field(default_factory=_schema("learning_rate"))
     weight_decay: float = field(default_factory=_schema("weight_decay"))

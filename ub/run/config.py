@@ -26,6 +26,7 @@ from pydantic import ValidationError
 
 from ub.errors import UbError
 from ub.games.specs import GameSpec
+from ub.inference.types import SamplingConfig
 from ub.numbers import first_non_finite
 from ub.run.schema import (  # re-exported: the schema's names are imported from here too
     MAX_GAMES,
@@ -41,10 +42,10 @@ from ub.run.schema import (  # re-exported: the schema's names are imported from
     TrainConfig,
     WorkerResources,
 )
-from ub.run.sections import SamplingSection, format_errors
+from ub.settings import format_errors
 
 __all__ = ["MAX_GAMES", "ClusterSection", "EngineSection", "EnvSection", "EvalSection",
-           "ModelSection", "PipelineSection", "RolloutSection", "SamplingSection",
+           "ModelSection", "PipelineSection", "RolloutSection", "SamplingConfig",
            "TrackingSection", "TrainConfig", "WorkerResources", "apply_overrides",
            "config_run_name", "env_spec", "game_specs", "load_config", "load_yaml", "preset_names",
            "read_config_data", "read_text", "validate_config"]

@@ -70,8 +70,8 @@ def type_text(annotation: Any) -> str:
         return " | ".join(f"'{a}'" if isinstance(a, str) else str(a) for a in args)
     if origin is typing.Annotated:
         return type_text(args[0])
-    if origin is list:
-        return f"list[{type_text(args[0])}]"
+    if origin is list or (origin is tuple and len(args) == 2 and args[1] is Ellipsis):
+        return f"list[{type_text(args[0])}]"  # (YAML writes a tuple as a list)
     if origin is dict:
         return "mapping"
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):

@@ -90,12 +90,9 @@ def kv_cache_problem(capacity: int | None, sequences: int, max_tokens: int) -> s
 def rollout_sampling(config: TrainConfig, *, evaluation: bool = False) -> SamplingConfig:
     """How the run's model seats sample: ``sampling`` for training games; for evaluation the
     same budget and stop strings at ``eval.temperature`` (no top-p)."""
-    from ub.inference.types import SamplingConfig
-
-    s = config.sampling
     if evaluation:
-        return SamplingConfig(config.eval.temperature, 1.0, s.max_tokens, tuple(s.stop))
-    return SamplingConfig(s.temperature, s.top_p, s.max_tokens, tuple(s.stop))
+        return config.sampling.replace(temperature=config.eval.temperature, top_p=1.0)
+    return config.sampling
 
 
 # --------------------------------------------------------------------------------------------

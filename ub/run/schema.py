@@ -14,6 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from ub.inference.types import SamplingConfig
 from ub.run.sections import (
     DEFAULT_SEED,
     EXECUTION,
@@ -21,7 +22,6 @@ from ub.run.sections import (
     LearnerSection,
     OpponentsSection,
     RatingSection,
-    SamplingSection,
     Section,
     is_execution,
 )
@@ -185,7 +185,7 @@ class TrainConfig(Section):
     model: ModelSection = Field(default_factory=ModelSection, description="The base model.")
     engine: EngineSection = Field(default_factory=EngineSection, description="vLLM engine "
                                   "settings.")
-    sampling: SamplingSection = Field(default_factory=SamplingSection, description="How "
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig, description="How "
                                       "rollouts sample.")
     envs: list[EnvSection] = Field(min_length=1, description="The training mix (at least one "
                                    "env).")
@@ -336,7 +336,7 @@ def _split(section: Section) -> tuple[dict[str, Any], dict[str, Any]]:
     return locked, execution
 
 
-def run_learner_defaults(seed: int, sampling: SamplingSection) -> dict[str, Any]:
+def run_learner_defaults(seed: int, sampling: SamplingConfig) -> dict[str, Any]:
     """What a run's learner takes from the run where its ``learner:`` section says null: the
     run's seed, its sampling temperature, and ``max_tokens`` as the loss's length normalizer."""
     return {"seed": seed, "temperature": sampling.temperature,

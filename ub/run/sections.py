@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Annotated, Any, ClassVar, Literal, get_args
+from typing import Any, ClassVar, Literal, get_args
 
 from pydantic import BaseModel, Field, ValidationError, model_serializer, model_validator
 
@@ -61,20 +61,6 @@ TransformSpec = str | dict[str, Any]
 def _specs(*specs: TransformSpec) -> list[TransformSpec]:
     """A fresh list of transform specs (a default factory's value)."""
     return list(specs)
-
-
-class SamplingSection(Section):
-    """How rollouts sample (see :class:`ub.inference.SamplingConfig`)."""
-
-    temperature: float = Field(1.0, ge=0, description="Sampling temperature of training games "
-                               "(the learner scores at it too).")
-    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling (keep 1: the learner "
-                         "does not model top-p).")
-    max_tokens: int = Field(32, ge=1, description="Most tokens per completion (also the "
-                            "learner's default length_normalizer).")
-    stop: list[Annotated[str, Field(min_length=1)]] = Field(
-        default_factory=list, description="Strings that end a completion, kept in it (e.g. "
-        "[']'] ends a bracketed move).")
 
 
 class BatchSection(Section):
