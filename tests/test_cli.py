@@ -233,7 +233,7 @@ BAD_INPUTS = [
     (["train", "--root", "{out}", "--set", "batch.pad_token_id=3000000000"],
      "batch: pad_token_id must be a token id (<= 2147483647"),
     (["train", "--root", "{out}", "--set", "engine.dtype=float8"],
-     "engine.dtype: got 'float8'; allowed: auto, float32, bfloat16, float16"),
+     "engine.dtype: got 'float8'; input should be 'auto', 'float32', 'bfloat16' or 'float16'"),
     (["eval", "exp", "--root", "{bad}/runs", "--checkpoint", "-1"], "--checkpoint: must be >= 0"),
     (["model", "tiny", "--set", "learning_rate=-1", "--out", "{out}/m"],
      "TinyModelConfig.learning_rate must be > 0"),

@@ -77,7 +77,8 @@ BAD = [
     ({"envs": []}, r"envs: List should have at least 1 item"),
     ({"envs": [{"env_id": "TicTacToe-v0-train", "template": "fancy"}]},
      r"envs.0: unknown .*template 'fancy'"),
-    ({"engine": {"max_lora_rank": 12}}, r"engine.max_lora_rank: got 12; allowed: 1, 8, 16"),
+    ({"engine": {"max_lora_rank": 12}},
+     r"engine.max_lora_rank: 12 is not supported by vLLM: use one of 1, 8, 16"),
     ({"learner": {"lora": {"rank": 64}}}, r"learner.lora.rank: 64 exceeds engine.max_lora_rank"),
     ({"learner": {"algorithm": "sarsa"}}, r"learner: .*sarsa"),
     ({"batch": {"batch_size": -1}}, r"batch: batch_size must be a positive integer"),
@@ -125,7 +126,8 @@ FED = [
     ({"seed": -1}, r"seed: got -1"),
     ({"rounds": 2**31}, r"rounds: got 2147483648; the data's round column holds round numbers "
      r"up to 2147483647"),
-    ({"engine": {"dtype": "float8"}}, r"engine.dtype: got 'float8'; allowed: auto, float32"),
+    ({"engine": {"dtype": "float8"}},
+     r"engine.dtype: got 'float8'; input should be 'auto', 'float32'"),
     ({"batch": {"pad_token_id": 2**31}}, r"batch: pad_token_id must be a token id \(<= "
      r"2147483647"),
     ({"learner": {"seed": 2**64}}, r"learner: seed must be an integer in \[-2\*\*63, "

@@ -438,8 +438,8 @@ def test_vllm_start_failure_is_one_clear_line(model_dir: Path, tmp_path: Path) -
 
 
 def test_config_errors() -> None:
-    with pytest.raises(UbError, match="max_lora_rank 12 is not supported"):
-        EngineConfig(model="m", max_lora_rank=12)
+    with pytest.raises(UbError, match=r"^engine.max_lora_rank: 12 is not supported by vLLM"):
+        EngineConfig.from_dict({"model": "m", "max_lora_rank": 12})
     with pytest.raises(UbError, match=r"^sampling.top_p: Input should be greater than 0 "):
         SamplingConfig.from_dict({"top_p": 0})
     with pytest.raises(ValidationError, match="max_tokens"):

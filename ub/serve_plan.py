@@ -8,7 +8,7 @@ import json
 import shlex
 import socket
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +69,7 @@ class ServerPlan:
         return args
 
     def command(self) -> list[str]:
-        engine = json.dumps(asdict(self.engine))
+        engine = json.dumps(self.engine.to_dict())
         return [sys.executable, "-m", "ub.serve", engine, *self.server_args()]
 
 
@@ -104,7 +104,7 @@ def plan_server(run_dir: Path, checkpoint: str | None = None, *, host: str = "12
     wanted = _choose(checkpoint, updates, paths.name)
     _check_port(host, port)
     run = Run(paths, config, resolve_base_model(config))
-    engine = replace(run_engine_config(run), sleep_mode=False)  # (a server: awake)
+    engine = run_engine_config(run).replace(sleep_mode=False)  # (a server: awake)
     modules = {f"{paths.name}/{checkpoint_name(u)}": paths.checkpoint(u) for u in wanted}
     _check_adapters(engine, modules)
     envs = tuple(ServedEnv(e.env_id, e.num_players, e.template) for e in config.envs)

@@ -8,69 +8,80 @@ Plain data, no vLLM import: :class:`EngineConfig` (how to start the engine), :cl
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 from pydantic import Field, field_validator
 
-from ub.errors import UbError
-from ub.settings import Section
+from ub.settings import EXECUTION, Section
 
 # vLLM only accepts these values for max_lora_rank (vllm.config.lora.MaxLoRARanks).
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
-@dataclass(frozen=True)
-class EngineConfig:
-    """How to start the engine. Changing any field means a new engine (a new vLLM start).
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+DTYPES: tuple[str, ...] = get_args(Dtype)
 
-    Attributes:
-        model: local model directory (config.json, safetensors, tokenizer files), or a hub id on a
-            machine that can download it.
-        dtype: weight and activation dtype; ``"auto"`` is float32 on the CPU and bfloat16 on CUDA.
-            Any vLLM dtype name (``"float32"``, ``"bfloat16"``, ``"float16"``) is passed through.
-        max_model_len: longest prompt + completion, in tokens.
-        max_num_seqs: most sequences vLLM runs in one batch.
-        enable_lora: serve LoRA adapters (needed for any request with ``adapter`` set).
-        max_lora_rank: largest adapter rank the engine accepts; one of 1, 8, 16, 32, 64, ...
-        max_loras: adapters resident at once (one batch mixes up to this many); more are swapped
-            in least-recently-used order.
-        kv_cache_gib: KV cache size on the CPU, in GiB (unused on GPU).
-        gpu_memory_utilization: fraction of GPU memory vLLM may use (unused on CPU).
-        sleep_mode: on a GPU, start vLLM with sleep mode, so that :meth:`VLLMEngine.sleep`
-            can hand its memory to a learner in the same process (unused on CPU).
-        seed: the engine's global seed (requests carry their own sampling seeds).
+
+class EngineSection(Section):
+    """vLLM settings (the ``engine:`` section of a run's config)."""
+
+    key: ClassVar[str] = "engine"
+
+    dtype: Dtype = Field("auto", description="vLLM's weight and activation dtype; auto: float32 "
+                         "on the CPU, bfloat16 on CUDA.")
+    max_model_len: int = Field(2048, ge=16, description="Context length: prompt + completion.")
+    max_num_seqs: int = Field(256, ge=1, description="Most sequences the engine batches at "
+                              "once.", json_schema_extra=EXECUTION)
+    max_lora_rank: int = Field(16, description="Largest LoRA rank the engine loads (one of "
+                               "vLLM's ranks: 1, 8, 16, 32, 64, ...).",
+                               json_schema_extra=EXECUTION)
+    max_loras: int = Field(4, ge=1, description="LoRA adapters resident at once (pool "
+                           "checkpoints beyond it are swapped, least recently used first).",
+                           json_schema_extra=EXECUTION)
+    kv_cache_gib: float = Field(1.0, gt=0, description="KV cache size on the CPU, GiB.",
+                                json_schema_extra=EXECUTION)
+    gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="Share of GPU memory "
+                                          "vLLM may take.", json_schema_extra=EXECUTION)
+    sleep_mode: bool = Field(True, description="On a GPU, when the learner shares the engine's "
+                             "process and rounds are not pipelined: the engine releases its "
+                             "memory (vLLM sleep mode, level 1) while the learner updates, "
+                             "whose budget is then what the GPU has free (false, or "
+                             "pipelined: 1 - gpu_memory_utilization of it). An engine that "
+                             "never sleeps (a Ray worker's, a pipelined run's) starts without "
+                             "sleep mode's allocator either way. Ignored on the CPU.",
+                             json_schema_extra=EXECUTION)
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _a_vllm_rank(cls, rank: int) -> int:
+        if rank not in VLLM_LORA_RANKS:
+            raise ValueError(f"{rank} is not supported by vLLM: use one of "
+                             f"{', '.join(map(str, VLLM_LORA_RANKS))}")
+        return rank
+
+
+class EngineConfig(EngineSection):
+    """How to start one engine: the ``engine:`` settings on a model, with what a run decides
+    for it. Changing any field means a new engine (a new vLLM start).
+
+    ``sleep_mode`` here says whether vLLM starts with sleep mode's allocator, so that
+    :meth:`VLLMEngine.sleep` can hand its memory to a learner in the same process (a run sets it
+    only where the engine actually sleeps).
     """
 
-    model: str
-    dtype: str = "auto"
-    max_model_len: int = 2048
-    max_num_seqs: int = 256
-    enable_lora: bool = True
-    max_lora_rank: int = 16
-    max_loras: int = 4
-    kv_cache_gib: float = 1.0
-    gpu_memory_utilization: float = 0.85
-    sleep_mode: bool = True
-    seed: int = 0
+    model: str = Field(description="Local model directory (config.json, safetensors, tokenizer "
+                       "files), or a hub id on a machine that can download it.")
+    enable_lora: bool = Field(True, description="Serve LoRA adapters (needed for any request "
+                              "with an adapter).")
+    seed: int = Field(0, description="The engine's global seed (requests carry their own "
+                      "sampling seeds).")
 
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "model", str(self.model))  # a Path is welcome too
-        if self.max_lora_rank not in VLLM_LORA_RANKS:
-            raise UbError(
-                f"engine.max_lora_rank {self.max_lora_rank} is not supported by vLLM: "
-                f"use one of {', '.join(map(str, VLLM_LORA_RANKS))}"
-            )
-        for name in ("max_model_len", "max_num_seqs", "max_loras"):
-            if getattr(self, name) < 1:
-                raise UbError(f"engine.{name} must be >= 1, got {getattr(self, name)}")
-        if self.kv_cache_gib <= 0:
-            raise UbError(f"engine.kv_cache_gib must be > 0, got {self.kv_cache_gib}")
-        if not 0 < self.gpu_memory_utilization <= 1:
-            raise UbError(
-                "engine.gpu_memory_utilization must be in (0, 1], "
-                f"got {self.gpu_memory_utilization}"
-            )
+    @field_validator("model", mode="before")
+    @classmethod
+    def _path_as_text(cls, model: Any) -> Any:
+        return str(model) if isinstance(model, os.PathLike) else model
 
 
 class SamplingConfig(Section):

@@ -192,9 +192,7 @@ def validate_config(data: dict[str, Any], source: str = "") -> TrainConfig:
 def _check_sections(config: TrainConfig, source: str) -> None:
     from ub.data.schema import int_column_range
     from ub.games.specs import EnvStartError, check_env
-    from ub.inference.types import VLLM_LORA_RANKS
     from ub.inference.validation import ENGINE_SEEDS
-    from ub.run.sections import DTYPES
 
     def fail(field: str, message: str) -> UbError:
         return UbError(f"invalid config {source}: {field}: {message}")
@@ -206,11 +204,6 @@ def _check_sections(config: TrainConfig, source: str) -> None:
     if config.rounds > last_round:
         raise fail("rounds", f"got {config.rounds}; the data's round column holds round "
                    f"numbers up to {last_round}")
-    if config.engine.dtype not in DTYPES:
-        raise fail("engine.dtype", f"got {config.engine.dtype!r}; allowed: {', '.join(DTYPES)}")
-    if config.engine.max_lora_rank not in VLLM_LORA_RANKS:
-        raise fail("engine.max_lora_rank", f"got {config.engine.max_lora_rank}; allowed: "
-                   + ", ".join(map(str, VLLM_LORA_RANKS)))
     for i, env in enumerate(config.envs):
         try:
             check_env(env_spec(env))  # (a reset: TextArena checks the player count there)

@@ -38,14 +38,11 @@ def run_engine_config(run: Run) -> EngineConfig:
     """The run's vLLM engine settings (its ``engine:`` section on its base model)."""
     from ub.inference.types import EngineConfig
 
-    e = run.config.engine
     # Sleep mode's allocator only where the engine sleeps: an engine on a Ray worker or beside
     # a pipelined learner never does, and keeps its memory to itself.
-    return EngineConfig(
-        model=run.model_folder(), dtype=e.dtype, max_model_len=e.max_model_len,
-        max_num_seqs=e.max_num_seqs, max_lora_rank=e.max_lora_rank, max_loras=e.max_loras,
-        kv_cache_gib=e.kv_cache_gib, gpu_memory_utilization=e.gpu_memory_utilization,
-        sleep_mode=run.config.engine_sleeps_during_updates, seed=run.config.seed)
+    return EngineConfig.model_validate({
+        **dict(run.config.engine), "model": run.model_folder(),
+        "sleep_mode": run.config.engine_sleeps_during_updates, "seed": run.config.seed})
 
 
 def run_engine(worker: Worker, run: Run, sampling: SamplingConfig) -> InferenceEngine:

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from ub.inference.types import SamplingConfig
+from ub.inference.types import EngineSection, SamplingConfig
 from ub.run.sections import (
     DEFAULT_SEED,
     EXECUTION,
@@ -38,33 +38,6 @@ class ModelSection(Section):
                       "or a model directory (e.g. a tiny model of another size, `ub model tiny "
                       "--set num_layers=6 --out DIR`) or hub id (a hub id downloads).")
     tiny_seed: int = Field(0, description="Seed of the tiny model build (when base is tiny).")
-
-
-class EngineSection(Section):
-    """vLLM settings (see :class:`ub.inference.EngineConfig`)."""
-
-    dtype: str = Field("auto", description="vLLM's model dtype (auto, float32, bfloat16, "
-                       "float16).")
-    max_model_len: int = Field(2048, ge=16, description="Context length: prompt + completion.")
-    max_num_seqs: int = Field(256, ge=1, description="Most sequences the engine batches at "
-                              "once.", json_schema_extra=EXECUTION)
-    max_lora_rank: int = Field(16, description="Largest LoRA rank the engine loads (one of "
-                               "vLLM's ranks: 1, 8, 16, 32, 64, ...).",
-                               json_schema_extra=EXECUTION)
-    max_loras: int = Field(4, ge=1, description="LoRA adapters resident at once (pool "
-                           "checkpoints beyond it are swapped).", json_schema_extra=EXECUTION)
-    kv_cache_gib: float = Field(1.0, gt=0, description="KV cache size on the CPU, GiB.",
-                                json_schema_extra=EXECUTION)
-    gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="Share of GPU memory "
-                                          "vLLM may take.", json_schema_extra=EXECUTION)
-    sleep_mode: bool = Field(True, description="On a GPU, when the learner shares the engine's "
-                             "process and rounds are not pipelined: the engine releases its "
-                             "memory (vLLM sleep mode, level 1) while the learner updates, "
-                             "whose budget is then what the GPU has free (false, or "
-                             "pipelined: 1 - gpu_memory_utilization of it). An engine that "
-                             "never sleeps (a Ray worker's, a pipelined run's) starts without "
-                             "sleep mode's allocator either way. Ignored on the CPU.",
-                             json_schema_extra=EXECUTION)
 
 
 class EnvSection(Section):
