@@ -41,7 +41,7 @@ def renamed_keys(data: Any, section: str) -> Any:
     renamed."""
     if not isinstance(data, dict) or section != BatchSection.key:
         return data
-    return BatchSection._renamed_keys(data)
+    return BatchSection._renamed_keys(data)  # type: ignore[operator]
 
 
 def check_types(section: type[BaseModel], data: Mapping[str, Any], name: str) -> None:
