@@ -176,11 +176,18 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
+def declared_in(model: type[BaseModel]) -> str:
+    """Where a section is declared, as docs/config.md names it: ``ub/batch/config.py``
+    (``BatchConfig``)."""
+    path = model.__module__.replace(".", "/") + ".py"
+    return f"`{path}` (`{model.__name__}`)"
+
+
 def markdown() -> str:
     """``docs/config.md``: one table per section, every key's type, default and meaning."""
     out = ["# Training config reference", "",
-           "<!-- Generated from the schema (ub/run/schema.py, ub/run/sections.py) by "
-           f"`{REGENERATE}`: do not edit by hand. -->", "",
+           "<!-- Generated from the sections (each declared once, in the module named under "
+           f"its title) by `{REGENERATE}`: do not edit by hand. -->", "",
            "Every key of a training config (`ub train CONFIG`, `--set key.sub=value`), its type, "
            "default and meaning. Types are strict: `true` is not a count and `2.0` is not an "
            "`int`. `ub config show PRESET|FILE|RUN` prints a resolved config with these "
@@ -198,7 +205,8 @@ def markdown() -> str:
         doc = _markdown_text(model.__doc__ or "")
         if path in free:
             doc += " Every key here may change on resume."
-        out += [f"## {title}", "", doc, "", "| key | type | default | meaning |",
+        out += [f"## {title}", "", doc, "", f"Declared in {declared_in(model)}.", "",
+                "| key | type | default | meaning |",
                 "| --- | --- | --- | --- |"]
         for name, info in model.model_fields.items():
             key = f"{path}.{name}".lstrip(".")
