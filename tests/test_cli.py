@@ -304,7 +304,13 @@ CONFIG_FIELD_CASES = [
     ("rollout.games_per_round=-3", "games_per_round"), ("rollout.shards=0", "shards"),
     ("rollout.concurrency=x", "concurrency"), ("opponents=[]", "opponents"),
     ("opponents=[{{mode: telepathy}}]", "telepathy"), ("opponents=[{{mode: lagged, k: 0}}]", "k"),
-    ("rating.beta=-1", "beta"), ("batch.batch_size=x", "batch_size"),
+    ("rating.beta=-1", "beta"),
+    ("rating.draw_probability=1", "rating.draw_probability: Input should be less than 1"),
+    ("opponents=[{{mode: mirror, k: 2}}]", "opponents.modes.0: mode mirror has no parameter k; "
+     "it takes: weight"),
+    ("opponents=[{{mode: fixed, names: [nobody]}}]", "opponents.modes.0.names: unknown actor "
+     "'nobody'"),
+    ("batch.batch_size=x", "batch_size"),
     ("batch.final=[{{name: nope}}]", "nope"), ("batch.sampling=7", "sampling"),
     ("learner.learning_rate=abc", "learning_rate"), ("learner.algorithm=sarsa", "sarsa"),
     # One's own component by import path (tests/own_components.py): a module that does not
