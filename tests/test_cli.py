@@ -157,6 +157,10 @@ BAD_INPUTS = [
      "not a ub checkpoint"),
     (["sft", "--shards", "{tmp}/missing", "--out", "{out}/c"], "does not exist"),
     (["sft", "--shards", "{out}", "--out", "{out}/c", "--epochs", "0"], "must be >= 1"),
+    (["sft", "--shards", "{out}", "--out", "{out}/c", "--where", " "],
+     "sft.where: must be a non-empty SQL condition"),
+    (["sft", "--shards", "{out}", "--out", "{out}/c", "--max-train-len", "1"],
+     "sft.max_train_len: Input should be greater than or equal to 2 (got 1)"),
     (["eval", "ghost", "--root", "{out}"], "no run ghost under"),
     (["eval", "../ghost", "--root", "{out}"], "invalid run name"),
     (["dashboard", "ghost", "--root", "{out}", "--once"], "no run 'ghost'"),
@@ -300,7 +304,13 @@ CONFIG_FIELD_CASES = [
     ("rollout.games_per_round=-3", "games_per_round"), ("rollout.shards=0", "shards"),
     ("rollout.concurrency=x", "concurrency"), ("opponents=[]", "opponents"),
     ("opponents=[{{mode: telepathy}}]", "telepathy"), ("opponents=[{{mode: lagged, k: 0}}]", "k"),
-    ("rating.beta=-1", "beta"), ("batch.batch_size=x", "batch_size"),
+    ("rating.beta=-1", "beta"),
+    ("rating.draw_probability=1", "rating.draw_probability: Input should be less than 1"),
+    ("opponents=[{{mode: mirror, k: 2}}]", "opponents.modes.0: mode mirror has no parameter k; "
+     "it takes: weight"),
+    ("opponents=[{{mode: fixed, names: [nobody]}}]", "opponents.modes.0.names: unknown actor "
+     "'nobody'"),
+    ("batch.batch_size=x", "batch_size"),
     ("batch.final=[{{name: nope}}]", "nope"), ("batch.sampling=7", "sampling"),
     ("learner.learning_rate=abc", "learning_rate"), ("learner.algorithm=sarsa", "sarsa"),
     # One's own component by import path (tests/own_components.py): a module that does not

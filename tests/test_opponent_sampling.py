@@ -125,13 +125,31 @@ def test_seats_rotate_so_the_learner_plays_every_role():
 
 
 @pytest.mark.parametrize(("data", "message"), [
-    ([{"mode": "telepathy"}], "unknown opponent mode 'telepathy'; modes: mirror"),
-    ([{"mode": "mirror", "weight": 0}], "weights must sum to a positive number"),
-    ([{"mode": "lagged", "k": 0}], "k must be a positive integer"),
-    ([{"mode": "mirror", "k": 2}], "mirror has no parameter"),
-    ([{"mode": "fixed", "names": ["grandmaster"]}], "unknown actor 'grandmaster'"),
-    ([], "non-empty list"),
-    ({"modes": [{"mode": "mirror"}], "max_active_lora": 0}, "max_active_lora must be"),
+    ([{"mode": "telepathy"}], r"^opponents\.modes\.0\.mode: got 'telepathy'; input should be "
+     r"'mirror', 'lagged'"),
+    ([{"mode": "mirror", "weight": 0}], r"^opponents\.modes: the modes' weights must sum to a "
+     r"positive number$"),
+    ([{"mode": "mirror", "weight": -1}], r"^opponents\.modes\.0\.weight: Input should be "
+     r"greater than or equal to 0"),
+    ([{"mode": "lagged", "k": 0}], r"^opponents\.modes\.0\.k: Input should be greater than or "
+     r"equal to 1 \(got 0\)$"),
+    ([{"mode": "lagged", "k": True}], r"^opponents\.modes\.0\.k: Input should be a valid "
+     r"integer"),
+    ([{"mode": "mirror", "k": 2}], r"^opponents\.modes\.0: mode mirror has no parameter k; it "
+     r"takes: weight$"),
+    (["mirror", {"mode": "fixed", "k": 2}], r"^opponents\.modes\.1: mode fixed has no "
+     r"parameter k; it takes: names, weight$"),
+    ([{"mode": "lagged", "kk": 2}], r"^opponents\.modes\.0: mode lagged has no parameter kk; "
+     r"it takes: k, weight$"),
+    ([{"mode": "ts-dist", "scale": 0}], r"^opponents\.modes\.0\.scale: Input should be "
+     r"greater than 0"),
+    ([{"mode": "fixed", "names": ["grandmaster"]}], r"^opponents\.modes\.0\.names: unknown "
+     r"actor 'grandmaster'; valid actors: model"),
+    ([], r"^opponents\.modes: must be a non-empty list of modes"),
+    ("mirror", r"^opponents: must be a list of modes"),
+    ({"modes": [{"mode": "mirror"}], "max_active_lora": 0}, r"^opponents\.max_active_lora: "
+     r"Input should be greater than or equal to 1 \(got 0\)$"),
+    ({"modes": ["mirror"], "bogus": 1}, r"^opponents\.bogus: unknown setting$"),
 ])
 def test_bad_opponent_configs(data, message):
     with pytest.raises(UbError, match=message):

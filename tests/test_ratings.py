@@ -91,11 +91,31 @@ def test_leaderboard_is_sorted_by_conservative_rating():
 
 
 @pytest.mark.parametrize(("data", "message"), [
-    ({"beta": -1}, "rating.beta must be > 0"),
-    ({"draw_probability": 1.5}, r"draw_probability must be in \[0, 1\)"),
-    ({"mu": "high"}, "rating.mu must be a number"),
-    ({"bta": 3}, "unknown rating setting"),
+    ({"beta": -1}, r"^rating\.beta: Input should be greater than 0 \(got -1\)$"),
+    ({"draw_probability": 1.5}, r"^rating\.draw_probability: Input should be less than 1"),
+    ({"tau": -0.5}, r"^rating\.tau: Input should be greater than or equal to 0"),
+    ({"mu": "high"}, r"^rating\.mu: Input should be a valid number \(got 'high'\)$"),
+    ({"mu": True}, r"^rating\.mu: Input should be a valid number"),
+    ({"bta": 3}, r"^rating\.bta: unknown setting$"),
 ])
 def test_bad_rating_settings(data, message):
     with pytest.raises(UbError, match=message):
         RatingConfig.from_dict(data)
+
+
+def test_an_int_setting_is_read_as_the_float_it_means():
+    # `beta: 3` in a YAML file rates exactly as `beta: 3.0` (snapshots compare bit for bit).
+    config = RatingConfig.from_dict({"beta": 3, "mu": 20})
+    assert config == RatingConfig(beta=3.0, mu=20.0)
+    assert type(config.beta) is float and type(config.to_dict()["mu"]) is float
+    table = RatingTable(config)
+    table.add_checkpoint("a")
+    assert RatingTable.from_snapshot(table.snapshot()).snapshot() == table.snapshot()
+
+
+def test_a_snapshot_with_a_bad_config_is_refused():
+    table = RatingTable()
+    data = {**table.snapshot(), "config": {**table.config.to_dict(), "beta": -1.0}}
+    with pytest.raises(UbError, match=r"not a rating snapshot: config\.beta: Input should be "
+                                      r"greater than 0"):
+        RatingTable.from_snapshot(data)

@@ -84,7 +84,8 @@ BAD = [
     ({"batch": {"batch_size": -1}}, r"batch: batch_size must be a positive integer"),
     ({"batch": {"final": [{"name": "nope"}]}}, r"batch: unknown final reward transform 'nope'"),
     ({"eval": {"games": 7}}, r"eval.games: .*must be even"),
-    ({"opponents": [{"mode": "telepathy"}]}, r"opponents: .*telepathy"),
+    ({"opponents": [{"mode": "telepathy"}]}, r"opponents\.modes\.0\.mode: got 'telepathy'; "
+     r"input should be 'mirror'"),
     ({"cluster": {"rollout_workers": 0}}, r"cluster.rollout_workers: .*greater than or equal"),
     ({"cluster": {"learner": {"num_gpus": -1}}}, r"cluster.learner.num_gpus: .*greater"),
     # every section is typed: a bool is not a count, a string is not a number
@@ -93,10 +94,13 @@ BAD = [
     ({"learner": {"dtype": "float8"}}, r"learner.dtype: got 'float8'; input should be 'auto'"),
     ({"learner": {"lora": {"rnak": 8}}}, r"learner.lora.rnak: unknown setting"),
     ({"rating": {"beta": "wide"}}, r"rating.beta: Input should be a valid number"),
-    ({"rating": {"beta": 0}}, r"rating: rating.beta must be > 0"),
+    ({"rating": {"beta": 0}}, r"rating\.beta: Input should be greater than 0 \(got 0\)"),
     ({"opponents": [{"mode": "lagged", "k": True}]}, r"opponents.modes.0.k: Input should be"),
-    ({"opponents": [{"mode": "mirror", "k": 2}]}, r"opponents: opponent mode mirror has no "),
+    ({"opponents": [{"mode": "mirror", "k": 2}]}, r"opponents\.modes\.0: mode mirror has no "
+     r"parameter k; it takes: weight$"),
     ({"opponents": "mirror"}, r"opponents: must be a list of modes, e.g. "),
+    ({"opponents": [{"mode": "fixed", "names": ["nobody"]}]},
+     r"opponents\.modes\.0\.names: unknown actor 'nobody'; valid actors: model"),
     ({"batch": {"drop_zero_advantage": True, "drop_zero_reward": False}},
      r"batch: .*give only drop_zero_reward"),
 ]
@@ -219,11 +223,11 @@ def test_old_config_forms_still_load(caplog):
         config = validate_config(old)
     assert "drop_zero_advantage is deprecated" in caplog.text
     assert config.batch.drop_zero_reward is True and config.batch_config().drop_zero_reward
-    assert config.opponent_config().modes[1].k == 2
+    assert config.opponents.modes[1].k == 2
     assert config.learner_config("base").learning_rate == 1.0
     mapping = validate_config({**MINIMAL, "opponents": {"modes": ["mirror"],
                                                          "max_active_lora": 2}})
-    assert mapping.opponent_config().max_active_lora == 2
+    assert mapping.opponents.max_active_lora == 2
     assert mapping.model_dump()["opponents"] == {"modes": [{"mode": "mirror", "weight": 1.0}],
                                                  "max_active_lora": 2}
     assert validate_config(MINIMAL).model_dump()["opponents"] == [{"mode": "mirror",
@@ -239,7 +243,7 @@ def test_the_dataclass_defaults_are_the_schema_defaults():
 
     config = validate_config(MINIMAL)
     assert BatchConfig().to_dict() == config.batch.model_dump()
-    assert RatingConfig().__dict__ == config.rating.model_dump()
+    assert type(config.rating) is RatingConfig and config.rating == RatingConfig()
     assert LoraSettings() == config.learner_config("base").lora
     run_side = config.learner_config("base")
     # device_share is the run's: the GPU share the engine leaves the learner in its process.

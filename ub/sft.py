@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
+from pydantic import Field, field_validator
 
-from ub.errors import UbError, settings_from_mapping
+from ub.errors import UbError
+from ub.settings import Section
 
 if TYPE_CHECKING:
     from ub.learner.entry import LearnerSource
@@ -31,41 +32,30 @@ DEFAULT_WHERE = ("g.outcome = 'decisive' AND s.seat = g.winner AND s.format_ok "
                  "AND NOT s.invalid_move")
 
 
-@dataclass(frozen=True)
-class SftConfig:
-    """What to imitate and how long.
+class SftConfig(Section):
+    """What to imitate and how long (the ``sft:`` section of ``ub sft --config``).
 
-    :param where: a DuckDB boolean expression over ``s`` (the ``steps`` row of a decision) and
-        ``g`` (its game's ``games`` row); model decisions only. Default: the winners' legal,
-        well-formatted moves in decisive games.
-    :param epochs: passes over the selected decisions.
-    :param batch_size: decisions per optimizer step.
-    :param max_train_len: keep the first ``max_train_len`` tokens of prompt + completion
-        (``None``: all).
-    :param seed: shuffles the decisions each epoch.
+    ``where`` selects model decisions only: scripted players' moves have no tokens of this
+    model. The decisions are shuffled by ``seed`` each epoch.
     """
 
-    where: str = DEFAULT_WHERE
-    epochs: int = 1
-    batch_size: int = 64
-    max_train_len: int | None = None
-    seed: int = 0
+    where: str = Field(DEFAULT_WHERE, description="A DuckDB boolean expression over s (the "
+                       "steps row of a decision) and g (its game's games row). Default: the "
+                       "winners' legal, well-formatted moves in decisive games.")
+    epochs: int = Field(1, ge=1, description="Passes over the selected decisions.")
+    batch_size: int = Field(64, ge=1, description="Decisions per optimizer step.")
+    max_train_len: int | None = Field(None, ge=2, description="Keep the first N tokens of "
+                                      "prompt + completion; null: all.")
+    seed: int = Field(0, description="Shuffles the decisions each epoch.")
 
+    key = "sft"
+
+    @field_validator("where")
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> SftConfig:
-        return settings_from_mapping(cls, data, "sft")
-
-    def validate(self) -> None:
-        if not isinstance(self.where, str) or not self.where.strip():
-            raise UbError("sft.where must be a non-empty SQL condition")
-        for key in ("epochs", "batch_size"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise UbError(f"sft.{key} must be a positive integer, got {value!r}")
-        if self.max_train_len is not None and (not isinstance(self.max_train_len, int)
-                                               or self.max_train_len < 2):
-            raise UbError(f"sft.max_train_len must be an integer >= 2 or null, got "
-                          f"{self.max_train_len!r}")
+    def _a_condition(cls, where: str) -> str:
+        if not where.strip():
+            raise ValueError("must be a non-empty SQL condition")
+        return where
 
 
 def selection_sql(config: SftConfig) -> str:

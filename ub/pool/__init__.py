@@ -4,7 +4,15 @@ See docs/pool.md.
 """
 
 from ub.pool.ratings import Member, RatingConfig, RatingTable
-from ub.pool.sampling import MODES, OpponentConfig, PoolView, sample_opponents, seat_players
+from ub.pool.sampling import (
+    LAGGED_K,
+    MODES,
+    OpponentConfig,
+    OpponentMode,
+    PoolView,
+    sample_opponents,
+    seat_players,
+)
 
-__all__ = ["MODES", "Member", "OpponentConfig", "PoolView", "RatingConfig", "RatingTable",
-           "sample_opponents", "seat_players"]
+__all__ = ["LAGGED_K", "MODES", "Member", "OpponentConfig", "OpponentMode", "PoolView",
+           "RatingConfig", "RatingTable", "sample_opponents", "seat_players"]

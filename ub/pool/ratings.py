@@ -18,57 +18,41 @@ Rules:
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import trueskill
+from pydantic import Field, ValidationError
 
 from ub.errors import UbError
-from ub.run.sections import RatingSection, default_of
+from ub.settings import Section, format_errors
 
 
-@dataclass(frozen=True)
-class RatingConfig:
-    """TrueSkill settings (the ``rating`` section of a training config): the fields, defaults
-    and meanings of :class:`ub.run.sections.RatingSection`."""
+class RatingConfig(Section):
+    """TrueSkill settings of the pool's ratings (see docs/pool.md)."""
 
-    mu: float = default_of(RatingSection, "mu")
-    sigma: float = default_of(RatingSection, "sigma")
-    beta: float = default_of(RatingSection, "beta")
-    tau: float = default_of(RatingSection, "tau")
-    draw_probability: float = default_of(RatingSection, "draw_probability")
-    fixed_mu: float = default_of(RatingSection, "fixed_mu")
-    fixed_sigma: float = default_of(RatingSection, "fixed_sigma")
-    checkpoint_sigma_boost: float = default_of(RatingSection, "checkpoint_sigma_boost")
+    # float fields read an int as the float it means (`beta: 3` rates as `beta: 3.0`, bit for
+    # bit, as the hand-written reader's float() did): snapshots compare exactly.
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | None) -> RatingConfig:
-        names = {f.name for f in dataclasses.fields(cls)}
-        data = dict(data or {})
-        unknown = sorted(set(data) - names)
-        if unknown:
-            raise UbError(f"unknown rating setting(s) {', '.join(unknown)}; valid: "
-                          f"{', '.join(sorted(names))}")
-        for key, value in data.items():
-            if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(
-                    value):
-                raise UbError(f"rating.{key} must be a number, got {value!r}")
-        config = cls(**{k: float(v) for k, v in data.items()})
-        for key in ("sigma", "beta", "fixed_sigma"):
-            if getattr(config, key) <= 0:
-                raise UbError(f"rating.{key} must be > 0, got {getattr(config, key)}")
-        for key in ("tau", "checkpoint_sigma_boost"):
-            if getattr(config, key) < 0:
-                raise UbError(f"rating.{key} must be >= 0, got {getattr(config, key)}")
-        if not 0 <= config.draw_probability < 1:
-            raise UbError(f"rating.draw_probability must be in [0, 1), got "
-                          f"{config.draw_probability}")
-        return config
+    mu: float = Field(25.0, description="Initial mean of the first checkpoint.")
+    sigma: float = Field(25.0 / 3, gt=0, description="Initial standard deviation, also the cap "
+                         "of an inflated sigma.")
+    beta: float = Field(25.0 / 6, gt=0, description="Skill difference giving ~76% win chance: "
+                        "the game's luck.")
+    tau: float = Field(25.0 / 300, ge=0, description="Dynamics: sigma added before each game.")
+    draw_probability: float = Field(0.1, ge=0, lt=1, description="Prior probability of a draw.")
+    fixed_mu: float = Field(25.0, description="Prior mean of fixed opponents.")
+    fixed_sigma: float = Field(25.0 / 3, gt=0, description="Prior standard deviation of fixed "
+                               "opponents.")
+    checkpoint_sigma_boost: float = Field(1.0, ge=0, description="Added to the parent's sigma "
+                                          "for a new checkpoint.")
+
+    key = "rating"
 
     def env(self) -> trueskill.TrueSkill:
-        # A local environment, never trueskill's global one.
+        """A TrueSkill environment of these settings (a local one, never trueskill's global
+        one)."""
         return trueskill.TrueSkill(mu=self.mu, sigma=self.sigma, beta=self.beta, tau=self.tau,
                                    draw_probability=self.draw_probability)
 
@@ -196,7 +180,7 @@ class RatingTable:
 
     def snapshot(self) -> dict[str, Any]:
         """JSON-able state; :meth:`from_snapshot` restores it exactly."""
-        return {"config": dataclasses.asdict(self.config),
+        return {"config": self.config.to_dict(),
                 "members": [dataclasses.asdict(m) for m in self.members.values()],
                 "matches": self.matches, "games_seen": self.games_seen,
                 "errored_games": self.errored_games}
@@ -204,7 +188,7 @@ class RatingTable:
     @classmethod
     def from_snapshot(cls, data: Mapping[str, Any]) -> RatingTable:
         try:
-            table = cls(RatingConfig(**data["config"]))
+            table = cls(RatingConfig.model_validate(data["config"]))
             for m in data["members"]:
                 table.members[m["name"]] = Member(**m)
             table.matches = {a: {b: list(c) for b, c in row.items()}
@@ -213,4 +197,6 @@ class RatingTable:
             table.errored_games = int(data["errored_games"])
         except (KeyError, TypeError) as exc:
             raise UbError(f"not a rating snapshot: {exc}") from None
+        except ValidationError as exc:
+            raise UbError(f"not a rating snapshot: {format_errors(exc, 'config')}") from None
         return table

@@ -27,93 +27,122 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, Self, get_args
+
+from pydantic import Field, field_validator, model_serializer, model_validator
 
 from ub.errors import UbError
-from ub.run.sections import LAGGED_K, OPPONENT_MODES
+from ub.settings import Section
 
+OpponentModeName = Literal["mirror", "lagged", "random", "fixed", "match-quality", "ts-dist",
+                           "exploration"]
+OPPONENT_MODES: tuple[str, ...] = get_args(OpponentModeName)
 MODES = OPPONENT_MODES
-_PARAMS = {"lagged": {"k"}, "fixed": {"names"}, "ts-dist": {"scale"}}
+LAGGED_K = 4
+"""How many recent checkpoints ``lagged`` picks from when ``k`` is not given."""
+_PARAMETERS = {"lagged": ("k",), "fixed": ("names",), "ts-dist": ("scale",)}
+"""The parameters a mode takes besides ``weight``; ``k``, ``names`` and ``scale`` are each
+one mode's."""
+_EXAMPLE = "[{mode: mirror, weight: 0.8}, {mode: lagged, k: 4, weight: 0.2}]"
 
 
-@dataclass(frozen=True)
-class ModeSpec:
-    """One component of the mixture."""
+class OpponentMode(Section):
+    """One component of the opponents mixture (see docs/pool.md). Written as a mode's name
+    alone, or as ``{mode, weight, **params}``; a mode takes only its own parameters (``k``
+    lagged's, ``names`` fixed's, ``scale`` ts-dist's)."""
 
-    mode: str
-    weight: float = 1.0
-    k: int = LAGGED_K
-    names: tuple[str, ...] | None = None
-    scale: float | None = None
+    mode: OpponentModeName = Field(description="How an opponent is drawn (docs/pool.md).")
+    weight: float = Field(1.0, ge=0, description="Share of the games drawing this mode "
+                          "(normalized over the modes).")
+    k: int | None = Field(None, ge=1, description=f"lagged only: uniform over the last k "
+                          f"checkpoints; null: {LAGGED_K}.")
+    names: list[str] | None = Field(None, description="fixed only: the fixed opponents (actor "
+                                    "names); null: all configured.")
+    scale: float | None = Field(None, gt=0, description="ts-dist only: weight exp(-|mu - "
+                                "mu_current| / scale); null: TrueSkill's beta.")
+
+    key = "opponents.modes[]"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _own_parameters(cls, data: Any) -> Any:
+        if isinstance(data, str):
+            return {"mode": data}
+        if not isinstance(data, dict) or data.get("mode") not in OPPONENT_MODES:
+            return data  # (pydantic says what is wrong with it)
+        takes = ("weight", *_PARAMETERS.get(data["mode"], ()))
+        # Another mode's parameter given as null (a copy of a built mode) says nothing.
+        extra = [k for k in data if k != "mode" and k not in takes
+                 and (k not in cls.model_fields or data[k] is not None)]
+        if extra:
+            raise ValueError(f"mode {data['mode']} has no parameter {', '.join(map(str, extra))}"
+                             f"; it takes: {', '.join(sorted(takes))}")
+        return data
+
+    @field_validator("names")
+    @classmethod
+    def _actor_names(cls, names: list[str] | None) -> list[str] | None:
+        from ub.actors.spec import parse_actor
+
+        for name in names or ():
+            try:
+                parse_actor(name)  # unknown names list the valid ones
+            except UbError as exc:
+                raise ValueError(str(exc)) from None
+        return names
+
+    @model_serializer(mode="wrap")
+    def _given_only(self, handler: Any) -> dict[str, Any]:
+        # A mode's parameters only when set: `{mode: mirror, weight: 1.0}`, as written.
+        return {k: v for k, v in handler(self).items() if v is not None}
+
+    @property
+    def lagged_k(self) -> int:
+        """How many recent checkpoints ``lagged`` picks from (``k``, else :data:`LAGGED_K`)."""
+        return LAGGED_K if self.k is None else self.k
 
 
-@dataclass(frozen=True)
-class OpponentConfig:
-    """The ``opponents`` section: a mixture of modes, and the LoRA budget."""
+class OpponentConfig(Section):
+    """Who the learner's checkpoint plays: a mixture of modes. Written as a list of modes, or
+    as ``{modes: [...], max_active_lora: N}``."""
 
-    modes: tuple[ModeSpec, ...]
-    max_active_lora: int | None = None
+    modes: list[OpponentMode] = Field(
+        default_factory=lambda: [OpponentMode(mode="mirror", weight=1.0)],
+        description="The mixture: each game draws a mode by weight, then an opponent.")
+    max_active_lora: int | None = Field(None, ge=1, description="Most distinct checkpoints any "
+                                        "mode may pick; null: no bound.")
+
+    key = "opponents"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _list_form(cls, data: Any) -> Any:
+        if isinstance(data, list):
+            return {"modes": data}
+        if not isinstance(data, dict | OpponentConfig):
+            raise ValueError(f"must be a list of modes, e.g. {_EXAMPLE}, got {data!r}")
+        return data
+
+    @field_validator("modes")
+    @classmethod
+    def _a_mixture(cls, modes: list[OpponentMode]) -> list[OpponentMode]:
+        if not modes:
+            raise ValueError(f"must be a non-empty list of modes, e.g. {_EXAMPLE}")
+        if sum(m.weight for m in modes) <= 0:
+            raise ValueError("the modes' weights must sum to a positive number")
+        return modes
 
     @classmethod
-    def from_dict(cls, data: Any) -> OpponentConfig:
-        """From a list of ``{mode, weight, **params}`` (or ``{modes: [...],
-        max_active_lora: N}``), validated with one clear error per problem."""
-        max_active = None
-        if isinstance(data, Mapping):
-            unknown = sorted(set(data) - {"modes", "max_active_lora"})
-            if unknown:
-                raise UbError(f"unknown opponents setting(s) {', '.join(unknown)}; valid: "
-                              "modes, max_active_lora")
-            max_active = data.get("max_active_lora")
-            data = data.get("modes", [])
-        if isinstance(data, str | bytes) or not isinstance(data, Sequence) or not data:
-            raise UbError("opponents must be a non-empty list of modes, e.g. "
-                          "[{mode: mirror, weight: 0.8}, {mode: lagged, k: 4, weight: 0.2}]")
-        if max_active is not None and (not isinstance(max_active, int) or max_active < 1):
-            raise UbError(f"max_active_lora must be a positive integer, got {max_active!r}")
-        modes = []
-        for item in data:
-            if isinstance(item, str):
-                item = {"mode": item}
-            if not isinstance(item, Mapping) or "mode" not in item:
-                raise UbError(f"opponent mode {item!r} must be a name or a mapping with 'mode'")
-            name = item["mode"]
-            if name not in MODES:
-                raise UbError(f"unknown opponent mode {name!r}; modes: {', '.join(MODES)}")
-            allowed = {"mode", "weight"} | _PARAMS.get(name, set())
-            extra = sorted(set(item) - allowed)
-            if extra:
-                raise UbError(f"opponent mode {name} has no parameter(s) {', '.join(extra)}; "
-                              f"it takes: {', '.join(sorted(allowed - {'mode'}))}")
-            weight = item.get("weight", 1.0)
-            if isinstance(weight, bool) or not isinstance(weight, int | float) or weight < 0 \
-                    or not math.isfinite(weight):
-                raise UbError(f"opponent mode {name}: weight must be a number >= 0, got "
-                              f"{weight!r}")
-            k = item.get("k", LAGGED_K)
-            if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-                raise UbError(f"opponent mode lagged: k must be a positive integer, got {k!r}")
-            names = item.get("names")
-            if names is not None and (isinstance(names, str) or not all(
-                    isinstance(n, str) for n in names)):
-                raise UbError(f"opponent mode fixed: names must be a list of actor names, got "
-                              f"{names!r}")
-            scale = item.get("scale")
-            if scale is not None and (not isinstance(scale, int | float) or scale <= 0):
-                raise UbError(f"opponent mode ts-dist: scale must be > 0, got {scale!r}")
-            modes.append(ModeSpec(name, float(weight), k,
-                                  tuple(names) if names is not None else None,
-                                  None if scale is None else float(scale)))
-        if sum(m.weight for m in modes) <= 0:
-            raise UbError("opponent mode weights must sum to a positive number")
-        if names := [n for m in modes for n in (m.names or ())]:
-            from ub.actors.spec import parse_actor
+    def from_dict(cls, data: Any) -> Self:
+        """The section from its plain data: a list of modes or ``{modes, max_active_lora}``
+        (else as :meth:`ub.settings.Section.from_dict`)."""
+        return super().from_dict(data)
 
-            for n in names:
-                parse_actor(n)  # unknown names list the valid ones
-        return cls(tuple(modes), max_active)
+    @model_serializer(mode="wrap")
+    def _as_written(self, handler: Any) -> Any:
+        data = handler(self)
+        return data["modes"] if data.get("max_active_lora") is None else data
 
     def fixed_names(self) -> tuple[str, ...]:
         """The fixed opponents the modes name (to add to the pool)."""
@@ -138,14 +167,14 @@ def _active_checkpoints(view: PoolView, max_active: int | None) -> list[str]:
     return older
 
 
-def candidates(spec: ModeSpec, view: PoolView, max_active: int | None = None
+def candidates(spec: OpponentMode, view: PoolView, max_active: int | None = None
                ) -> tuple[list[str], list[float]]:
     """The opponents a mode may pick and their (unnormalized) weights."""
     older = _active_checkpoints(view, max_active)
     if spec.mode == "mirror":
         return [view.current], [1.0]
     if spec.mode == "lagged":
-        chosen = older[-spec.k:]
+        chosen = older[-spec.lagged_k:]
         return chosen, [1.0] * len(chosen)
     if spec.mode == "random":
         chosen = [*older, view.current, *view.fixed]

@@ -223,8 +223,6 @@ def _check_sections(config: TrainConfig, source: str) -> None:
     sections = {
         "batch": lambda: config.batch_config(),
         "learner": lambda: config.learner_config("(base model)"),
-        "opponents": lambda: config.opponent_config(),
-        "rating": lambda: config.rating_config(),
     }
     for name, check in sections.items():
         try:
@@ -236,15 +234,15 @@ def _check_sections(config: TrainConfig, source: str) -> None:
     from ub.actors.expert import check_expert_supports
     from ub.actors.spec import parse_actor
 
+    for name in config.eval.opponents:  # (the opponents section checks its own names)
+        try:
+            parse_actor(name)
+        except UbError as exc:
+            raise fail("eval.opponents", str(exc)) from None
     train_envs = [e.env_id for e in config.envs]
-    seated = [("opponents", config.opponent_config().fixed_names(), train_envs),
+    seated = [("opponents", config.opponents.fixed_names(), train_envs),
               ("eval.opponents", config.eval.opponents, config.eval.env_ids or train_envs)]
     for field, names, env_ids in seated:
-        for name in names:
-            try:
-                parse_actor(name)
-            except UbError as exc:
-                raise fail(field, str(exc)) from None
         if "expert" in names:
             for env_id in env_ids:
                 try:

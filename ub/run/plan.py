@@ -40,7 +40,7 @@ def split_by_weight(total: int, weights: list[float]) -> list[int]:
 
 def fixed_opponents(config: TrainConfig) -> tuple[str, ...]:
     """Fixed pool members: those the opponent modes name, plus the eval opponents."""
-    names = list(config.opponent_config().fixed_names())
+    names = list(config.opponents.fixed_names())
     for name in config.eval.opponents:
         if name not in names:
             names.append(name)
@@ -53,7 +53,7 @@ def load_ratings(run: Run, round_: int):
 
     if round_ >= 0:
         return RatingTable.from_snapshot(read_json(run.paths.ratings(round_)))
-    table = RatingTable(run.config.rating_config())
+    table = RatingTable(run.config.rating)
     table.add_checkpoint(checkpoint_name(0))
     for name in fixed_opponents(run.config):
         table.add_fixed(name)
@@ -84,7 +84,7 @@ def plan_round(run: Run, round_: int) -> list[list[PlannedGame]]:
     view = PoolView(current=checkpoint_name(current),
                     checkpoints=tuple(checkpoint_name(u) for u in range(current + 1)),
                     fixed=fixed_opponents(config), ratings=ratings)
-    opponents_config = config.opponent_config()
+    opponents_config = config.opponents
     counts = split_by_weight(config.rollout.games_per_round, [e.weight for e in config.envs])
     games: list[PlannedGame] = []
     for env_index, (env, count) in enumerate(zip(config.envs, counts, strict=True)):

@@ -111,7 +111,7 @@ def check_services(config: TrainConfig) -> None:
         check_reachable(config.cluster.address)
     from ub.actors.spec import parse_actor
 
-    names = [*config.opponent_config().fixed_names(), *config.eval.opponents]
+    names = [*config.opponents.fixed_names(), *config.eval.opponents]
     for name in dict.fromkeys(names):
         if parse_actor(name).kind == "hosted":
             from ub.actors.hosted import check_hosted  # (only where a run has one)

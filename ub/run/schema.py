@@ -1,9 +1,9 @@
 """The training config's schema: one typed, documented pydantic model per section.
 
-Every field's type, default and one line of meaning (its ``description``) are here or in
-:mod:`ub.run.sections` (``sampling``, ``batch``, ``learner``, ``opponents``, ``rating``), and
-nowhere else: ``docs/config.md`` and ``ub config show`` are generated from them
-(:mod:`ub.run.config_docs`).
+Every field's type, default and one line of meaning (its ``description``) are here, in
+:mod:`ub.run.sections` (``sampling``, ``batch``, ``learner``) or in the package that reads the
+section (``opponents`` and ``rating``: :mod:`ub.pool`), and nowhere else: ``docs/config.md``
+and ``ub config show`` are generated from them (:mod:`ub.run.config_docs`).
 Loading and the checks that need the registries (envs, transforms, algorithms, actors) are in
 :mod:`ub.run.config`.
 """
@@ -15,13 +15,13 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from ub.inference.types import EngineSection, SamplingConfig
+from ub.pool.ratings import RatingConfig
+from ub.pool.sampling import OpponentConfig
 from ub.run.sections import (
     DEFAULT_SEED,
     EXECUTION,
     BatchSection,
     LearnerSection,
-    OpponentsSection,
-    RatingSection,
     Section,
     is_execution,
 )
@@ -164,10 +164,10 @@ class TrainConfig(Section):
                                    "env).")
     rollout: RolloutSection = Field(default_factory=RolloutSection, description="Games per "
                                     "round and shards.")
-    opponents: OpponentsSection = Field(default_factory=OpponentsSection, description="Who the "
-                                        "learner plays (a mixture of modes).")
-    rating: RatingSection = Field(default_factory=RatingSection, description="TrueSkill "
-                                  "ratings of the pool.")
+    opponents: OpponentConfig = Field(default_factory=OpponentConfig, description="Who the "
+                                      "learner plays (a mixture of modes).")
+    rating: RatingConfig = Field(default_factory=RatingConfig, description="TrueSkill "
+                                 "ratings of the pool.")
     batch: BatchSection = Field(default_factory=BatchSection, description="What goes into a "
                                 "round's training batch.")
     learner: LearnerSection = Field(default_factory=LearnerSection, description="How the "
@@ -263,18 +263,6 @@ class TrainConfig(Section):
                 data[key] = value
         return LearnerConfig.from_dict({**data, "base_model": base_model})
 
-    def opponent_config(self):
-        """The ``opponents`` section as a validated :class:`ub.pool.OpponentConfig`."""
-        from ub.pool.sampling import OpponentConfig
-
-        return OpponentConfig.from_dict(self.opponents.as_data())
-
-    def rating_config(self):
-        """The ``rating`` section as a validated :class:`ub.pool.RatingConfig`."""
-        from ub.pool.ratings import RatingConfig
-
-        return RatingConfig.from_dict(self.rating.model_dump())
-
     def training_settings(self) -> dict[str, Any]:
         """The settings a run's data depends on (every field not marked
         :data:`~ub.run.sections.EXECUTION`). Changing one of these on an existing run is
@@ -299,7 +287,7 @@ def _split(section: Section) -> tuple[dict[str, Any], dict[str, Any]]:
         value = getattr(section, name)
         if is_execution(info):
             execution[name] = section.model_dump(mode="json", include={name})[name]
-        elif isinstance(value, Section) and not isinstance(value, OpponentsSection):
+        elif isinstance(value, Section) and not isinstance(value, OpponentConfig):
             inner_locked, inner_execution = _split(value)
             locked[name] = inner_locked
             if inner_execution:

@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any, ClassVar, Literal, get_args
 
-from pydantic import BaseModel, Field, ValidationError, model_serializer, model_validator
+from pydantic import BaseModel, Field, ValidationError
 
 from ub.errors import UbError
 from ub.seeding import DEFAULT_SEED
@@ -31,9 +31,6 @@ DTYPES: tuple[str, ...] = get_args(Dtype)
 ATTENTION: tuple[str, ...] = get_args(Attention)
 KERNELS: tuple[str, ...] = get_args(Kernels)
 ALL_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-OPPONENT_MODES = ("mirror", "lagged", "random", "fixed", "match-quality", "ts-dist", "exploration")
-LAGGED_K = 4
-"""How many recent checkpoints ``lagged`` picks from when ``k`` is not given."""
 
 
 def renamed_keys(data: Any, section: str) -> Any:
@@ -188,74 +185,3 @@ class LearnerSection(Section):
                                          json_schema_extra=EXECUTION)
     num_threads: int | None = Field(None, description="torch CPU threads; null: torch's "
                                     "setting.", json_schema_extra=EXECUTION)
-
-
-class OpponentMode(Section):
-    """One component of the opponents mixture (see docs/pool.md)."""
-
-    mode: str = Field(description=f"One of {', '.join(OPPONENT_MODES)}.")
-    weight: float = Field(1.0, description="Share of the games drawing this mode (>= 0; "
-                          "normalized over the modes).")
-    k: int | None = Field(None, description=f"lagged only: uniform over the last k checkpoints "
-                          f"(positive; null: {LAGGED_K}).")
-    names: list[str] | None = Field(None, description="fixed only: the fixed opponents (actor "
-                                    "names); null: all configured.")
-    scale: float | None = Field(None, description="ts-dist only: weight exp(-|mu - mu_current| "
-                                "/ scale) (> 0); null: TrueSkill's beta.")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _name_alone(cls, data: Any) -> Any:
-        return {"mode": data} if isinstance(data, str) else data
-
-    @model_serializer(mode="wrap")
-    def _given_only(self, handler: Any) -> dict[str, Any]:
-        # A mode's parameters only when set: `{mode: mirror, weight: 1.0}`, as written.
-        return {k: v for k, v in handler(self).items() if v is not None}
-
-
-class OpponentsSection(Section):
-    """Who the learner's checkpoint plays: a mixture of modes. Written as a list of modes, or
-    as ``{modes: [...], max_active_lora: N}``."""
-
-    modes: list[OpponentMode] = Field(
-        default_factory=lambda: [OpponentMode(mode="mirror", weight=1.0)],
-        description="The mixture: each game draws a mode by weight, then an opponent.")
-    max_active_lora: int | None = Field(None, description="Most distinct checkpoints any mode "
-                                        "may pick (positive); null: no bound.")
-
-    @model_validator(mode="before")
-    @classmethod
-    def _list_form(cls, data: Any) -> Any:
-        if isinstance(data, list):
-            return {"modes": data}
-        if not isinstance(data, dict | OpponentsSection):
-            raise ValueError(f"must be a list of modes, e.g. [{{mode: mirror, weight: 0.8}}, "
-                             f"{{mode: lagged, k: 4, weight: 0.2}}], got {data!r}")
-        return data
-
-    @model_serializer(mode="wrap")
-    def _as_written(self, handler: Any) -> Any:
-        data = handler(self)
-        return data["modes"] if data.get("max_active_lora") is None else data
-
-    def as_data(self) -> Any:
-        """The section as plain data, in the form it is written (what ``ub.pool`` reads)."""
-        return self.model_dump(mode="json")
-
-
-class RatingSection(Section):
-    """TrueSkill settings of the pool's ratings (see docs/pool.md)."""
-
-    mu: float = Field(25.0, description="Initial mean of the first checkpoint.")
-    sigma: float = Field(25.0 / 3, description="Initial standard deviation, also the cap of an "
-                         "inflated sigma (> 0).")
-    beta: float = Field(25.0 / 6, description="Skill difference giving ~76% win chance: the "
-                        "game's luck (> 0).")
-    tau: float = Field(25.0 / 300, description="Dynamics: sigma added before each game (>= 0).")
-    draw_probability: float = Field(0.1, description="Prior probability of a draw, in [0, 1).")
-    fixed_mu: float = Field(25.0, description="Prior mean of fixed opponents.")
-    fixed_sigma: float = Field(25.0 / 3, description="Prior standard deviation of fixed "
-                               "opponents (> 0).")
-    checkpoint_sigma_boost: float = Field(1.0, description="Added to the parent's sigma for a "
-                                          "new checkpoint (>= 0).")
