@@ -1,9 +1,9 @@
 """The training config's schema: one typed, documented pydantic model per section.
 
-Every field's type, default and one line of meaning (its ``description``) are here or in
-:mod:`ub.run.sections` (``sampling``, ``batch``, ``learner``, ``opponents``, ``rating``), and
-nowhere else: ``docs/config.md`` and ``ub config show`` are generated from them
-(:mod:`ub.run.config_docs`).
+Every field's type, default and one line of meaning (its ``description``) are here, in
+:mod:`ub.run.sections` (``sampling``, ``learner``, ``opponents``, ``rating``) or in the package
+that uses them (``batch``: :class:`ub.batch.BatchConfig`), and nowhere else: ``docs/config.md``
+and ``ub config show`` are generated from them (:mod:`ub.run.config_docs`).
 Loading and the checks that need the registries (envs, transforms, algorithms, actors) are in
 :mod:`ub.run.config`.
 """
@@ -14,10 +14,10 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from ub.batch.config import BatchConfig
 from ub.run.sections import (
     DEFAULT_SEED,
     EXECUTION,
-    BatchSection,
     LearnerSection,
     OpponentsSection,
     RatingSection,
@@ -195,8 +195,8 @@ class TrainConfig(Section):
                                         "learner plays (a mixture of modes).")
     rating: RatingSection = Field(default_factory=RatingSection, description="TrueSkill "
                                   "ratings of the pool.")
-    batch: BatchSection = Field(default_factory=BatchSection, description="What goes into a "
-                                "round's training batch.")
+    batch: BatchConfig = Field(default_factory=BatchConfig, description="What goes into a "
+                               "round's training batch.")
     learner: LearnerSection = Field(default_factory=LearnerSection, description="How the "
                                     "learner trains.")
     eval: EvalSection = Field(default_factory=EvalSection, description="Evaluation against "
@@ -270,12 +270,6 @@ class TrainConfig(Section):
         if self.cluster.address is not None:
             return None
         return round(1.0 - self.engine.gpu_memory_utilization, 6)
-
-    def batch_config(self, **overrides: Any):
-        """The ``batch`` section as a validated :class:`ub.batch.BatchConfig`."""
-        from ub.batch import BatchConfig
-
-        return BatchConfig.from_dict({**self.batch.model_dump(), **overrides})
 
     def learner_config(self, base_model: str):
         """The ``learner`` section as a validated :class:`ub.learner.LearnerConfig`; the
