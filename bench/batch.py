@@ -232,8 +232,7 @@ def scenario(root: Path, rounds: int, window: int | None, args: argparse.Namespa
     # every game is replayed from round 0 inside the timing.
     state = None
     if first > 0:
-        before = BatchConfig(**{**config.to_dict(), "first_round": first - 1,
-                                "last_round": first - 1})
+        before = config.replace(first_round=first - 1, last_round=first - 1)
         state = final_stage(root, before, None)[2][first - 1]
     out = {
         "window_rounds": [first, last],

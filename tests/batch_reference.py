@@ -65,7 +65,6 @@ def reference_rows(root: Path, config: BatchConfig,
     looping: the final stage game by game (``transform_game``), step and sampling transforms
     through their Python forms. Slow; an oracle, not for training.
     """
-    config.validate()
     root = Path(root)
     shards = committed_shards(root)
     rounds = [s.round for s in shards]

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
 from batch_reference import reference_rows
+from pydantic import ValidationError
 
 from ub.actors.spec import parse_actor
 from ub.batch import (
@@ -236,8 +239,9 @@ def test_an_invalid_move_never_scores_above_a_valid_move_of_its_game(sloppy_root
 
 
 def test_invalid_move_penalty_must_come_last():
-    with pytest.raises(UbError, match="invalid_move_penalty last"):
-        BatchConfig(step=["invalid_move_penalty", "format_reward"]).validate()
+    with pytest.raises(UbError, match=r"^batch: step transforms .*: list invalid_move_penalty "
+                                      "last"):
+        BatchConfig.from_dict({"step": ["invalid_move_penalty", "format_reward"]})
 
 
 def test_batch_is_a_pure_function_of_seed_and_data(root):
@@ -423,14 +427,42 @@ def test_bad_shards_are_named(tmp_path):
         assemble_batch(tmp_path, BatchConfig())
 
 
-def test_bad_config_is_refused_before_reading(tmp_path):
-    with pytest.raises(UbError, match="batch_size must be a positive integer"):
-        assemble_batch(tmp_path, BatchConfig(batch_size=0))
-    with pytest.raises(UbError, match="rounds window is empty"):
-        BatchConfig(first_round=3, last_round=1).validate()
-    with pytest.raises(UbError, match="unknown batch setting"):
-        BatchConfig.from_dict({"batchsize": 3})
-    with pytest.raises(UbError, match=r"batch.batch_size: Input should be a valid integer"):
-        BatchConfig.from_dict({"batch_size": True})  # the schema's types, strictly
-    with pytest.raises(UbError, match="unknown sampling reward transform"):
-        BatchConfig(sampling=["zscore"]).validate()
+@pytest.mark.parametrize(("data", "message"), [
+    ({"batch_size": 0}, "batch.batch_size: Input should be greater than or equal to 1 (got 0)"),
+    ({"first_round": 3, "last_round": 1},
+     "batch: the rounds window is empty: first_round 3 > last_round 1"),
+    ({"first_round": -1}, "batch.first_round: Input should be greater than or equal to 0"),
+    ({"last_round": -2}, "batch.last_round: Input should be greater than or equal to 0"),
+    ({"max_train_len": 0}, "batch.max_train_len: Input should be greater than or equal to 1"),
+    ({"actors": []}, "batch.actors: List should have at least 1 item"),
+    ({"checkpoints": "ckpt-000001"}, "batch.checkpoints: Input should be a valid list"),
+    ({"pad_token_id": -1}, "batch.pad_token_id: Input should be greater than or equal to 0"),
+    ({"pad_token_id": 2**31}, "batch.pad_token_id: Input should be less than or equal to "
+                              "2147483647"),
+    ({"batchsize": 3}, "batch.batchsize: unknown setting"),
+    ({"batch_size": True}, "batch.batch_size: Input should be a valid integer"),  # strictly
+    ({"sampling": ["zscore"]}, "batch: unknown sampling reward transform 'zscore'"),
+    ({"step": [{"name": "discount", "gama": 0.5}]},
+     "batch: step reward transform 'discount' has no parameter(s) gama"),
+    ({"final": [{"name": "win_draw_loss", "win": float("nan")}]},
+     "batch: final.0.win: expected a finite number, got nan"),
+])
+def test_bad_config_is_refused_when_built(data, message):
+    with pytest.raises(UbError) as refused:
+        BatchConfig.from_dict(data)
+    assert str(refused.value).startswith(message)
+    with pytest.raises(ValidationError):  # built in Python: refused alike
+        BatchConfig(**data)
+    with pytest.raises(UbError, match=re.escape(message)):  # a copy is validated too
+        BatchConfig().replace(**data)
+
+
+def test_the_transforms_are_built_once_and_are_no_setting():
+    config = BatchConfig(step=[{"name": "format_reward", "bonus": 0.5}])
+    assert config.transforms is config.transforms
+    assert [t.bonus for t in config.transforms.step] == [0.5]
+    assert "transforms" not in config.to_dict() and "transforms" not in config.model_dump()
+    assert BatchConfig.from_dict(config.to_dict()) == config  # built anew, still equal
+    other = config.replace(step=[{"name": "format_reward", "bonus": 0.25}], seed=3)
+    assert [t.bonus for t in other.transforms.step] == [0.25] and other.seed == 3
+    assert [t.bonus for t in config.transforms.step] == [0.5]

@@ -93,7 +93,7 @@ def test_the_run_records_each_component_and_its_source(run):
 def test_a_resume_takes_the_same_classes_and_refuses_others(run):
     config, _ = resolve_run_config(run, None)
     assert algorithm_class(config.learner.algorithm) is own_components.AsymmetricClip
-    final = config.batch_config().transforms.final
+    final = config.batch.transforms.final
     assert [type(t) for t in final][1] is own_components.CountedScale
     other = validate_config({**CONFIG, "learner": {**CONFIG["learner"], "algorithm": "ppo",
                                                    "algorithm_params": {}}})

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 import yaml
 
+from ub.batch import BatchConfig
 from ub.errors import UbError
 from ub.run.config import (
     PRESETS_DIR,
@@ -35,7 +36,8 @@ def test_presets_validate(name):
     assert [e.env_id for e in config.envs] == [e["env_id"] for e in raw["envs"]]
     assert config.rollout.games_per_round == raw["rollout"]["games_per_round"]
     # The nested sections are the same validated settings `ub batch` / `ub learn` take.
-    assert config.batch_config().batch_size == raw["batch"]["batch_size"]
+    assert isinstance(config.batch, BatchConfig)
+    assert config.batch.batch_size == raw["batch"]["batch_size"]
     lora = config.learner_config("base").lora
     assert (lora.rank, lora.alpha) == (raw["learner"]["lora"]["rank"],
                                        raw["learner"]["lora"]["alpha"])
@@ -46,7 +48,7 @@ def test_seeds_example_preset_matches_the_seeds():
     config = load_config("qwen3-1.7b-simpletak")
     assert config.model.base == "Qwen/Qwen3-1.7B-Base"
     assert [e.env_id for e in config.envs] == ["SimpleTak-v0-train"]
-    assert config.batch_config().batch_size == 384
+    assert config.batch.batch_size == 384
     lora = config.learner_config("base").lora
     assert lora.rank == 32 and len(lora.target_modules) == 7
     assert config.eval.envs == ["SimpleTak-v0-train", "KuhnPoker-v0-train"]
@@ -81,7 +83,10 @@ BAD = [
      r"engine.max_lora_rank: 12 is not supported by vLLM: use one of 1, 8, 16"),
     ({"learner": {"lora": {"rank": 64}}}, r"learner.lora.rank: 64 exceeds engine.max_lora_rank"),
     ({"learner": {"algorithm": "sarsa"}}, r"learner: .*sarsa"),
-    ({"batch": {"batch_size": -1}}, r"batch: batch_size must be a positive integer"),
+    ({"batch": {"batch_size": -1}},
+     r"batch.batch_size: Input should be greater than or equal to 1 \(got -1\)"),
+    ({"batch": {"first_round": 2, "last_round": 1}},
+     r"batch: the rounds window is empty: first_round 2 > last_round 1"),
     ({"batch": {"final": [{"name": "nope"}]}}, r"batch: unknown final reward transform 'nope'"),
     ({"eval": {"games": 7}}, r"eval.games: .*must be even"),
     ({"opponents": [{"mode": "telepathy"}]}, r"opponents\.modes\.0\.mode: got 'telepathy'; "
@@ -102,7 +107,8 @@ BAD = [
     ({"opponents": [{"mode": "fixed", "names": ["nobody"]}]},
      r"opponents\.modes\.0\.names: unknown actor 'nobody'; valid actors: model"),
     ({"batch": {"drop_zero_advantage": True, "drop_zero_reward": False}},
-     r"batch: .*give only drop_zero_reward"),
+     r"batch: drop_zero_advantage is the old name of drop_zero_reward: give only "
+     "drop_zero_reward"),
 ]
 
 
@@ -132,8 +138,8 @@ FED = [
      r"up to 2147483647"),
     ({"engine": {"dtype": "float8"}},
      r"engine.dtype: got 'float8'; input should be 'auto', 'float32'"),
-    ({"batch": {"pad_token_id": 2**31}}, r"batch: pad_token_id must be a token id \(<= "
-     r"2147483647"),
+    ({"batch": {"pad_token_id": 2**31}}, r"batch.pad_token_id: Input should be less than or "
+     r"equal to 2147483647 \(got 2147483648\)"),
     ({"learner": {"seed": 2**64}}, r"learner: seed must be an integer in \[-2\*\*63, "
      r"2\*\*64\), got 18446744073709551616"),
 ]
@@ -205,7 +211,7 @@ def test_stop_strings_reach_training_and_evaluation_sampling():
 
 def test_sections_are_typed_and_dump_as_written():
     config = load_config("tiny-cpu")
-    assert config.batch_config().batch_size == config.batch.batch_size == 512
+    assert config.batch.batch_size == 512
     assert config.learner.algorithm == "ppo" and config.learner.seed is None
     learner = config.learner_config("base")  # the run fills what the section leaves null
     assert (learner.seed, learner.temperature, learner.length_normalizer) == (0, 1.0, 8)
@@ -222,7 +228,7 @@ def test_old_config_forms_still_load(caplog):
     with caplog.at_level("WARNING", logger="ub.config"):
         config = validate_config(old)
     assert "drop_zero_advantage is deprecated" in caplog.text
-    assert config.batch.drop_zero_reward is True and config.batch_config().drop_zero_reward
+    assert config.batch.drop_zero_reward is True
     assert config.opponents.modes[1].k == 2
     assert config.learner_config("base").learning_rate == 1.0
     mapping = validate_config({**MINIMAL, "opponents": {"modes": ["mirror"],
@@ -235,14 +241,13 @@ def test_old_config_forms_still_load(caplog):
 
 
 def test_the_dataclass_defaults_are_the_schema_defaults():
-    from ub.batch import BatchConfig
     from ub.learner import LearnerConfig
     from ub.model.lora import LoraSettings
     from ub.pool import RatingConfig
     from ub.run.config import TrainConfig
 
     config = validate_config(MINIMAL)
-    assert BatchConfig().to_dict() == config.batch.model_dump()
+    assert BatchConfig() == config.batch
     assert type(config.rating) is RatingConfig and config.rating == RatingConfig()
     assert LoraSettings() == config.learner_config("base").lora
     run_side = config.learner_config("base")

@@ -97,8 +97,7 @@ class Section(BaseModel):
         for old, new in cls.renamed.items():
             if old in out:
                 if new in out:
-                    raise ValueError(f"{cls.key}.{old} is the old name of {cls.key}.{new}: "
-                                     f"give only {new}")
+                    raise ValueError(f"{old} is the old name of {new}: give only {new}")
                 log.warning("config: %s.%s is deprecated, read as %s.%s (same meaning)",
                             cls.key, old, cls.key, new)
                 out[new] = out.pop(old)
@@ -122,8 +121,11 @@ class Section(BaseModel):
         """A copy with ``changes``, validated like the original (unlike pydantic's
         ``model_copy``, which checks nothing and would carry what a section built from its old
         values, such as a batch's transforms)."""
+        # The fields only: dict(self) would also hold what a cached_property keeps in the
+        # instance's __dict__ (a batch's transforms), which is no setting.
+        fields = {name: getattr(self, name) for name in type(self).model_fields}
         try:
-            return type(self).model_validate({**dict(self), **changes})
+            return type(self).model_validate({**fields, **changes})
         except ValidationError as exc:
             raise UbError(format_errors(exc, self.key)) from None
 

@@ -126,7 +126,6 @@ def final_stage(root: Path, config: BatchConfig,
     state after each round from ``first_round - 1`` on. Useful to persist or inspect the state
     without assembling a batch.
     """
-    config.validate()
     con = connect()
     try:
         return run_final_stage(make_plan(root, config), config, final_rewards_state, con)

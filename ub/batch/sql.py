@@ -152,13 +152,11 @@ def batch_sql(root: Path, config: BatchConfig) -> str:
     It reads the Arrow table ``final_rewards`` (registered by the caller: see
     :func:`final_stage`), and returns the sampled rows without token lists.
     """
-    config.validate()
     return select_sql(make_plan(root, config), config)
 
 
 def explain(root: Path, config: BatchConfig) -> str:
     """A readable account of what :func:`assemble_batch` will do: plan and both queries."""
-    config.validate()
     plan = make_plan(root, config)
     fetch_example = fetch_sql(plan, pa.table({
         "round": [plan.window[0].round], "shard": [plan.window[0].shard],

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ub.cli.args import add_batch_options, yaml_section
 from ub.errors import UbError
 from ub.numbers import NumberError, parse_int
+
+if TYPE_CHECKING:
+    from ub.batch import BatchConfig
 
 
 def add_parser(sub) -> None:
@@ -19,8 +23,9 @@ def add_parser(sub) -> None:
     batch.set_defaults(func=cmd_batch)
 
 
-def batch_config(args: argparse.Namespace):
-    """The ``batch:`` section of ``--config`` with the command-line overrides."""
+def batch_config(args: argparse.Namespace) -> BatchConfig:
+    """The ``batch:`` section of ``--config`` with the command-line overrides, validated (one
+    :class:`UbError` line naming the bad key)."""
     from ub.batch import BatchConfig
 
     data = yaml_section(args.config, "batch")

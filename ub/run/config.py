@@ -7,8 +7,8 @@ a bad value names its field and what is allowed, in one line.
 
 The schema (every section and field, typed and documented) is :mod:`ub.run.schema` and
 :mod:`ub.run.sections`; ``docs/config.md`` lists it and ``ub config show`` prints a resolved
-config with each key's meaning (:mod:`ub.run.config_docs`). The ``batch`` and ``learner``
-sections become :class:`ub.batch.BatchConfig` and :class:`ub.learner.LearnerConfig` (the same
+config with each key's meaning (:mod:`ub.run.config_docs`). The ``batch`` section is
+:class:`ub.batch.BatchConfig` and ``learner`` becomes :class:`ub.learner.LearnerConfig` (the same
 settings ``ub batch`` and ``ub learn`` take); ``opponents`` and ``rating`` are the pool's
 (:mod:`ub.pool`). The games a config plays are :func:`game_specs`.
 """
@@ -221,7 +221,6 @@ def _check_sections(config: TrainConfig, source: str) -> None:
         except UbError as exc:
             raise fail("eval.envs", str(exc)) from None
     sections = {
-        "batch": lambda: config.batch_config(),
         "learner": lambda: config.learner_config("(base model)"),
     }
     for name, check in sections.items():

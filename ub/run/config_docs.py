@@ -166,6 +166,12 @@ def meaning(info: FieldInfo) -> str:
     return f"{text} Registered: {', '.join(registered_names(kind))}." if kind else text
 
 
+def summary(docstring: str | None) -> str:
+    """A section's docstring's first paragraph: what a config's reader needs; the paragraphs
+    after it are notes for the Python reader of the class."""
+    return (docstring or "").strip().split("\n\n")[0]
+
+
 def _markdown_text(docstring: str) -> str:
     """A docstring as one Markdown paragraph: ``code`` as `code`, no Sphinx roles."""
     text = " ".join(docstring.split()).replace("``", "`")
@@ -202,7 +208,7 @@ def markdown() -> str:
     free = set(free_sections())
     for path, model in sections():
         title = f"`{path}`" if path else "Top level"
-        doc = _markdown_text(model.__doc__ or "")
+        doc = _markdown_text(summary(model.__doc__))
         if path in free:
             doc += " Every key here may change on resume."
         out += [f"## {title}", "", doc, "", f"Declared in {declared_in(model)}.", "",
@@ -266,7 +272,7 @@ def _lines(model: BaseModel, indent: int, comments: bool = True,
         elif child is not None and value:
             out.append(f"{pad}{name}:")
             if comments:
-                out += _comment(child.__doc__ or "", indent + 2)
+                out += _comment(summary(child.__doc__), indent + 2)
                 for item_name, item_info in child.model_fields.items():
                     out += _comment(f"{item_name}: {item_info.description}", indent + 2)
             for item in value:  # as written: a mode's unset parameters are left out

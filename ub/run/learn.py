@@ -55,7 +55,7 @@ def learn_round(run: Run, round_: int, *, worker: Worker) -> dict[str, Any]:
     fetch_checkpoint(paths, paths.checkpoint(round_ + 1))  # made before a crash: reused
     previous = paths.final_rewards_state(round_ - 1)
     state = read_json(previous) if round_ > 0 else None
-    batch_config = config.batch_config(
+    batch_config = config.batch.replace(
         first_round=round_, last_round=round_,
         checkpoints=[checkpoint_name(behaviour_update(config, round_))],
         seed=derive_seed(config.seed, round_, "batch"))

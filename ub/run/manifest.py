@@ -69,7 +69,7 @@ def components(run: Run) -> dict[str, Any]:
     from ub.rewards import STAGES
 
     algorithm = algorithm_class(run.config.learner.algorithm)
-    transforms = run.config.batch_config().transforms
+    transforms = run.config.batch.transforms
     by_stage = {stage: [type(t) for t in getattr(transforms, stage)] for stage in STAGES}
     ran = [algorithm, *(cls for classes in by_stage.values() for cls in classes)]
     own = sorted({cls for cls in ran if cls.__module__.partition(".")[0] != "ub"},

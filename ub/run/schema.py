@@ -1,8 +1,9 @@
 """The training config's schema: one typed, documented pydantic model per section.
 
 Every field's type, default and one line of meaning (its ``description``) are here, in
-:mod:`ub.run.sections` (``sampling``, ``batch``, ``learner``) or in the package that reads the
-section (``opponents`` and ``rating``: :mod:`ub.pool`), and nowhere else: ``docs/config.md``
+:mod:`ub.run.sections` (``learner``) or in the package that uses the section
+(``engine``, ``sampling``: :mod:`ub.inference.types`; ``opponents``, ``rating``: :mod:`ub.pool`;
+``batch``: :class:`ub.batch.BatchConfig`), and nowhere else: ``docs/config.md``
 and ``ub config show`` are generated from them (:mod:`ub.run.config_docs`).
 Loading and the checks that need the registries (envs, transforms, algorithms, actors) are in
 :mod:`ub.run.config`.
@@ -14,13 +15,13 @@ from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from ub.batch.config import BatchConfig
 from ub.inference.types import EngineSection, SamplingConfig
 from ub.pool.ratings import RatingConfig
 from ub.pool.sampling import OpponentConfig
 from ub.run.sections import (
     DEFAULT_SEED,
     EXECUTION,
-    BatchSection,
     LearnerSection,
     Section,
     is_execution,
@@ -168,8 +169,8 @@ class TrainConfig(Section):
                                       "learner plays (a mixture of modes).")
     rating: RatingConfig = Field(default_factory=RatingConfig, description="TrueSkill "
                                  "ratings of the pool.")
-    batch: BatchSection = Field(default_factory=BatchSection, description="What goes into a "
-                                "round's training batch.")
+    batch: BatchConfig = Field(default_factory=BatchConfig, description="What goes into a "
+                               "round's training batch.")
     learner: LearnerSection = Field(default_factory=LearnerSection, description="How the "
                                     "learner trains.")
     eval: EvalSection = Field(default_factory=EvalSection, description="Evaluation against "
@@ -243,12 +244,6 @@ class TrainConfig(Section):
         if self.cluster.address is not None:
             return None
         return round(1.0 - self.engine.gpu_memory_utilization, 6)
-
-    def batch_config(self, **overrides: Any):
-        """The ``batch`` section as a validated :class:`ub.batch.BatchConfig`."""
-        from ub.batch import BatchConfig
-
-        return BatchConfig.from_dict({**self.batch.model_dump(), **overrides})
 
     def learner_config(self, base_model: str):
         """The ``learner`` section as a validated :class:`ub.learner.LearnerConfig`; the

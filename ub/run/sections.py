@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
-from typing import Any, ClassVar, Literal, get_args
+from typing import Any, Literal, get_args
 
 from pydantic import BaseModel, Field, ValidationError
 
@@ -22,7 +22,7 @@ from ub.settings import (
 )
 
 __all__ = ["DEFAULT_SEED", "EXECUTION", "Section", "check_types", "components_of", "default_of",
-           "format_errors", "is_execution", "names_components", "renamed_keys"]
+           "format_errors", "is_execution", "names_components"]
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 Attention = Literal["auto", "sdpa", "eager", "flash_attention_2"]
@@ -31,14 +31,6 @@ DTYPES: tuple[str, ...] = get_args(Dtype)
 ATTENTION: tuple[str, ...] = get_args(Attention)
 KERNELS: tuple[str, ...] = get_args(Kernels)
 ALL_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-def renamed_keys(data: Any, section: str) -> Any:
-    """(Until ``BatchConfig`` is the section.) ``data`` with ``section``'s deprecated keys
-    renamed."""
-    if not isinstance(data, dict) or section != BatchSection.key:
-        return data
-    return BatchSection._renamed_keys(data)  # type: ignore[operator]
 
 
 def check_types(section: type[BaseModel], data: Mapping[str, Any], name: str) -> None:
@@ -50,60 +42,6 @@ def check_types(section: type[BaseModel], data: Mapping[str, Any], name: str) ->
         section.model_validate(known)
     except ValidationError as exc:
         raise UbError(format_errors(exc, name)) from None
-
-
-TransformSpec = str | dict[str, Any]
-
-
-def _specs(*specs: TransformSpec) -> list[TransformSpec]:
-    """A fresh list of transform specs (a default factory's value)."""
-    return list(specs)
-
-
-class BatchSection(Section):
-    """What goes into a training batch (``ub batch`` and every ``ub train`` round)."""
-
-    batch_size: int = Field(384, description="Decisions to sample (positive; fewer if the pool "
-                            "is smaller).")
-    first_round: int | None = Field(None, description="First round of the window, inclusive; "
-                                    "null: the first committed round (ub train: the round).")
-    last_round: int | None = Field(None, description="Last round of the window, inclusive; "
-                                   "null: the last committed round (ub train: the round).")
-    actors: list[str] | None = Field(None, description="Keep only decisions of these actors; "
-                                     "null: any model.")
-    checkpoints: list[str] | None = Field(None, description="Keep only decisions of these "
-                                          "checkpoints; null: any (ub train: the behaviour "
-                                          "policy's).")
-    final: list[TransformSpec] = Field(
-        default_factory=lambda: _specs({"name": "win_draw_loss"},
-                                       {"name": "role_advantage", "ema": 0.95}),
-        description="Final-stage reward transforms, in order: each a name or {name, **params}, "
-                    "the name a registered transform's or package.module:Class, a dataclass "
-                    "subclass of ub.rewards.FinalTransform (docs/rewards.md).",
-        json_schema_extra=names_components("final"))
-    step: list[TransformSpec] = Field(
-        default_factory=list, description="Step-stage reward transforms (per-decision "
-        "shaping), in order; your own: a subclass of ub.rewards.StepTransform.",
-        json_schema_extra=names_components("step"))
-    sampling: list[TransformSpec] = Field(
-        default_factory=lambda: _specs({"name": "normalize_per_env"}),
-        description="Sampling-stage transforms (on the sampled rows), in order; your own: a "
-                    "subclass of ub.rewards.SamplingTransform.",
-        json_schema_extra=names_components("sampling"))
-    drop_zero_reward: bool = Field(False, description="Drop decisions whose reward after the "
-                                   "final and step stages is 0 (|r| <= 1e-9) before sampling "
-                                   "(old name: drop_zero_advantage).")
-    max_train_len: int | None = Field(None, description="Keep the first N tokens of prompt + "
-                                      "completion (positive); null: no limit. A row longer "
-                                      "than the learner's memory holds in one micro-batch "
-                                      "(learner.micro_batch_tokens auto) is refused before "
-                                      "the update.")
-    seed: int = Field(0, description="Sampling seed (ub train: derived from the run's seed per "
-                      "round).")
-    pad_token_id: int = Field(0, description="The id that right-pads input_ids (>= 0).")
-
-    key = "batch"
-    renamed: ClassVar[dict[str, str]] = {"drop_zero_advantage": "drop_zero_reward"}
 
 
 class LoraSection(Section):
