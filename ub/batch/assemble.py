@@ -8,17 +8,19 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
-import torch
 
 from ub.batch.collate import collate
 from ub.batch.config import BatchConfig
 from ub.batch.plan import connect, make_plan, run_final_stage, run_sql
 from ub.batch.sql import TOKEN_COLUMNS, attach_tokens, explain_empty, fetch_sql, select_sql
 from ub.errors import UbError
+
+if TYPE_CHECKING:  # (torch is imported where tensors are made: reading a config needs no torch)
+    import torch
 
 
 @dataclass
@@ -191,6 +193,8 @@ def assemble_batch(root: Path, config: BatchConfig,
      stats.advantage_max) = _moments(advantage)
     stats.timings = {**selection.timings, "collate": time.perf_counter() - collate_started}
     stats.seconds = time.perf_counter() - started
+    import torch
+
     return Batch(
         input_ids=tensors.input_ids, attention_mask=tensors.attention_mask,
         completion_mask=tensors.completion_mask, behaviour_logprobs=tensors.behaviour_logprobs,

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import torch
 
 from ub.errors import UbError
+
+if TYPE_CHECKING:  # (torch is imported where tensors are made: reading a config needs no torch)
+    import torch
 
 
 @dataclass
@@ -81,6 +84,8 @@ def collate(rows: pa.Table, pad_token_id: int = 0, max_train_len: int | None = N
 
     attention_mask = (np.arange(width)[None, :] < keep[:, None]).astype(np.int64)
     cut = full > keep
+    import torch
+
     return Collated(
         input_ids=torch.from_numpy(input_ids),
         attention_mask=torch.from_numpy(attention_mask),
