@@ -51,8 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ub.learner import Learner, LearnerConfig, TrainBatch, plan_micro_batches
 from ub.learner.checkpoint import ADAPTER_WEIGHTS, OPTIMIZER_STATE, RNG_STATE
 from ub.learner.testing import QWEN3_SHAPES, build_qwen3, synthetic_batch
-from ub.model.lora import LoraSettings
-from ub.run.sections import ALL_PROJECTIONS
+from ub.model.lora import ALL_PROJECTIONS, LoraSettings
 
 QUICK_SHAPES = {  # tiny shapes for the CPU: the same code paths, seconds
     "tiny-a": {"hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
@@ -67,7 +66,7 @@ def learner_config(model: Path, **overrides: Any) -> LearnerConfig:
     """The qwen3-1.7b-simpletak preset's learner (ub/presets), on ``model``."""
     settings: dict[str, Any] = dict(
         base_model=str(model), algorithm="reinforce", learning_rate=1e-5, max_grad_norm=0.2,
-        lora=LoraSettings(rank=32, alpha=32, dropout=0.0, target_modules=ALL_PROJECTIONS),
+        lora=LoraSettings(rank=32, alpha=32, dropout=0.0, target_modules=list(ALL_PROJECTIONS)),
         micro_batch_tokens="auto", kernels="auto", length_normalizer=4096, temperature=1.0,
         device_share=1 - ENGINE_SHARE, seed=0)
     return LearnerConfig(**{**settings, **overrides})

@@ -156,7 +156,8 @@ def test_resume_reproduces_the_next_update_exactly(learner: Learner, model_dir: 
                                                    tmp_path: Path, algorithm: str) -> None:
     """Checkpoint k + update k+1 == an uninterrupted run, byte for byte (LoRA dropout on, so
     the RNG state must be restored too)."""
-    settings = config(model_dir, algorithm=algorithm, lora=LoraSettings(8, 16, dropout=0.2))
+    settings = config(model_dir, algorithm=algorithm,
+                      lora=LoraSettings(rank=8, alpha=16, dropout=0.2))
     b1, b2 = batches(2)
     learner.configure(settings)
     learner.start(None)
@@ -351,21 +352,27 @@ def test_zero_advantage_rows_are_skipped_but_still_a_step(fresh: Learner) -> Non
 
 
 def test_config_errors(model_dir: Path) -> None:
-    with pytest.raises(UbError, match="unknown algorithm 'a2c'; registered: ppo, reinforce"):
-        config(model_dir, algorithm="a2c").validate()
-    with pytest.raises(UbError, match=r"algorithm 'ppo' has no parameter.* clip; valid: "
-                                      r"clip_eps, clip_eps_high"):
-        config(model_dir, algorithm="ppo", algorithm_params={"clip": 0.1}).validate()
+    with pytest.raises(UbError, match=r"^learner: unknown algorithm 'a2c'; registered: ppo, "
+                                      r"reinforce"):
+        config(model_dir).replace(algorithm="a2c")
+    with pytest.raises(UbError, match=r"^learner: algorithm 'ppo' has no parameter.* clip; "
+                                      r"valid: clip_eps, clip_eps_high"):
+        config(model_dir).replace(algorithm="ppo", algorithm_params={"clip": 0.1})
     with pytest.raises(UbError, match="clip_eps must be in"):
         make_algorithm("ppo", {"clip_eps": 2})
-    with pytest.raises(UbError, match="unknown learner setting"):
+    with pytest.raises(UbError, match=r"^learner\.lr: unknown setting$"):
         LearnerConfig.from_dict({"base_model": "m", "lr": 1})
-    with pytest.raises(UbError, match="micro_batch_tokens must be a positive integer"):
-        config(model_dir, micro_batch_tokens=0).validate()
-    with pytest.raises(UbError, match="base_model is not set"):
-        LearnerConfig().validate()
+    with pytest.raises(UbError, match=r"^learner\.micro_batch_tokens: must be a positive "
+                                      r"integer, auto or null, got 0$"):
+        config(model_dir).replace(micro_batch_tokens=0)
+    with pytest.raises(UbError, match=r"^learner\.base_model: is not set: give a model "
+                                      r"directory"):
+        LearnerConfig.from_dict({})
+    with pytest.raises(UbError, match=r"^learner.lora.target_modules: List should have at least "
+                                      r"1 item"):
+        LearnerConfig.from_dict({"base_model": "m", "lora": {"target_modules": []}})
     loaded = LearnerConfig.from_dict({**config(model_dir).to_dict(), "betas": [0.9, 0.95]})
-    assert loaded.lora == LORA and loaded.betas == (0.9, 0.95)
+    assert loaded.lora == LORA and loaded.betas == [0.9, 0.95]
 
 
 def test_micro_batch_plan() -> None:

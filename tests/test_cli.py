@@ -440,7 +440,6 @@ def test_ub_learn_takes_a_runs_own_config_yaml_as_the_run_learns(tmp_path: Path)
     given to `ub learn --config` resolves to the learner config the run itself uses: the seed,
     temperature and length normalizer from the run, nothing refused."""
     import argparse
-    import dataclasses
 
     import yaml
 
@@ -458,7 +457,7 @@ def test_ub_learn_takes_a_runs_own_config_yaml_as_the_run_learns(tmp_path: Path)
     assert (resolved.seed, resolved.length_normalizer) == (7, stored.sampling.max_tokens)
     # (device_share is the run's learner's GPU share beside its own engine: `ub learn` has none)
     run_learner = stored.learner_config(str(tmp_path / "base"))
-    assert resolved == dataclasses.replace(run_learner, device_share=None)
+    assert resolved == run_learner.replace(device_share=None)
 
 
 def test_a_preset_names_its_run_after_itself(capsys, tmp_path):

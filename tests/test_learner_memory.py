@@ -253,8 +253,9 @@ def test_kernels_auto_is_none_on_the_cpu_and_liger_says_why_it_cannot_run(model_
         assert resolve_kernels("auto", cuda, "qwen3") == "none"
         with pytest.raises(UbError, match=r"liger-kernel is not installed \(pip install"):
             resolve_kernels("liger", cuda, "qwen3")
-    with pytest.raises(UbError, match="kernels must be one of auto, liger, none"):
-        LearnerConfig(base_model=str(model_dir), kernels="fast").validate()
+    with pytest.raises(UbError, match=r"learner\.kernels: got 'fast'; input should be "
+                                      r"'auto', 'liger' or 'none'"):
+        LearnerConfig.from_dict({"base_model": str(model_dir), "kernels": "fast"})
 
 
 @pytest.fixture()

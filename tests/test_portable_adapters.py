@@ -42,9 +42,9 @@ VOCAB = 500  # synthetic token ids stay inside the tiny model's vocabulary (~1.3
 
 
 def settings(base: Path) -> LearnerConfig:
-    return LearnerConfig(base_model=str(base), lora=LoraSettings(8, 16, dropout=0.0),
-                         learning_rate=0.05, length_normalizer=16, micro_batch_tokens=512,
-                         seed=3)
+    return LearnerConfig(base_model=str(base),
+                         lora=LoraSettings(rank=8, alpha=16, dropout=0.0), learning_rate=0.05,
+                         length_normalizer=16, micro_batch_tokens=512, seed=3)
 
 
 def install_build(tiny_model: Path, cache: Path) -> Path:

@@ -46,8 +46,8 @@ def checkpoint(folder: Path, update: int) -> Path:
         (into / ADAPTER_WEIGHTS).write_bytes(bytes(range(256)) * (update + 1))
         (into / ADAPTER_CONFIG).write_text(json.dumps({"r": 8}))
 
-    state = CheckpointState(update, {"path": "tiny", "fingerprint": "x"}, LoraSettings(8, 16),
-                            metrics={"update": update})
+    state = CheckpointState(update, {"path": "tiny", "fingerprint": "x"},
+                            LoraSettings(rank=8, alpha=16), metrics={"update": update})
     return write_checkpoint(folder, state, adapter)
 
 

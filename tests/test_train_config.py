@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import yaml
 
@@ -140,8 +138,10 @@ FED = [
      r"engine.dtype: got 'float8'; input should be 'auto', 'float32'"),
     ({"batch": {"pad_token_id": 2**31}}, r"batch.pad_token_id: Input should be less than or "
      r"equal to 2147483647 \(got 2147483648\)"),
-    ({"learner": {"seed": 2**64}}, r"learner: seed must be an integer in \[-2\*\*63, "
-     r"2\*\*64\), got 18446744073709551616"),
+    ({"sampling": {"temperature": 0.0}}, r"learner.temperature: null takes "
+     r"sampling.temperature, 0 \(greedy\), but the learner scores tokens at a temperature > 0"),
+    ({"learner": {"seed": 2**64}}, r"learner.seed: Input should be less than "
+     r"18446744073709551616 \(got 18446744073709551616\)"),
 ]
 
 
@@ -253,5 +253,6 @@ def test_the_dataclass_defaults_are_the_schema_defaults():
     run_side = config.learner_config("base")
     # device_share is the run's: the GPU share the engine leaves the learner in its process.
     assert run_side.device_share == pytest.approx(1 - config.engine.gpu_memory_utilization)
-    assert LearnerConfig(base_model="base") == dataclasses.replace(run_side, device_share=None)
-    assert TrainConfig.model_fields["seed"].default == LearnerConfig().seed
+    assert LearnerConfig(base_model="base") == run_side.replace(device_share=None)
+    seed = TrainConfig.model_fields["seed"].default
+    assert seed == LearnerConfig.model_fields["seed"].default == LearnerConfig(base_model="m").seed

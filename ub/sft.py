@@ -14,7 +14,6 @@ have text but no tokens of this model).
 
 from __future__ import annotations
 
-import dataclasses
 import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -93,8 +92,7 @@ def train_sft(root: str | Path, config: SftConfig, learner_config: Any,
     out = Path(out_checkpoint)
     if out.exists() and not overwrite:
         raise UbError(f"{out} already exists: pick another --out or pass --overwrite")
-    learner_config = dataclasses.replace(learner_config, algorithm="sft", algorithm_params={})
-    learner_config.validate()
+    learner_config = learner_config.replace(algorithm="sft", algorithm_params={})
     rows = select_decisions(Path(root), config)
     tensors = collate(rows, 0, config.max_train_len)
     everything = TrainBatch(input_ids=tensors.input_ids, completion_mask=tensors.completion_mask,

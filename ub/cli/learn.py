@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ub.cli.args import (
     HelpWhenPrinted,
@@ -16,6 +17,9 @@ from ub.cli.args import (
 from ub.cli.batch import batch_config
 from ub.data.atomic import check_can_create
 from ub.errors import UbError
+
+if TYPE_CHECKING:
+    from ub.learner import LearnerConfig
 
 
 def add_parser(sub) -> None:
@@ -33,7 +37,8 @@ def add_parser(sub) -> None:
 
 def _algorithm_help() -> str:
     from ub.learner import algorithm_names
-    from ub.run.sections import LearnerSection, default_of
+    from ub.learner.config import LearnerSection
+    from ub.settings import default_of
 
     return (f"the loss: {', '.join(algorithm_names())}, or your own as package.module:Class "
             f"(default: --config's learner.algorithm, else "
@@ -62,7 +67,7 @@ def cmd_learn(args: argparse.Namespace) -> int:
     return 0
 
 
-def learner_config(args: argparse.Namespace):
+def learner_config(args: argparse.Namespace) -> LearnerConfig:
     """The ``learner:`` section of ``--config`` with the command-line overrides."""
     from ub.learner import LearnerConfig
 

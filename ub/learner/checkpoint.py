@@ -147,15 +147,13 @@ def verify_files(path: str | os.PathLike[str], manifest: Mapping[str, Any]) -> N
 
 def read_checkpoint(path: str | os.PathLike[str]) -> CheckpointState:
     """Read and verify checkpoint ``path`` (not the adapter weights: see :func:`read_adapter`)."""
-    from ub.learner.config import lora_from_dict
-
     ckpt = Path(path).expanduser()
     manifest = read_manifest(ckpt)
     verify_files(ckpt, manifest)
     return CheckpointState(
         update=int(manifest["update"]),
         base_model=dict(manifest["base_model"]),
-        lora=lora_from_dict(manifest["lora"]),
+        lora=LoraSettings.from_dict(manifest["lora"]),
         optimizer=_load_safetensors(ckpt / OPTIMIZER_STATE, ckpt),
         optimizer_settings=dict(manifest.get("optimizer", {})),
         rng=_load_safetensors(ckpt / RNG_STATE, ckpt),

@@ -30,7 +30,6 @@ from ub.learner.checkpoint import (
     CheckpointState,
     sha256_file,
 )
-from ub.model.lora import LoraSettings
 
 
 def write_checkpoint(out_dir: str | os.PathLike[str], state: CheckpointState,
@@ -82,7 +81,7 @@ def write_checkpoint(out_dir: str | os.PathLike[str], state: CheckpointState,
             "version": VERSION,
             "update": state.update,
             "base_model": state.base_model,
-            "lora": _lora_dict(state.lora),
+            "lora": state.lora.to_dict(),
             "optimizer": state.optimizer_settings,
             "python_rng": state.python_rng,
             "learner_config": state.learner_config,
@@ -165,8 +164,3 @@ def _fsync_file(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _lora_dict(lora: LoraSettings) -> dict[str, Any]:
-    return {"rank": lora.rank, "alpha": lora.alpha, "dropout": lora.dropout,
-            "target_modules": list(lora.target_modules)}

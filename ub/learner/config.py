@@ -1,44 +1,164 @@
-"""The learner's settings: one typed, documented, JSON/YAML-able dataclass."""
+"""The learner's settings: the ``learner:`` section of a run's config (:class:`LearnerSection`)
+and what a learner runs with (:class:`LearnerConfig`: the section plus what the run supplies)."""
 
 from __future__ import annotations
 
-import dataclasses
-import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, get_args
 
-from ub.errors import UbError, settings_from_mapping
+from pydantic import Field, field_validator, model_validator
+
+from ub.errors import UbError
 from ub.inference.types import SamplingConfig
 from ub.model.lora import LoraSettings
-from ub.run.sections import (
-    ATTENTION,
-    DEFAULT_SEED,
-    DTYPES,
-    KERNELS,
-    LearnerSection,
-    check_types,
-    default_of,
-)
+from ub.seeding import DEFAULT_SEED
+from ub.settings import EXECUTION, Section, default_of, names_components
+
+__all__ = ["ATTENTION", "DTYPES", "KERNELS", "Attention", "Dtype", "Kernels", "LearnerConfig",
+           "LearnerSection"]
+
+Dtype = Literal["auto", "float32", "bfloat16", "float16"]
+Attention = Literal["auto", "sdpa", "eager", "flash_attention_2"]
+Kernels = Literal["auto", "liger", "none"]
+DTYPES: tuple[str, ...] = get_args(Dtype)
+ATTENTION: tuple[str, ...] = get_args(Attention)
+KERNELS: tuple[str, ...] = get_args(Kernels)
+
+# The three settings the section may leave to the run, with their ranges (one declaration,
+# read by both classes below).
+Seed = Annotated[int, Field(ge=-2**63, lt=2**64)]  # what torch's generators take
+Temperature = Annotated[float, Field(gt=0)]
+LengthNormalizer = Annotated[int, Field(ge=1)]
 
 
-def _schema(name: str) -> Callable[[], Any]:
-    """The default of the schema's field ``name``, as a dataclass default factory."""
-    return lambda: default_of(LearnerSection, name)
+class LearnerSection(Section):
+    """How the learner trains (``ub learn`` and every ``ub train`` round); see
+    docs/algorithms.md."""
+
+    # (The notes beyond each field's one line are LearnerConfig's: this docstring is
+    # docs/config.md's and `ub config show`'s.)
+
+    dtype: Dtype = Field("auto", description="Base weights' dtype; auto: bfloat16 on "
+                                   "a GPU, float32 on the CPU.")
+    attn_implementation: Attention = Field(
+        "auto", description="auto: flash_attention_2 on a GPU with a 16-bit dtype when "
+        "installed, else sdpa.", json_schema_extra=EXECUTION)
+    device: str = Field("auto", description="auto: cuda if available, else cpu; or a torch "
+                        "device string.")
+    lora: LoraSettings = Field(default_factory=LoraSettings, description="The LoRA adapter.")
+    init_adapter: str | None = Field(None, description="PEFT LoRA adapter directory to start "
+                                     "from; null: a fresh adapter (B = 0).")
+    seed: Seed | None = Field(None, description="Seeds the fresh adapter and the learner's RNG "
+                              "(an integer in [-2**63, 2**64)); null: the run's seed.")
+    algorithm: str = Field("reinforce", description="The loss: a registered algorithm's name, or "
+                           "package.module:Class, a subclass of ub.learner.Algorithm "
+                           "(docs/algorithms.md).", json_schema_extra=names_components("algorithm"))
+    algorithm_params: dict[str, Any] = Field(default_factory=dict, description="Keyword "
+                                             "arguments of the algorithm, e.g. {clip_eps: 0.2}.")
+    kl_coef: float = Field(0.0, ge=0, description="Weight of a KL penalty to the base model (the "
+                           "adapter switched off), per completion token (0: none).")
+    entropy_coef: float = Field(0.0, ge=0, description="Weight of an entropy bonus: the loss "
+                                "subtracts it times each completion token's policy entropy "
+                                "(0: none).")
+    target_kl: float | None = Field(None, gt=0, description="Stop an update of several "
+                                    "optimizer steps before the step whose approx_kl (to the "
+                                    "policy the update started from) passes this; null: never.")
+    length_normalizer: LengthNormalizer | None = Field(
+        None, description="L of Dr. GRPO's B * L loss normaliser (positive); null: "
+        "sampling.max_tokens.")
+    temperature: Temperature | None = Field(None, description="Temperature the learner scores "
+                                            "tokens at (> 0); null: sampling.temperature.")
+    learning_rate: float = Field(1e-5, gt=0, description="AdamW step size.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
+    betas: list[Annotated[float, Field(ge=0, lt=1)]] = Field(
+        default_factory=lambda: [0.9, 0.999], min_length=2, max_length=2,
+        description="AdamW moment decay rates: two numbers in [0, 1).")
+    adam_eps: float = Field(1e-8, gt=0, description="AdamW denominator epsilon.")
+    max_grad_norm: float | None = Field(0.2, gt=0, description="Clip the global gradient norm "
+                                        "to this; null: no clipping.")
+    minibatches: int = Field(1, ge=1, description="Optimizer steps per pass over the batch "
+                             "(> 1 is off-policy: use ppo).")
+    epochs: int = Field(1, ge=1, description="Passes over the batch per update.")
+    warmup_steps: int = Field(0, ge=0, description="Optimizer steps of linear learning-rate "
+                              "warm-up (0: none).")
+    decay_steps: int = Field(0, ge=0, description="After the warm-up, the learning rate falls "
+                             "linearly until this optimizer step (counted like warmup_steps, "
+                             "larger than it) to final_lr_fraction of itself, then stays (0: "
+                             "constant).")
+    final_lr_fraction: float = Field(0.1, ge=0, le=1, description="decay_steps only: the "
+                                     "learning rate at and after step decay_steps, as a "
+                                     "fraction.")
+    kernels: Kernels = Field("auto", description="GPU kernels of the transformer body: liger "
+                             "(Liger Kernel's RoPE, RMSNorm, SwiGLU; CUDA, the gpu extra), none, "
+                             "or auto: liger where it runs, else none.",
+                             json_schema_extra=EXECUTION)
+    micro_batch_tokens: int | Literal["auto"] | None = Field(
+        "auto", description="Most tokens per micro-batch, padding included (positive); auto: "
+        "sized from the memory the learner has (on a GPU what is free while the engine sleeps, "
+        "else 1 - engine.gpu_memory_utilization of it; at most 4096 on the CPU), and a longer "
+        "row than that memory holds is refused before the update; null: no limit. An update "
+        "that runs out of memory is retried at half the size.", json_schema_extra=EXECUTION)
+    micro_batch_size: int | None = Field(None, ge=1, description="Most rows per micro-batch; "
+                                         "null: no limit.", json_schema_extra=EXECUTION)
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in the "
+                                         "backward pass (less memory, ~1/3 more compute).",
+                                         json_schema_extra=EXECUTION)
+    num_threads: int | None = Field(None, ge=1, description="torch CPU threads; null: torch's "
+                                    "setting.", json_schema_extra=EXECUTION)
+
+    key = "learner"
+
+    @field_validator("micro_batch_tokens")
+    @classmethod
+    def _positive_tokens(cls, value: int | str | None) -> int | str | None:
+        # (Not a bound on the field: pydantic would report it once per member of the union.)
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"must be a positive integer, auto or null, got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _algorithm_exists(self) -> LearnerSection:
+        # A registered name or an importable class, with parameters it takes: refused here,
+        # before a model is loaded or a round is played.
+        from ub.learner.algorithms import make_algorithm
+
+        try:
+            make_algorithm(self.algorithm, self.algorithm_params)
+        except UbError as exc:
+            raise ValueError(str(exc)) from None
+        return self
+
+    @model_validator(mode="after")
+    def _decay_after_warmup(self) -> LearnerSection:
+        if self.decay_steps and self.decay_steps <= self.warmup_steps:
+            raise ValueError(f"decay_steps ({self.decay_steps}) must be larger than "
+                             f"warmup_steps ({self.warmup_steps}): the decay starts where the "
+                             "warm-up ends")
+        return self
 
 
-@dataclass
-class LearnerConfig:
-    """How the learner trains. Every field is plain data (YAML/JSON-able via :meth:`to_dict`).
+_RUN_SETTINGS = ("seed", "temperature", "length_normalizer")
+"""What :class:`LearnerSection` may leave null for the run to give."""
 
-    The fields, their defaults and meanings are :class:`ub.run.sections.LearnerSection`'s (listed
-    in docs/config.md), plus ``base_model``: a local directory or a hub id, which checkpoints
-    record (path and a fingerprint of its ``config.json``) and refuse to load on another model.
-    ``seed``, ``temperature`` and ``length_normalizer`` default to the run's defaults (``seed``,
-    ``sampling.temperature``, ``sampling.max_tokens``). Notes beyond the one line there:
 
-    - The model fields (``base_model``, ``dtype``, ``attn_implementation``, ``device``, ``lora``)
-      are fixed for the life of a :class:`~ub.learner.Learner`; a change loads a new one.
+class LearnerConfig(LearnerSection):
+    """What a learner runs with: the ``learner:`` section plus what the run supplies.
+
+    It exists because the section alone does not say everything a learner needs: the base
+    model (a run's ``model.base``, a command's ``--base-model``) and the GPU share beside the
+    engine are the run's, not the section's, and the section's ``seed``, ``temperature`` and
+    ``length_normalizer`` may be null, meaning the run's ``seed``, ``sampling.temperature`` and
+    ``sampling.max_tokens`` (:meth:`ub.run.schema.TrainConfig.learner_config` fills them). Here
+    they are never null: given as null or not at all, they take the run's defaults
+    (:data:`~ub.seeding.DEFAULT_SEED`, and :class:`~ub.inference.SamplingConfig`'s
+    ``temperature`` and ``max_tokens``), so a learner built without a run trains as a default
+    run's would. A checkpoint records :meth:`to_dict` (with the base model's portable name).
+
+    Notes beyond the one line of each field (docs/config.md):
+
+    - The model fields (``base_model``, ``dtype``, ``attn_implementation``, ``device``,
+      ``lora``) are fixed for the life of a
+      :class:`~ub.learner.Learner`; a change loads a new one.
     - ``temperature``: the learner scores tokens with ``log_softmax(logits / temperature)``, the
       distribution they were sampled from, so importance ratios are 1 on on-policy data.
     - ``length_normalizer`` scales the loss (so the effective learning rate) but never depends
@@ -56,164 +176,33 @@ class LearnerConfig:
       with the steps it took (``early_stopped`` and ``optimizer_steps`` say so).
     - ``entropy_coef``: a bonus on the policy's entropy over the whole vocabulary at each
       completion token, with its exact gradient (not the sampled-token estimate).
+    - ``device_share``: a run sets it to ``1 - engine.gpu_memory_utilization``; ``None``: what
+      is free (no engine beside the learner, or one asleep: the process's
+      :class:`ub.run.worker.Worker` then drops the share). It sizes ``micro_batch_tokens:
+      auto`` and the longest row the learner trains (:mod:`ub.learner.memory`).
     """
 
-    base_model: str = ""
-    dtype: str = field(default_factory=_schema("dtype"))
-    attn_implementation: str = field(default_factory=_schema("attn_implementation"))
-    device: str = field(default_factory=_schema("device"))
-    lora: LoraSettings = field(default_factory=LoraSettings)
+    base_model: str = Field("", validate_default=True, description="A local model directory or "
+                            "a hub id; checkpoints record its path and a fingerprint of its "
+                            "config.json, and refuse to load on another model.")
+    device_share: float | None = Field(None, ge=0, le=1, description="The fraction of its GPU's "
+                                       "memory the learner may use beside an awake vLLM engine "
+                                       "in its process; null: what is free.")
+    seed: Seed = DEFAULT_SEED
+    temperature: Temperature = default_of(SamplingConfig, "temperature")
+    length_normalizer: LengthNormalizer = default_of(SamplingConfig, "max_tokens")
 
-    init_adapter: str | None = field(default_factory=_schema("init_adapter"))
-    seed: int = DEFAULT_SEED
-
-    algorithm: str = field(default_factory=_schema("algorithm"))
-    algorithm_params: dict[str, Any] = field(default_factory=_schema("algorithm_params"))
-    kl_coef: float = field(default_factory=_schema("kl_coef"))
-    entropy_coef: float = field(default_factory=_schema("entropy_coef"))
-    target_kl: float | None = field(default_factory=_schema("target_kl"))
-    length_normalizer: int = field(
-        default_factory=lambda: default_of(SamplingConfig, "max_tokens"))
-    temperature: float = field(default_factory=lambda: default_of(SamplingConfig, "temperature"))
-
-    learning_rate: float = field(default_factory=_schema("learning_rate"))
-    weight_decay: float = field(default_factory=_schema("weight_decay"))
-    betas: tuple[float, float] = field(default_factory=lambda: tuple(default_of(LearnerSection,
-                                                                                "betas")))
-    adam_eps: float = field(default_factory=_schema("adam_eps"))
-    max_grad_norm: float | None = field(default_factory=_schema("max_grad_norm"))
-    minibatches: int = field(default_factory=_schema("minibatches"))
-    epochs: int = field(default_factory=_schema("epochs"))
-    warmup_steps: int = field(default_factory=_schema("warmup_steps"))
-    decay_steps: int = field(default_factory=_schema("decay_steps"))
-    final_lr_fraction: float = field(default_factory=_schema("final_lr_fraction"))
-
-    kernels: str = field(default_factory=_schema("kernels"))
-    micro_batch_tokens: int | str | None = field(default_factory=_schema("micro_batch_tokens"))
-    micro_batch_size: int | None = field(default_factory=_schema("micro_batch_size"))
-    gradient_checkpointing: bool = field(default_factory=_schema("gradient_checkpointing"))
-    num_threads: int | None = field(default_factory=_schema("num_threads"))
-    device_share: float | None = None
-    """The fraction of its GPU's memory the learner may use beside an awake vLLM engine in its
-    process (a run sets it: ``1 - engine.gpu_memory_utilization``); ``None``: what is free (no
-    engine beside it, or one asleep: the process's :class:`ub.run.worker.Worker` then drops
-    the share). Sizes ``micro_batch_tokens: auto`` and the longest row it trains
-    (:mod:`ub.learner.memory`)."""
-
-    def __post_init__(self) -> None:
-        # Accept the shapes YAML/JSON give: a mapping for lora, lists for tuples.
-        if isinstance(self.lora, Mapping):
-            self.lora = lora_from_dict(self.lora)
-        self.betas = tuple(self.betas)  # type: ignore[assignment]
-        self.base_model = str(self.base_model)
-        if self.init_adapter is not None:
-            self.init_adapter = str(self.init_adapter)
-
+    @model_validator(mode="before")
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> LearnerConfig:
-        """A validated config from a mapping (unknown keys are an error; types are the
-        schema's, strictly)."""
-        check_types(LearnerSection, data, "learner")
-        return settings_from_mapping(cls, data, "learner")
+    def _run_defaults(cls, data: Any) -> Any:
+        # null means "the run's", and without a run that is the default (the fields' own).
+        if isinstance(data, Mapping):
+            return {k: v for k, v in data.items() if not (k in _RUN_SETTINGS and v is None)}
+        return data
 
-    def to_dict(self) -> dict[str, Any]:
-        out = dataclasses.asdict(self)
-        out["lora"] = lora_to_dict(self.lora)
-        out["betas"] = list(self.betas)
-        return out
-
-    def validate(self) -> None:
-        """Raise :class:`UbError` for any bad setting, before a model is loaded."""
-        from ub.learner.algorithms import make_algorithm
-
-        if not self.base_model:
-            raise UbError("learner.base_model is not set: give a model directory or hub id")
-        _choice("dtype", self.dtype, DTYPES)
-        _choice("attn_implementation", self.attn_implementation, ATTENTION)
-        _choice("kernels", self.kernels, KERNELS)
-        lora = self.lora
-        if not isinstance(lora.rank, int) or lora.rank < 1:
-            raise UbError(f"lora.rank must be a positive integer, got {lora.rank!r}")
-        if not lora.alpha > 0:
-            raise UbError(f"lora.alpha must be > 0, got {lora.alpha!r}")
-        if not 0 <= lora.dropout < 1:
-            raise UbError(f"lora.dropout must be in [0, 1), got {lora.dropout!r}")
-        if not lora.target_modules:
-            raise UbError("lora.target_modules is empty: name the modules to adapt")
-        make_algorithm(self.algorithm, self.algorithm_params)
-        _non_negative_number("kl_coef", self.kl_coef)
-        _non_negative_number("entropy_coef", self.entropy_coef)
-        if self.target_kl is not None:
-            _positive_number("target_kl", self.target_kl)
-        _positive_int("length_normalizer", self.length_normalizer)
-        _positive_number("temperature", self.temperature)
-        _positive_number("learning_rate", self.learning_rate)
-        _non_negative_number("weight_decay", self.weight_decay)
-        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
-            raise UbError(f"betas must be two numbers in [0, 1), got {list(self.betas)!r}")
-        _positive_number("adam_eps", self.adam_eps)
-        if self.max_grad_norm is not None:
-            _positive_number("max_grad_norm", self.max_grad_norm)
-        _positive_int("minibatches", self.minibatches)
-        _positive_int("epochs", self.epochs)
-        for key in ("warmup_steps", "decay_steps"):
-            value = getattr(self, key)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise UbError(f"{key} must be an integer >= 0, got {value!r}")
-        if self.decay_steps and self.decay_steps <= self.warmup_steps:
-            raise UbError(f"decay_steps ({self.decay_steps}) must be larger than warmup_steps "
-                          f"({self.warmup_steps}): the decay starts where the warm-up ends")
-        if not (isinstance(self.final_lr_fraction, int | float)
-                and 0 <= self.final_lr_fraction <= 1):
-            raise UbError(f"final_lr_fraction must be in [0, 1], got {self.final_lr_fraction!r}")
-        if self.micro_batch_tokens not in ("auto", None):
-            _positive_int("micro_batch_tokens", self.micro_batch_tokens,
-                          "a positive integer, auto or null")
-        for key in ("micro_batch_size", "num_threads"):
-            if getattr(self, key) is not None:
-                _positive_int(key, getattr(self, key))
-        if self.device_share is not None and not (
-                isinstance(self.device_share, int | float) and 0 <= self.device_share <= 1):
-            raise UbError(f"device_share must be in [0, 1], got {self.device_share!r}")
-        # (torch's generators take seeds in [-2**63, 2**64))
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) \
-                or not -2**63 <= self.seed < 2**64:
-            raise UbError(f"seed must be an integer in [-2**63, 2**64), got {self.seed!r}")
-
-
-def lora_to_dict(lora: LoraSettings) -> dict[str, Any]:
-    return {"rank": lora.rank, "alpha": lora.alpha, "dropout": lora.dropout,
-            "target_modules": list(lora.target_modules)}
-
-
-def lora_from_dict(data: Mapping[str, Any]) -> LoraSettings:
-    names = {f.name for f in dataclasses.fields(LoraSettings)}
-    unknown = sorted(set(data) - names)
-    if unknown:
-        raise UbError(f"unknown lora setting(s) {', '.join(unknown)}; "
-                      f"valid: {', '.join(sorted(names))}")
-    values = dict(data)
-    if "target_modules" in values:
-        values["target_modules"] = tuple(values["target_modules"])
-    return LoraSettings(**values)
-
-
-def _choice(key: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise UbError(f"{key} must be one of {', '.join(choices)}, got {value!r}")
-
-
-def _positive_int(key: str, value: Any, what: str = "a positive integer") -> None:
-    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise UbError(f"{key} must be {what}, got {value!r}")
-
-
-def _non_negative_number(key: str, value: Any) -> None:
-    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) \
-            or value < 0:
-        raise UbError(f"{key} must be a number >= 0, got {value!r}")
-
-
-def _positive_number(key: str, value: Any) -> None:
-    if not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
-        raise UbError(f"{key} must be a positive number, got {value!r}")
+    @field_validator("base_model")
+    @classmethod
+    def _base_model_given(cls, value: str) -> str:
+        if not value:
+            raise ValueError("is not set: give a model directory or hub id")
+        return value

@@ -77,7 +77,6 @@ class LearnerModel:
         from peft import get_peft_model
         from transformers import AutoModelForCausalLM
 
-        config.validate()
         self.config = config
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
@@ -144,7 +143,6 @@ class LearnerModel:
     def configure(self, config: LearnerConfig) -> None:
         """Apply a new config that keeps the model (algorithm, optimizer settings, batching,
         dropout, ...). The optimizer state and the adapter weights are kept."""
-        config.validate()
         if not self.same_model(config):
             raise UbError("the new learner config changes the model (base model, dtype, "
                           "attention, device, kernels or LoRA shape): create a new Learner")

@@ -196,14 +196,18 @@ class LearnerState(LearnerModel):
 
 
 def _lora_of(adapter_config: Mapping[str, Any]) -> LoraSettings:
-    """The LoRA settings a PEFT adapter_config.json describes."""
-    targets = adapter_config.get("target_modules") or ()
+    """The LoRA settings a PEFT adapter_config.json describes.
+
+    Not validated: they describe a file to compare with the learner's settings
+    (:func:`~ub.learner.base_identity.check_compatible` names what differs), and PEFT writes
+    what the section would refuse (no targets, a regex)."""
+    targets = adapter_config.get("target_modules") or []
     if isinstance(targets, str):  # PEFT allows a regex string; compare it verbatim
-        targets = (targets,)
-    return LoraSettings(rank=int(adapter_config.get("r", 8)),
-                        alpha=adapter_config.get("lora_alpha", 8),
-                        dropout=float(adapter_config.get("lora_dropout", 0.0)),
-                        target_modules=tuple(targets))
+        targets = [targets]
+    return LoraSettings.model_construct(rank=int(adapter_config.get("r", 8)),
+                                        alpha=adapter_config.get("lora_alpha", 8),
+                                        dropout=float(adapter_config.get("lora_dropout", 0.0)),
+                                        target_modules=list(targets))
 
 
 def _file_key(param_name: str) -> str:

@@ -158,7 +158,8 @@ def data_parallel_updates(rank: int, world: int, address: str, model_dir: str | 
     out = Path(out)
     if world > 1:
         join(rank, world, address)
-    config = LearnerConfig(base_model=str(model_dir), lora=LoraSettings(8, 16, dropout=0.0),
+    config = LearnerConfig(base_model=str(model_dir),
+                           lora=LoraSettings(rank=8, alpha=16, dropout=0.0),
                            learning_rate=5e-3, length_normalizer=16,
                            micro_batch_tokens=micro_batch_tokens, seed=3, num_threads=threads)
     previous, metrics = None, []

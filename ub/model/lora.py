@@ -10,34 +10,39 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import Field
+
 from ub.errors import UbError
-from ub.run.sections import ALL_PROJECTIONS, LoraSection, default_of
+from ub.settings import Section
 
 __all__ = ["ALL_PROJECTIONS", "LoraSettings", "new_adapter"]
 
-
-def _schema(name: str) -> Callable[[], Any]:
-    """The default of the schema's field ``name``, as a dataclass default factory."""
-    return lambda: default_of(LoraSection, name)
+ALL_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+"""The attention and MLP projections of a Llama/Qwen-style block: the default LoRA targets."""
 
 
-@dataclass(frozen=True)
-class LoraSettings:
-    """LoRA hyper-parameters: the fields, defaults and meanings of
-    :class:`ub.run.sections.LoraSection` (``target_modules`` as a tuple)."""
+class LoraSettings(Section):
+    """LoRA hyper-parameters (rank, alpha and targets must match a resumed checkpoint's)."""
 
-    rank: int = field(default_factory=_schema("rank"))
-    alpha: int = field(default_factory=_schema("alpha"))
-    dropout: float = field(default_factory=_schema("dropout"))
-    target_modules: tuple[str, ...] = field(
-        default_factory=lambda: tuple(default_of(LoraSection, "target_modules")))
+    rank: int = Field(16, ge=1, description="Adapter rank r (<= engine.max_lora_rank).")
+    alpha: int | float = Field(32, gt=0, description="Scaling numerator: the update is scaled "
+                               "by alpha / r.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter input in "
+                           "training.")
+    # A list, as YAML gives it (strict pydantic takes no list for a tuple): two settings are
+    # equal only with the targets in the same order; a checkpoint's compatibility check
+    # ignores the order (ub.learner.base_identity.check_compatible).
+    target_modules: list[str] = Field(default_factory=lambda: list(ALL_PROJECTIONS),
+                                      min_length=1, description="Module names that get "
+                                      "adapters.")
 
-    def peft_config(self):
+    key = "learner.lora"
+
+    def peft_config(self) -> Any:
+        """PEFT's ``LoraConfig`` of these settings (a causal LM's adapter, no bias)."""
         from peft import LoraConfig
 
         return LoraConfig(
@@ -49,12 +54,13 @@ class LoraSettings:
 def new_adapter(
     base_model: str | Path,
     out_dir: str | Path,
-    lora: LoraSettings = LoraSettings(),
+    lora: LoraSettings | None = None,
     *,
     seed: int = 0,
     init_std: float = 0.0,
 ) -> Path:
-    """Write a new LoRA adapter for ``base_model`` to ``out_dir`` (atomically) and return it."""
+    """Write a new LoRA adapter for ``base_model`` to ``out_dir`` (atomically) and return it
+    (``lora``: the default settings when not given)."""
     import torch
     from peft import get_peft_model
     from transformers import AutoModelForCausalLM
@@ -64,7 +70,7 @@ def new_adapter(
         raise UbError(f"base model {base_model} has no config.json: is it a model directory?")
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(str(base_model), dtype=torch.float32)
-    peft_model = get_peft_model(model, lora.peft_config())
+    peft_model = get_peft_model(model, (lora or LoraSettings()).peft_config())
     if init_std > 0:
         generator = torch.Generator().manual_seed(seed)
         with torch.no_grad():

@@ -220,16 +220,6 @@ def _check_sections(config: TrainConfig, source: str) -> None:
                        "the checkpoint and an opponent)") from None
         except UbError as exc:
             raise fail("eval.envs", str(exc)) from None
-    sections = {
-        "learner": lambda: config.learner_config("(base model)"),
-    }
-    for name, check in sections.items():
-        try:
-            check()
-        except UbError as exc:
-            raise fail(name, str(exc)) from None
-        except TypeError as exc:  # a wrong type inside a dataclass section
-            raise fail(name, str(exc)) from None
     from ub.actors.expert import check_expert_supports
     from ub.actors.spec import parse_actor
 
@@ -248,7 +238,11 @@ def _check_sections(config: TrainConfig, source: str) -> None:
                     check_expert_supports(env_id)
                 except UbError as exc:
                     raise fail(field, str(exc)) from None
-    lora = config.learner_config("(base model)").lora
+    if config.learner.temperature is None and config.sampling.temperature == 0:
+        # (what learner_config() would give the learner, which scores at a temperature > 0)
+        raise fail("learner.temperature", "null takes sampling.temperature, 0 (greedy), but the "
+                   "learner scores tokens at a temperature > 0: give learner.temperature")
+    lora = config.learner.lora
     if lora.rank > config.engine.max_lora_rank:
         raise fail("learner.lora.rank", f"{lora.rank} exceeds engine.max_lora_rank "
                    f"{config.engine.max_lora_rank}: raise engine.max_lora_rank")

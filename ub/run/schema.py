@@ -1,9 +1,9 @@
 """The training config's schema: one typed, documented pydantic model per section.
 
-Every field's type, default and one line of meaning (its ``description``) are here, in
-:mod:`ub.run.sections` (``learner``) or in the package that uses the section
-(``engine``, ``sampling``: :mod:`ub.inference.types`; ``opponents``, ``rating``: :mod:`ub.pool`;
-``batch``: :class:`ub.batch.BatchConfig`), and nowhere else: ``docs/config.md``
+Every field's type, default and one line of meaning (its ``description``) are here or in
+the package that uses the section (``engine``, ``sampling``: :mod:`ub.inference.types`;
+``opponents``, ``rating``: :mod:`ub.pool`; ``batch``: :class:`ub.batch.BatchConfig`;
+``learner``: :class:`ub.learner.LearnerSection`), and nowhere else: ``docs/config.md``
 and ``ub config show`` are generated from them (:mod:`ub.run.config_docs`).
 Loading and the checks that need the registries (envs, transforms, algorithms, actors) are in
 :mod:`ub.run.config`.
@@ -17,12 +17,12 @@ from pydantic import Field, field_validator, model_validator
 
 from ub.batch.config import BatchConfig
 from ub.inference.types import EngineSection, SamplingConfig
+from ub.learner.config import LearnerConfig, LearnerSection
 from ub.pool.ratings import RatingConfig
 from ub.pool.sampling import OpponentConfig
 from ub.run.sections import (
     DEFAULT_SEED,
     EXECUTION,
-    LearnerSection,
     Section,
     is_execution,
 )
@@ -245,15 +245,14 @@ class TrainConfig(Section):
             return None
         return round(1.0 - self.engine.gpu_memory_utilization, 6)
 
-    def learner_config(self, base_model: str):
-        """The ``learner`` section as a validated :class:`ub.learner.LearnerConfig`; the
-        settings it leaves null come from the run (seed, sampling)."""
-        from ub.learner.config import LearnerConfig
-
-        data = run_learner_defaults(self.seed, self.sampling)
+    def learner_config(self, base_model: str) -> LearnerConfig:
+        """What the run's learner runs with: the ``learner`` section, ``base_model``, the GPU
+        share beside the engine, and the run's settings where the section says null (seed,
+        sampling: :func:`run_learner_defaults`)."""
+        data: dict[str, Any] = run_learner_defaults(self.seed, self.sampling)
         if self.learner_device_share is not None:
             data["device_share"] = self.learner_device_share
-        for key, value in self.learner.model_dump().items():
+        for key, value in self.learner:
             if value is not None or key not in data:
                 data[key] = value
         return LearnerConfig.from_dict({**data, "base_model": base_model})

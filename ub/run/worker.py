@@ -15,7 +15,6 @@ the caller's own default sampling, so one caller never changes another's.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import gc
 import logging
 from collections.abc import Iterator
@@ -100,7 +99,7 @@ class Worker:
 
             self._learner = KeptLearner()
         if self._engine_asleep and config.device_share is not None:
-            config = dataclasses.replace(config, device_share=None)
+            config = config.replace(device_share=None)
         return self._learner.learner(config)
 
     @contextlib.contextmanager
