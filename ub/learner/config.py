@@ -33,10 +33,31 @@ LengthNormalizer = Annotated[int, Field(ge=1)]
 
 class LearnerSection(Section):
     """How the learner trains (``ub learn`` and every ``ub train`` round); see
-    docs/algorithms.md."""
+    docs/algorithms.md.
 
-    # (The notes beyond each field's one line are LearnerConfig's: this docstring is
-    # docs/config.md's and `ub config show`'s.)
+    Notes beyond the one line of each field:
+
+    - The model fields (``dtype``, ``attn_implementation``, ``device``, ``lora``, and the
+      :class:`LearnerConfig`'s ``base_model``) are fixed for the life of a
+      :class:`~ub.learner.Learner`; a change loads a new one.
+    - ``temperature``: the learner scores tokens with ``log_softmax(logits / temperature)``, the
+      distribution they were sampled from, so importance ratios are 1 on on-policy data.
+    - ``length_normalizer`` scales the loss (so the effective learning rate) but never depends
+      on a sequence's length.
+    - ``warmup_steps`` count from the cold start, so a resumed run continues the ramp: Adam's
+      first steps move every weight by about the learning rate whatever the gradient's size.
+      ``decay_steps`` count the same way: a run extended past them goes on at the final rate.
+    - ``micro_batch_tokens`` bounds activation memory; on a CPU 2048-4096 is also the fastest.
+      ``auto`` sizes it from a probe of the model's activations and the memory the learner has
+      (:mod:`ub.learner.memory`); an out-of-memory error halves it and retries the update.
+    - ``kernels``: :mod:`ub.learner.kernels`.
+    - ``target_kl`` (PPO's early stop): before each optimizer step after the first, the step's
+      forward pass measures ``approx_kl`` of the current policy to the one the update started
+      from (k3 over the step's completion tokens); past ``target_kl`` the update ends there,
+      with the steps it took (``early_stopped`` and ``optimizer_steps`` say so).
+    - ``entropy_coef``: a bonus on the policy's entropy over the whole vocabulary at each
+      completion token, with its exact gradient (not the sampled-token estimate).
+    """
 
     dtype: Dtype = Field("auto", description="Base weights' dtype; auto: bfloat16 on "
                                    "a GPU, float32 on the CPU.")
@@ -154,32 +175,10 @@ class LearnerConfig(LearnerSection):
     ``temperature`` and ``max_tokens``), so a learner built without a run trains as a default
     run's would. A checkpoint records :meth:`to_dict` (with the base model's portable name).
 
-    Notes beyond the one line of each field (docs/config.md):
-
-    - The model fields (``base_model``, ``dtype``, ``attn_implementation``, ``device``,
-      ``lora``) are fixed for the life of a
-      :class:`~ub.learner.Learner`; a change loads a new one.
-    - ``temperature``: the learner scores tokens with ``log_softmax(logits / temperature)``, the
-      distribution they were sampled from, so importance ratios are 1 on on-policy data.
-    - ``length_normalizer`` scales the loss (so the effective learning rate) but never depends
-      on a sequence's length.
-    - ``warmup_steps`` count from the cold start, so a resumed run continues the ramp: Adam's
-      first steps move every weight by about the learning rate whatever the gradient's size.
-      ``decay_steps`` count the same way: a run extended past them goes on at the final rate.
-    - ``micro_batch_tokens`` bounds activation memory; on a CPU 2048-4096 is also the fastest.
-      ``auto`` sizes it from a probe of the model's activations and the memory the learner has
-      (:mod:`ub.learner.memory`); an out-of-memory error halves it and retries the update.
-    - ``kernels``: :mod:`ub.learner.kernels`.
-    - ``target_kl`` (PPO's early stop): before each optimizer step after the first, the step's
-      forward pass measures ``approx_kl`` of the current policy to the one the update started
-      from (k3 over the step's completion tokens); past ``target_kl`` the update ends there,
-      with the steps it took (``early_stopped`` and ``optimizer_steps`` say so).
-    - ``entropy_coef``: a bonus on the policy's entropy over the whole vocabulary at each
-      completion token, with its exact gradient (not the sampled-token estimate).
-    - ``device_share``: a run sets it to ``1 - engine.gpu_memory_utilization``; ``None``: what
-      is free (no engine beside the learner, or one asleep: the process's
-      :class:`ub.run.worker.Worker` then drops the share). It sizes ``micro_batch_tokens:
-      auto`` and the longest row the learner trains (:mod:`ub.learner.memory`).
+    ``device_share``: a run sets it to ``1 - engine.gpu_memory_utilization``; ``None``: what is
+    free (no engine beside the learner, or one asleep: the process's
+    :class:`ub.run.worker.Worker` then drops the share). It sizes ``micro_batch_tokens: auto``
+    and the longest row the learner trains (:mod:`ub.learner.memory`).
     """
 
     base_model: str = Field("", validate_default=True, description="A local model directory or "

@@ -25,16 +25,18 @@ ALL_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj
 
 
 class LoraSettings(Section):
-    """LoRA hyper-parameters (rank, alpha and targets must match a resumed checkpoint's)."""
+    """LoRA hyper-parameters (rank, alpha and targets must match a resumed checkpoint's).
+
+    ``target_modules`` is a list, as YAML gives it (strict pydantic takes no list for a tuple):
+    two settings are equal only with the targets in the same order, while a checkpoint's
+    compatibility check ignores their order (:func:`ub.learner.base_identity.check_compatible`).
+    """
 
     rank: int = Field(16, ge=1, description="Adapter rank r (<= engine.max_lora_rank).")
     alpha: int | float = Field(32, gt=0, description="Scaling numerator: the update is scaled "
                                "by alpha / r.")
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter input in "
                            "training.")
-    # A list, as YAML gives it (strict pydantic takes no list for a tuple): two settings are
-    # equal only with the targets in the same order; a checkpoint's compatibility check
-    # ignores the order (ub.learner.base_identity.check_compatible).
     target_modules: list[str] = Field(default_factory=lambda: list(ALL_PROJECTIONS),
                                       min_length=1, description="Module names that get "
                                       "adapters.")
