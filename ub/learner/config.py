@@ -6,11 +6,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal, get_args
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from ub.errors import UbError
 from ub.inference.types import SamplingConfig
 from ub.model.lora import LoraSettings
+from ub.numbers import first_non_finite
 from ub.seeding import DEFAULT_SEED
 from ub.settings import EXECUTION, Section, default_of, names_components
 
@@ -29,6 +30,17 @@ KERNELS: tuple[str, ...] = get_args(Kernels)
 Seed = Annotated[int, Field(ge=-2**63, lt=2**64)]  # what torch's generators take
 Temperature = Annotated[float, Field(gt=0)]
 LengthNormalizer = Annotated[int, Field(ge=1)]
+
+
+def _finite(value: Any) -> Any:
+    """A free-form value (an algorithm's parameter) with no nan or inf inside: refused here,
+    naming it, before the algorithm reads it (the typed fields refuse them themselves)."""
+    found = first_non_finite(value)
+    if found:
+        where, number = found
+        problem = f"expected a finite number, got {number}"
+        raise ValueError(problem if where == "(top level)" else f"{where}: {problem}")
+    return value
 
 
 class LearnerSection(Section):
@@ -74,8 +86,9 @@ class LearnerSection(Section):
     algorithm: str = Field("reinforce", description="The loss: a registered algorithm's name, or "
                            "package.module:Class, a subclass of ub.learner.Algorithm "
                            "(docs/algorithms.md).", json_schema_extra=names_components("algorithm"))
-    algorithm_params: dict[str, Any] = Field(default_factory=dict, description="Keyword "
-                                             "arguments of the algorithm, e.g. {clip_eps: 0.2}.")
+    algorithm_params: dict[str, Annotated[Any, AfterValidator(_finite)]] = Field(
+        default_factory=dict, description="Keyword arguments of the algorithm, e.g. "
+        "{clip_eps: 0.2}.")
     kl_coef: float = Field(0.0, ge=0, description="Weight of a KL penalty to the base model (the "
                            "adapter switched off), per completion token (0: none).")
     entropy_coef: float = Field(0.0, ge=0, description="Weight of an entropy bonus: the loss "
