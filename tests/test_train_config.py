@@ -240,12 +240,26 @@ def test_old_config_forms_still_load(caplog):
                                                                    "weight": 1.0}]
 
 
-def test_the_dataclass_defaults_are_the_schema_defaults():
+def test_the_library_takes_the_sections_themselves():
+    # One declaration per setting: a run's config holds the library's own config types, with
+    # no mirror that re-reads them; a library object adds to its section only what the run
+    # supplies.
+    from ub.inference.types import EngineConfig, EngineSection, SamplingConfig
     from ub.learner import LearnerConfig
+    from ub.learner.config import LearnerSection
     from ub.model.lora import LoraSettings
-    from ub.pool import RatingConfig
+    from ub.pool import OpponentConfig, RatingConfig
     from ub.run.config import TrainConfig
 
+    taken = {"engine": EngineSection, "sampling": SamplingConfig, "opponents": OpponentConfig,
+             "rating": RatingConfig, "batch": BatchConfig, "learner": LearnerSection}
+    assert {name: TrainConfig.model_fields[name].annotation for name in taken} == taken
+    assert LearnerSection.model_fields["lora"].annotation is LoraSettings
+    assert set(LearnerConfig.model_fields) - set(LearnerSection.model_fields) == {
+        "base_model", "device_share"}
+    assert set(EngineConfig.model_fields) - set(EngineSection.model_fields) == {
+        "model", "enable_lora", "seed"}
+    # ... and the defaults are the section's: the run's resolved learner differs only there.
     config = validate_config(MINIMAL)
     assert BatchConfig() == config.batch
     assert type(config.rating) is RatingConfig and config.rating == RatingConfig()

@@ -5,12 +5,13 @@ path; ``--set key.sub=value`` overrides single fields (the value is parsed as YA
 ``--set rollout.games_per_round=64`` is an int). Every field is checked before any work starts:
 a bad value names its field and what is allowed, in one line.
 
-The schema (every section and field, typed and documented) is :mod:`ub.run.schema` and
-:mod:`ub.run.sections`; ``docs/config.md`` lists it and ``ub config show`` prints a resolved
-config with each key's meaning (:mod:`ub.run.config_docs`). The ``batch`` section is
-:class:`ub.batch.BatchConfig` and ``learner`` becomes :class:`ub.learner.LearnerConfig` (the same
-settings ``ub batch`` and ``ub learn`` take); ``opponents`` and ``rating`` are the pool's
-(:mod:`ub.pool`). The games a config plays are :func:`game_specs`.
+The schema is :class:`ub.run.schema.TrainConfig`: the run's own sections, and those declared in
+the packages that use them, which the library takes as they are (``batch`` is
+:class:`ub.batch.BatchConfig`, ``opponents`` :class:`ub.pool.OpponentConfig`, ...; ``learner``
+becomes :class:`ub.learner.LearnerConfig` with the base model). ``docs/config.md`` lists every
+key and ``ub config show`` prints a resolved config with each key's meaning
+(:mod:`ub.run.config_docs`). This module adds the checks across sections and against what the
+settings feed. The games a config plays are :func:`game_specs`.
 """
 
 from __future__ import annotations

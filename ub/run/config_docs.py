@@ -24,7 +24,7 @@ from pydantic.fields import FieldInfo
 
 from ub.errors import UbError
 from ub.run.schema import TrainConfig
-from ub.run.sections import components_of, is_execution
+from ub.settings import components_of, is_execution
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 REGENERATE = "python -m ub.run.config_docs --write"
@@ -129,7 +129,7 @@ def sections(model: type[BaseModel] = TrainConfig, path: str = ""
 
 
 FREE_NOTE = "(may change on resume)"
-"""Said of a setting of how the work is executed (:data:`ub.run.sections.EXECUTION`)."""
+"""Said of a setting of how the work is executed (:data:`ub.settings.EXECUTION`)."""
 
 
 def free_sections(model: type[BaseModel] = TrainConfig, path: str = "",

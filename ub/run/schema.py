@@ -20,12 +20,8 @@ from ub.inference.types import EngineSection, SamplingConfig
 from ub.learner.config import LearnerConfig, LearnerSection
 from ub.pool.ratings import RatingConfig
 from ub.pool.sampling import OpponentConfig
-from ub.run.sections import (
-    DEFAULT_SEED,
-    EXECUTION,
-    Section,
-    is_execution,
-)
+from ub.seeding import DEFAULT_SEED
+from ub.settings import EXECUTION, Section, is_execution
 
 MAX_GAMES = 100_000
 """Most games one call plans at once (a round, an evaluation, ``ub play``): games are planned
@@ -259,12 +255,12 @@ class TrainConfig(Section):
 
     def training_settings(self) -> dict[str, Any]:
         """The settings a run's data depends on (every field not marked
-        :data:`~ub.run.sections.EXECUTION`). Changing one of these on an existing run is
+        :data:`~ub.settings.EXECUTION`). Changing one of these on an existing run is
         refused: its data would mix two setups."""
         return _split(self)[0]
 
     def execution_settings(self) -> dict[str, Any]:
-        """How the work is executed (the fields marked :data:`~ub.run.sections.EXECUTION`:
+        """How the work is executed (the fields marked :data:`~ub.settings.EXECUTION`:
         ``rounds``, ``eval``, ``tracking``, ``cluster``, the engine's memory and batching,
         ``rollout.shards`` and ``concurrency``, the learner's micro-batching, checkpointing,
         kernels, attention and threads). They may change when a run resumes: they change
