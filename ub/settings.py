@@ -104,17 +104,19 @@ class Section(BaseModel):
         return out
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any] | None) -> Self:
-        """The section from plain data (a YAML mapping), or one :class:`UbError` line naming
-        each bad key by its path in a run's config (e.g. ``batch.batch_size: Input should be
-        greater than 0 (got 0)``)."""
+    def from_dict(cls, data: Any) -> Self:
+        """The section from plain data (a YAML mapping, or a section's other written form such
+        as ``opponents``' list), or one :class:`UbError` line naming each bad key by its path
+        in a run's config (e.g. ``batch.batch_size: Input should be greater than 0 (got 0)``)."""
         try:
-            return cls.model_validate(dict(data or {}) if isinstance(data, Mapping) else data)
+            return cls.model_validate({} if data is None else dict(data) if isinstance(
+                data, Mapping) else data)
         except ValidationError as exc:
             raise UbError(format_errors(exc, cls.key)) from None
 
-    def to_dict(self) -> dict[str, Any]:
-        """The settings as plain YAML/JSON data (what :meth:`from_dict` reads back)."""
+    def to_dict(self) -> Any:
+        """The settings as plain YAML/JSON data, in the form they are written (what
+        :meth:`from_dict` reads back): a mapping, or ``opponents``' list."""
         return self.model_dump(mode="json")
 
     def replace(self, **changes: Any) -> Self:

@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
-from typing import Any, Literal, Self, get_args
+from typing import Any, Literal, get_args
 
 from pydantic import Field, field_validator, model_serializer, model_validator
 
@@ -132,12 +132,6 @@ class OpponentConfig(Section):
         if sum(m.weight for m in modes) <= 0:
             raise ValueError("the modes' weights must sum to a positive number")
         return modes
-
-    @classmethod
-    def from_dict(cls, data: Any) -> Self:
-        """The section from its plain data: a list of modes or ``{modes, max_active_lora}``
-        (else as :meth:`ub.settings.Section.from_dict`)."""
-        return super().from_dict(data)
 
     @model_serializer(mode="wrap")
     def _as_written(self, handler: Any) -> Any:
