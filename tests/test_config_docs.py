@@ -8,7 +8,7 @@ import yaml
 from ub.errors import UbError
 from ub.flows.cli import main
 from ub.run.config import load_config, load_yaml, preset_names, validate_config
-from ub.run.config_docs import DOC, REGENERATE, load_any, markdown, sections, show
+from ub.run.config_docs import DOC, REGENERATE, load_any, markdown, sections, show, type_text
 
 
 def test_docs_config_md_is_generated_from_the_schema():
@@ -23,6 +23,17 @@ def test_every_key_has_a_description_and_is_in_the_doc():
             key = f"{path}.{name}".lstrip(".")
             assert info.description, f"{key} has no description"
             assert f"| `{key}` |" in text, f"{key} is missing from {DOC}"
+
+
+def test_a_bound_shows_where_it_applies_and_each_section_says_where_it_is_declared():
+    from ub.learner import LearnerSection
+
+    fields = LearnerSection.model_fields
+    assert type_text(fields["temperature"].annotation) == "float (> 0) | null"
+    assert type_text(fields["betas"].annotation) == "list[float (>= 0, < 1)]"
+    text = DOC.read_text(encoding="utf-8")
+    learner = text[text.index("## `learner`\n"):]
+    assert learner.index("Declared in `ub/learner/config.py` (`LearnerSection`).") < 300
 
 
 @pytest.mark.parametrize("name", preset_names())

@@ -82,7 +82,7 @@ class LearnerSection(Section):
     init_adapter: str | None = Field(None, description="PEFT LoRA adapter directory to start "
                                      "from; null: a fresh adapter (B = 0).")
     seed: Seed | None = Field(None, description="Seeds the fresh adapter and the learner's RNG "
-                              "(an integer in [-2**63, 2**64)); null: the run's seed.")
+                              "(torch's range: [-2**63, 2**64)); null: the run's seed.")
     algorithm: str = Field("reinforce", description="The loss: a registered algorithm's name, or "
                            "package.module:Class, a subclass of ub.learner.Algorithm "
                            "(docs/algorithms.md).", json_schema_extra=names_components("algorithm"))
@@ -98,15 +98,15 @@ class LearnerSection(Section):
                                     "optimizer steps before the step whose approx_kl (to the "
                                     "policy the update started from) passes this; null: never.")
     length_normalizer: LengthNormalizer | None = Field(
-        None, description="L of Dr. GRPO's B * L loss normaliser (positive); null: "
+        None, description="L of Dr. GRPO's B * L loss normaliser; null: "
         "sampling.max_tokens.")
     temperature: Temperature | None = Field(None, description="Temperature the learner scores "
-                                            "tokens at (> 0); null: sampling.temperature.")
+                                            "tokens at; null: sampling.temperature.")
     learning_rate: float = Field(1e-5, gt=0, description="AdamW step size.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW decoupled weight decay.")
     betas: list[Annotated[float, Field(ge=0, lt=1)]] = Field(
         default_factory=lambda: [0.9, 0.999], min_length=2, max_length=2,
-        description="AdamW moment decay rates: two numbers in [0, 1).")
+        description="AdamW moment decay rates (beta1, beta2).")
     adam_eps: float = Field(1e-8, gt=0, description="AdamW denominator epsilon.")
     max_grad_norm: float | None = Field(0.2, gt=0, description="Clip the global gradient norm "
                                         "to this; null: no clipping.")

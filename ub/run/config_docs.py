@@ -68,8 +68,9 @@ def type_text(annotation: Any) -> str:
         return " | ".join(type_text(a) for a in args)
     if origin is typing.Literal:
         return " | ".join(f"'{a}'" if isinstance(a, str) else str(a) for a in args)
-    if origin is typing.Annotated:
-        return type_text(args[0])
+    if origin is typing.Annotated:  # (a bound on a union member or a list item: said there)
+        bounds = _bounds_text(args[1:])
+        return f"{type_text(args[0])} ({bounds})" if bounds else type_text(args[0])
     if origin is list or (origin is tuple and len(args) == 2 and args[1] is Ellipsis):
         return f"list[{type_text(args[0])}]"  # (YAML writes a tuple as a list)
     if origin is dict:
@@ -81,17 +82,27 @@ def type_text(annotation: Any) -> str:
 
 _BOUNDS = ((annotated_types.Ge, "ge", ">="), (annotated_types.Gt, "gt", ">"),
            (annotated_types.Le, "le", "<="), (annotated_types.Lt, "lt", "<"),
-           (annotated_types.MinLen, "min_length", "length >="))
+           (annotated_types.MinLen, "min_length", "length >="),
+           (annotated_types.MaxLen, "max_length", "length <="))
+
+
+def _bounds_text(metadata: typing.Iterable[Any]) -> str:
+    """Bounds in pydantic metadata (``annotated_types`` objects, or a ``Field(...)`` holding
+    them), e.g. ``>= 1, <= 100000``."""
+    parts = []
+    for meta in metadata:
+        if isinstance(meta, FieldInfo):
+            parts.append(_bounds_text(meta.metadata))
+            continue
+        for kind, attr, symbol in _BOUNDS:
+            if isinstance(meta, kind):
+                parts.append(f"{symbol} {getattr(meta, attr)}")
+    return ", ".join(p for p in parts if p)
 
 
 def constraint_text(info: FieldInfo) -> str:
     """The field's bounds, e.g. ``>= 1, <= 100000`` (checked by pydantic)."""
-    parts = []
-    for meta in info.metadata:
-        for kind, attr, symbol in _BOUNDS:
-            if isinstance(meta, kind):
-                parts.append(f"{symbol} {getattr(meta, attr)}")
-    return ", ".join(parts)
+    return _bounds_text(info.metadata)
 
 
 def flow_yaml(value: Any) -> str:
