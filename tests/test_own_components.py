@@ -8,6 +8,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -100,3 +101,20 @@ def test_a_resume_takes_the_same_classes_and_refuses_others(run):
     with pytest.raises(UbError, match=re.escape(f"learner.algorithm ({ALGORITHM!r} in the run, "
                                                 "'ppo' now)")):
         resolve_run_config(run, other)
+
+
+def test_a_resume_says_when_the_code_of_ones_own_component_changed(run, tmp_path):
+    from ub.run.preflight import RunRequest, preflight
+
+    # The config keeps the import path only: a resume trains with the module as it is now,
+    # which the run's log says when the module is not what the last round recorded.
+    assert preflight(RunRequest(name="own", root=str(run.root.parent))).notes == ()
+    copy = RunPaths.of(tmp_path, "own")
+    shutil.copytree(run.root, copy.root)
+    manifest = json.loads(copy.manifest(0).read_text())
+    manifest["components"]["sources"]["own_components"] = "0" * 64  # as an older file had it
+    copy.manifest(0).write_text(json.dumps(manifest))
+    (note,) = preflight(RunRequest(name="own", root=str(tmp_path))).notes
+    assert note.startswith("own_components changed since round 0 recorded it (sha256 "
+                           "000000000000, now ")
+    assert "the rounds from here train with the code as it is now" in note

@@ -14,6 +14,8 @@ from typing import Any
 
 from ub.components import import_path
 from ub.run.cluster import rollout_worker
+from ub.run.config import TrainConfig
+from ub.run.layout import RunPaths, read_json
 from ub.run.play import ShardResult
 from ub.run.rounds import Run
 
@@ -56,11 +58,11 @@ def round_manifest(run: Run, shards: list[ShardResult], metrics: dict[str, Any],
         "timings": close_timings({"rollout": rollout_seconds, "eval": eval_seconds,
                                   "learner": learner_seconds, "tasks": phases}, seconds),
         "execution": _execution(run, len(shards)),
-        "components": components(run),
+        "components": components(run.config),
     }
 
 
-def components(run: Run) -> dict[str, Any]:
+def components(config: TrainConfig) -> dict[str, Any]:
     """The classes the round's learner and batch ran, by import path, whether built in or named
     by one in the config (``learner.algorithm``, the ``batch:`` stages); and under ``sources``
     the sha256 of each module outside ub that holds one, so that a reader sees which code of
@@ -68,8 +70,8 @@ def components(run: Run) -> dict[str, Any]:
     from ub.learner.algorithms import algorithm_class
     from ub.rewards import STAGES
 
-    algorithm = algorithm_class(run.config.learner.algorithm)
-    transforms = run.config.batch.transforms
+    algorithm = algorithm_class(config.learner.algorithm)
+    transforms = config.batch.transforms
     by_stage = {stage: [type(t) for t in getattr(transforms, stage)] for stage in STAGES}
     ran = [algorithm, *(cls for classes in by_stage.values() for cls in classes)]
     own = sorted({cls for cls in ran if cls.__module__.partition(".")[0] != "ub"},
@@ -78,6 +80,22 @@ def components(run: Run) -> dict[str, Any]:
             **{f"batch.{stage}": [import_path(c) for c in classes]
                for stage, classes in by_stage.items()},
             "sources": {cls.__module__: _source_sha256(cls) for cls in own}}
+
+
+def changed_sources(paths: RunPaths, config: TrainConfig) -> list[str]:
+    """A line for each module of one's own (holding a component named by import path) whose
+    file differs from the sha256 the run's last committed round recorded. The config keeps only
+    the import path, so a resumed run trains on with the code as it is now; its log says so."""
+    committed = paths.committed_rounds()
+    if not committed:
+        return []
+    last = committed[-1]
+    recorded = read_json(paths.manifest(last)).get("components", {}).get("sources", {})
+    now = components(config)["sources"]
+    return [f"{module} changed since round {last} recorded it (sha256 {old[:12]}, now "
+            f"{now[module][:12]}): the rounds from here train with the code as it is now"
+            for module, old in sorted(recorded.items())
+            if old and now.get(module) and now[module] != old]
 
 
 def _source_sha256(cls: type) -> str | None:

@@ -51,7 +51,8 @@ class RunStart:
     config_changed: bool
     """It differs from the run's ``config.yaml`` (a new run, more rounds): written at start."""
     notes: tuple[str, ...] = ()
-    """What the run's log says at its start (a given config set aside, a check not made)."""
+    """What the run's log says at its start (a given config set aside, a check not made, a
+    component of one's own whose code changed since the last round)."""
 
 
 def preflight(request: RunRequest) -> RunStart:
@@ -60,6 +61,7 @@ def preflight(request: RunRequest) -> RunStart:
     from ub.run.base_model import check_base_model, check_fits_base_model
     from ub.run.gpu_plan import check_run_fits_gpu
     from ub.run.lock import check_not_held, removed_if_refused
+    from ub.run.manifest import changed_sources
     from ub.run.rounds import resolve_run_config
     from ub.run.store import catch_up
 
@@ -76,9 +78,11 @@ def preflight(request: RunRequest) -> RunStart:
         gpu_note = check_run_fits_gpu(resolved)
         check_services(resolved)
         check_manifests(paths)
+        code_notes = changed_sources(paths, resolved)
         check_not_held(paths.lock)
         check_can_create(paths.root.parent)
-    return RunStart(paths, resolved, changed, (*notes, *([gpu_note] if gpu_note else [])))
+    return RunStart(paths, resolved, changed,
+                    (*notes, *([gpu_note] if gpu_note else []), *code_notes))
 
 
 def requested_config(paths: RunPaths, request: RunRequest) -> tuple[TrainConfig | None,
