@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from pydantic import ValidationError
 
 from ub.actors.spec import parse_actor
 from ub.errors import UbError
@@ -118,8 +119,10 @@ def test_bad_specs_are_clear():
         check_env(GameSpec("TicTacToe-v0-trian"))
     with pytest.raises(UbError, match="needs the network"):
         check_env(GameSpec("Wordle-v0", num_players=1))
-    with pytest.raises(UbError, match="unknown prompt template 'fancy'"):
-        GameSpec("TicTacToe-v0", template="fancy")
+    with pytest.raises(UbError, match=r"^template: unknown prompt template 'fancy'"):
+        GameSpec.from_dict({"env_id": "TicTacToe-v0", "template": "fancy"})
+    with pytest.raises(ValidationError, match="unknown action extractor 'guess'"):
+        GameSpec("TicTacToe-v0", extractor="guess")
     with pytest.raises(UbError, match="failed to start with 3 player"):
         check_env(GameSpec("TicTacToe-v0", num_players=3))
     with pytest.raises(UbError, match="2 seat"):
@@ -145,5 +148,5 @@ def test_invalid_move_retries_restore_textarenas_allowance():
     assert game.current_seat == seat  # the same seat tries again
     game.apply("[9]")
     assert game.done and game.result.results[seat] == "loss"
-    with pytest.raises(UbError, match="invalid_move_retries"):
+    with pytest.raises(ValidationError, match="invalid_move_retries"):
         GameSpec("TicTacToe-v0-train", invalid_move_retries=-1)

@@ -76,7 +76,7 @@ BAD = [
     ({"pipeline": {"max_staleness": 2}}, r"pipeline.max_staleness: got 2; input should be 0 or 1"),
     ({"envs": []}, r"envs: List should have at least 1 item"),
     ({"envs": [{"env_id": "TicTacToe-v0-train", "template": "fancy"}]},
-     r"envs.0: unknown .*template 'fancy'"),
+     r"envs.0.template: unknown prompt template 'fancy'"),
     ({"engine": {"max_lora_rank": 12}},
      r"engine.max_lora_rank: 12 is not supported by vLLM: use one of 1, 8, 16"),
     ({"learner": {"lora": {"rank": 64}}}, r"learner.lora.rank: 64 exceeds engine.max_lora_rank"),

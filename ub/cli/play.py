@@ -49,7 +49,8 @@ def cmd_play(args: argparse.Namespace) -> int:
     actors = [parse_actor(name) for name in args.players.split(",") if name.strip()]
     if not actors:
         raise UbError("--players needs at least one actor, e.g. --players model,random")
-    spec = GameSpec(args.env, num_players=len(actors), template=args.template)
+    spec = GameSpec.from_dict({"env_id": args.env, "num_players": len(actors),
+                               "template": args.template})
     if any(a.name == "expert" for a in actors):
         from ub.actors.expert import check_expert_supports
 

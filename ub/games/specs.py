@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import difflib
 import random
-from dataclasses import dataclass
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, Field
 
 from ub.errors import UbError
 from ub.games.actions import get_extractor
 from ub.games.templates import get_template
+from ub.settings import Section
 
 # Base games whose TextArena implementation needs the network at reset: an nltk corpus download
 # (word games) or a hosted LLM judge (Debate, ScenarioPlanning). Refused up front so a run never
@@ -31,41 +35,52 @@ class EnvStartError(UbError):
     the game does not have (TextArena checks it at reset)."""
 
 
-@dataclass(frozen=True)
-class GameSpec:
-    """One game a rollout can play.
+def _known(lookup: Callable[[str], Any]) -> Callable[[str], str]:
+    """A pydantic check that ``lookup`` knows a name (its :class:`UbError` lists the known
+    ones)."""
+    def check(name: str) -> str:
+        try:
+            lookup(name)
+        except UbError as exc:
+            raise ValueError(str(exc)) from None
+        return name
+    return check
 
-    :param env_id: a TextArena env id, e.g. ``TicTacToe-v0-train``.
-    :param num_players: seats per game (1 for single-player games).
-    :param template: the prompt template name (see :mod:`ub.games.templates`).
-    :param extractor: the action extractor name; ``None`` uses the template's own.
-    :param max_turns: ub's safety limit on decisions per game; a game past it is recorded as
-        errored (some TextArena games have no turn limit of their own).
-    :param invalid_move_retries: how many invalid moves a seat may replace before the next one
-        loses the game. TextArena allows 1, but its ``-train`` observation hides the error, so
-        the retry prompt is identical to the first: a greedy player repeats the move and
-        forfeits while a sampling one usually recovers, and training would charge less for an
-        invalid move than evaluation does. 0 (the default) charges the same everywhere: an
-        invalid move loses the game (see docs/rewards.md).
+
+TemplateName = Annotated[str, AfterValidator(_known(get_template))]
+"""A prompt template's name (:mod:`ub.games.templates`), checked where a config gives it."""
+ExtractorName = Annotated[str, AfterValidator(_known(get_extractor))]
+"""A move extractor's name (:mod:`ub.games.actions`), checked where a config gives it."""
+
+
+class GameSpec(Section):
+    """One game a rollout can play: a TextArena env, its seats, how its prompts are built and
+    its moves read (a run's ``envs[]`` entries are these, with a weight).
+
+    ``invalid_move_retries``: TextArena allows 1, but its ``-train`` observation hides the
+    error, so the retry prompt is identical to the first: a greedy player repeats the move and
+    forfeits while a sampling one usually recovers, and training would charge less for an
+    invalid move than evaluation does. 0 (the default) charges the same everywhere: an invalid
+    move loses the game (see docs/rewards.md).
     """
 
-    env_id: str
-    num_players: int = 2
-    template: str = "plain"
-    extractor: str | None = None
-    max_turns: int = 200
-    invalid_move_retries: int = 0
+    env_id: str = Field(description="A TextArena env id, e.g. TicTacToe-v0-train.")
+    num_players: int = Field(2, ge=1, description="Seats per game (1 for single-player games).")
+    template: TemplateName = Field("plain", description="Prompt template (see "
+                                   "docs/training.md).")
+    extractor: ExtractorName | None = Field(None, description="Move extractor; null: the "
+                                            "template's.")
+    max_turns: int = Field(200, ge=1, description="Decisions after which a game is stopped and "
+                           "recorded as errored (some TextArena games have no limit).")
+    invalid_move_retries: int = Field(0, ge=0, description="Invalid moves a seat may replace "
+                                      "before the next one loses the game (0: the first loses "
+                                      "it, as in evaluation).")
 
-    def __post_init__(self) -> None:
-        if self.num_players < 1:
-            raise UbError(f"game {self.env_id}: num_players must be >= 1, got {self.num_players}")
-        if self.max_turns < 1:
-            raise UbError(f"game {self.env_id}: max_turns must be >= 1, got {self.max_turns}")
-        if self.invalid_move_retries < 0:
-            raise UbError(f"game {self.env_id}: invalid_move_retries must be >= 0, got "
-                          f"{self.invalid_move_retries}")
-        get_template(self.template)
-        get_extractor(self.extractor_name)
+    def __init__(self, env_id: str | None = None, /, **settings: Any) -> None:
+        # GameSpec("TicTacToe-v0-train"): the env id may come first, unnamed.
+        if env_id is not None:
+            settings["env_id"] = env_id
+        super().__init__(**settings)
 
     @property
     def extractor_name(self) -> str:

@@ -87,7 +87,7 @@ def check_transcript_env(env_id: str) -> None:
 
     _require_legal_actions(env_id)
     try:
-        check_env(GameSpec(env_id, TRANSCRIPT_SEATS))
+        check_env(GameSpec(env_id, num_players=TRANSCRIPT_SEATS))
     except UbError as exc:
         raise UbError(f"cannot play {env_id!r} for transcripts ({TRANSCRIPT_SEATS} random "
                       f"players): {exc}") from None

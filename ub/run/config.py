@@ -251,7 +251,7 @@ def _check_sections(config: TrainConfig, source: str) -> None:
 
 def env_spec(env: EnvSection) -> GameSpec:
     """The game a training env of a config plays."""
-    return GameSpec(env.env_id, env.num_players, env.template, env.extractor, env.max_turns)
+    return env.game()
 
 
 def game_specs(config: TrainConfig, env_ids: Sequence[str | EvalEnvSection] | None = None

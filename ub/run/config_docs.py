@@ -8,6 +8,7 @@ Regenerate the doc with ``python -m ub.run.config_docs --write``.
 from __future__ import annotations
 
 import argparse
+import inspect
 import re
 import sys
 import textwrap
@@ -24,7 +25,7 @@ from pydantic.fields import FieldInfo
 
 from ub.errors import UbError
 from ub.run.schema import TrainConfig
-from ub.settings import components_of, is_execution
+from ub.settings import Section, components_of, is_execution
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 REGENERATE = "python -m ub.run.config_docs --write"
@@ -195,9 +196,11 @@ def _cell(text: str) -> str:
 
 def declared_in(model: type[BaseModel]) -> str:
     """Where a section is declared, as docs/config.md names it: ``ub/batch/config.py``
-    (``BatchConfig``)."""
-    path = model.__module__.replace(".", "/") + ".py"
-    return f"`{path}` (`{model.__name__}`)"
+    (``BatchConfig``), and the section it extends, if any."""
+    # (a section may extend another: EnvSection a GameSpec)
+    own = [c for c in model.__mro__ if issubclass(c, BaseModel)
+           and c not in (BaseModel, Section) and inspect.get_annotations(c)]
+    return ", on ".join(f"`{c.__module__.replace('.', '/')}.py` (`{c.__name__}`)" for c in own)
 
 
 def markdown() -> str:

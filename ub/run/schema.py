@@ -16,6 +16,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from ub.batch.config import BatchConfig
+from ub.games.specs import GameSpec
 from ub.inference.types import EngineSection, SamplingConfig
 from ub.learner.config import LearnerConfig, LearnerSection
 from ub.pool.ratings import RatingConfig
@@ -37,16 +38,16 @@ class ModelSection(Section):
     tiny_seed: int = Field(0, description="Seed of the tiny model build (when base is tiny).")
 
 
-class EnvSection(Section):
+class EnvSection(GameSpec):
     """One game of the training mix."""
 
-    env_id: str = Field(description="A TextArena env id, e.g. TicTacToe-v0-train.")
     weight: float = Field(1.0, gt=0, description="Share of the round's games (normalized over "
                           "the envs).")
-    num_players: int = Field(2, ge=1, description="Seats per game.")
-    template: str = Field("plain", description="Prompt template (see docs/training.md).")
-    extractor: str | None = Field(None, description="Move extractor; null: the template's.")
-    max_turns: int = Field(200, ge=1, description="Turns after which a game is stopped.")
+
+    def game(self) -> GameSpec:
+        """The game this entry plays: its spec without the mix's weight (checked anew: an eval
+        env's entry may have given it another template or extractor)."""
+        return GameSpec.from_dict(self.model_dump(exclude={"weight"}))
 
 
 class RolloutSection(Section):
@@ -64,6 +65,7 @@ class EvalEnvSection(Section):
     """An eval env with its own prompt format (``eval.envs`` entries may be env ids or these)."""
 
     env_id: str = Field(description="A TextArena env id, e.g. KuhnPoker-v0-train.")
+    # (Names checked when the game is made: a check here would read twice in the union's error.)
     template: str | None = Field(None, description="Prompt template; null: its training env's, "
                                  "or else the training envs' (when they share one).")
     extractor: str | None = Field(None, description="Move extractor; null: with template "
