@@ -259,6 +259,12 @@ def test_the_library_takes_the_sections_themselves():
         "base_model", "device_share"}
     assert set(EngineConfig.model_fields) - set(EngineSection.model_fields) == {
         "model", "enable_lora", "seed"}
+    from ub.games.specs import GameSpec
+    from ub.run.schema import EnvSection
+
+    assert TrainConfig.model_fields["envs"].annotation == list[EnvSection]
+    assert set(EnvSection.model_fields) - set(GameSpec.model_fields) == {"weight"}
+    assert issubclass(EnvSection, GameSpec)
     # ... and the defaults are the section's: the run's resolved learner differs only there.
     config = validate_config(MINIMAL)
     assert BatchConfig() == config.batch
