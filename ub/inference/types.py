@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import os
 from dataclasses import dataclass
-from typing import Annotated, Any, ClassVar, Literal, get_args
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
@@ -21,7 +21,7 @@ VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
-DTYPES: tuple[str, ...] = get_args(Dtype)
+"""The dtypes a config may name, for vLLM's weights (``engine.dtype``) and the learner's."""
 
 
 class EngineSection(Section):

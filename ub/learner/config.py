@@ -4,26 +4,21 @@ and what a learner runs with (:class:`LearnerConfig`: the section plus what the 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal, get_args
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, field_validator, model_validator
 
 from ub.errors import UbError
-from ub.inference.types import SamplingConfig
+from ub.inference.types import Dtype, SamplingConfig
 from ub.model.lora import LoraSettings
 from ub.numbers import first_non_finite
 from ub.seeding import DEFAULT_SEED
 from ub.settings import EXECUTION, Section, default_of, names_components
 
-__all__ = ["ATTENTION", "DTYPES", "KERNELS", "Attention", "Dtype", "Kernels", "LearnerConfig",
-           "LearnerSection"]
+__all__ = ["Attention", "Kernels", "LearnerConfig", "LearnerSection"]
 
-Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 Attention = Literal["auto", "sdpa", "eager", "flash_attention_2"]
 Kernels = Literal["auto", "liger", "none"]
-DTYPES: tuple[str, ...] = get_args(Dtype)
-ATTENTION: tuple[str, ...] = get_args(Attention)
-KERNELS: tuple[str, ...] = get_args(Kernels)
 
 # The three settings the section may leave to the run, with their ranges (one declaration,
 # read by both classes below).

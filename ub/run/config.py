@@ -48,7 +48,7 @@ from ub.settings import format_errors
 __all__ = ["MAX_GAMES", "ClusterSection", "EngineSection", "EnvSection", "EvalSection",
            "ModelSection", "PipelineSection", "RolloutSection", "SamplingConfig",
            "TrackingSection", "TrainConfig", "WorkerResources", "apply_overrides",
-           "config_run_name", "env_spec", "game_specs", "load_config", "load_yaml", "preset_names",
+           "config_run_name", "game_specs", "load_config", "load_yaml", "preset_names",
            "read_config_data", "read_text", "validate_config"]
 
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
@@ -207,7 +207,7 @@ def _check_sections(config: TrainConfig, source: str) -> None:
                    f"numbers up to {last_round}")
     for i, env in enumerate(config.envs):
         try:
-            check_env(env_spec(env))  # (a reset: TextArena checks the player count there)
+            check_env(env.game())  # (a reset: TextArena checks the player count there)
         except EnvStartError as exc:
             raise fail(f"envs.{i}.num_players", f"{exc}: give a player count the game has"
                        ) from None
@@ -249,11 +249,6 @@ def _check_sections(config: TrainConfig, source: str) -> None:
                    f"{config.engine.max_lora_rank}: raise engine.max_lora_rank")
 
 
-def env_spec(env: EnvSection) -> GameSpec:
-    """The game a training env of a config plays."""
-    return env.game()
-
-
 def game_specs(config: TrainConfig, env_ids: Sequence[str | EvalEnvSection] | None = None
                ) -> list[GameSpec]:
     """The games as ``config`` plays them: its training envs, or ``env_ids`` (an evaluation's
@@ -261,8 +256,8 @@ def game_specs(config: TrainConfig, env_ids: Sequence[str | EvalEnvSection] | No
     trains, another with two seats (the checkpoint and an opponent) and the training envs'
     prompt format, unless its entry gives its own."""
     if env_ids is None:
-        return [env_spec(e) for e in config.envs]
-    return [env_spec(config.eval_env(i)) for i in env_ids]
+        return [e.game() for e in config.envs]
+    return [config.eval_env(i).game() for i in env_ids]
 
 
 def load_config(name_or_path: str, overrides: list[str] | None = None) -> TrainConfig:

@@ -3,9 +3,10 @@
 Every field's type, default and one line of meaning (its ``description``) are here or in
 the package that uses the section (``engine``, ``sampling``: :mod:`ub.inference.types`;
 ``opponents``, ``rating``: :mod:`ub.pool`; ``batch``: :class:`ub.batch.BatchConfig`;
-``learner``: :class:`ub.learner.LearnerSection`), and nowhere else: ``docs/config.md``
-and ``ub config show`` are generated from them (:mod:`ub.run.config_docs`).
-Loading and the checks that need the registries (envs, transforms, algorithms, actors) are in
+``learner``: :class:`ub.learner.LearnerSection`; ``envs[]`` extends
+:class:`ub.games.specs.GameSpec`), and nowhere else: ``docs/config.md`` and ``ub config show``
+are generated from them (:mod:`ub.run.config_docs`). Loading, and the checks across sections
+and against what the settings feed (the games, the engine, the data's columns), are in
 :mod:`ub.run.config`.
 """
 
