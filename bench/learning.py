@@ -132,6 +132,76 @@ def tictactoe_tactics(root: Path, run_name: str, update: int) -> dict[str, float
             "took_win_rest": (counts["took_win"] - taken[top]) / max(1, rest)}
 
 
+def best_against_random(env: str, seat: str) -> float | None:
+    """The most any policy wins against the random player on ``env`` in ``seat`` (``all``:
+    seats balanced), exactly (bench/tictactoe_bounds.py, bench/nim_bounds.py); None for a game
+    without a bound here."""
+    from nim_bounds import win_probability
+    from tictactoe_bounds import best_win_probability
+
+    exact = {TICTACTOE: lambda s: best_win_probability("." * 9, 0, s),
+             NIM: lambda s: win_probability((3, 4, 5), 0, s, "best")}.get(env)
+    if exact is None:
+        return None
+    seats = (0, 1) if seat == "all" else (int(seat.split()[1]),)
+    return sum(exact(s) for s in seats) / len(seats)
+
+
+def late_invalid_rates(root: Path, run_name: str, rounds: int = 8) -> dict[str, float]:
+    """Each env's highest invalid-move rate of the model's decisions in the run's last
+    ``rounds`` rounds (the collapse bound of issue 42 and 49: 5%)."""
+    import duckdb
+
+    steps = root / run_name / "steps"
+    rows = duckdb.sql(f"""
+        WITH last AS (SELECT round, env_id, avg(invalid_move::INT) AS rate
+                      FROM read_parquet('{steps}/*/*.parquet', hive_partitioning = false)
+                      WHERE actor_kind = 'model' GROUP BY round, env_id)
+        SELECT env_id, max(rate) FROM last
+        WHERE round > (SELECT max(round) FROM last) - {rounds} GROUP BY env_id""").fetchall()
+    return {env: round(rate, 4) for env, rate in rows}
+
+
+def summary_table(results: list[dict]) -> str:
+    """A markdown table, one row per seed: each game's last checkpoint vs random [95% CI], the
+    random player in its seats, whether the intervals are apart, how far from the best
+    response, and the highest invalid-move rate of the last 8 rounds; then the means."""
+    def row_of(res: dict, env: str, update: int) -> dict | None:
+        return next((r for r in res["rows"] if r["env"] == env and r["opponent"] == "random"
+                     and r["seat"] == "all" and r["checkpoint"] == update), None)
+
+    games = [(env, name) for env, name in ((TICTACTOE, "TicTacToe"), (NIM, "Nim"))
+             if row_of(results[0], env, 0) is not None]
+    head = "| seed | " + " | ".join(f"{n}: ckpt 0 -> last [95% CI] | random in its seats | "
+                                    "above random | to best" for _, n in games) + \
+        " | invalid moves, last 8 rounds (max) |"
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    finals: dict[str, list[dict]] = {env: [] for env, _ in games}
+    for res in results:
+        cells = []
+        for env, _ in games:
+            first, final = row_of(res, env, 0), row_of(res, env, res["rounds"])
+            assert first is not None and final is not None
+            finals[env].append(final)
+            low, high = final["random_baseline_ci"]
+            best = best_against_random(env, "all")
+            to_best = "" if best is None else f"{best - final['win']:.1%}"
+            cells.append(f"{first['win']:.1%} -> {final['win']:.1%} [{final['win_low']:.1%}, "
+                         f"{final['win_high']:.1%}] | {final['random_baseline']:.1%} "
+                         f"[{low:.1%}, {high:.1%}] | "
+                         f"{'yes' if final['win_low'] > high else '**no**'} | {to_best}")
+        worst = max(res["late_invalid"].values(), default=0.0)
+        lines.append(f"| {res['seed']} | " + " | ".join(cells) + f" | {worst:.1%} |")
+    means = []
+    for rows in finals.values():
+        above = sum(r["win_low"] > r["random_baseline_ci"][1] for r in rows)
+        means.append(f"mean {sum(r['win'] for r in rows) / len(rows):.1%} | | "
+                     f"{above} of {len(rows)} | |")
+    worst = max((max(r["late_invalid"].values(), default=0.0) for r in results), default=0.0)
+    lines.append("| all | " + " ".join(means) + f" {worst:.1%} |")
+    return "\n".join(lines)
+
+
 def baseline(config: dict, env: str, opponent: str, games: int) -> tuple[int, int]:
     """The random player's (wins, decided games) in the evaluated seats, same seeds."""
     from ub.actors.spec import parse_actor
@@ -224,10 +294,13 @@ def main() -> None:
                         "invalid_loss": r["invalid_losses"] / max(1, r["games"]),
                         "random_baseline": random_rate,
                         "random_baseline_ci": random_ci,
+                        "best": (best_against_random(env_id, seat_label)
+                                 if opponent == "random" else None),
                     })
         tactics = ({update: tictactoe_tactics(root, name, update) for update in (0, last)}
                    if (TICTACTOE, "random") in evals else {})
         results.append({"seed": seed, "run": name, "rounds": last, "tactics": tactics,
+                        "late_invalid": late_invalid_rates(root, name),
                          "train_wall_seconds": round(train_s, 1),
                          "extra_eval_wall_seconds": round(eval_s, 1),
                          "timings": timings, "rows": rows})
@@ -235,13 +308,16 @@ def main() -> None:
               f"learner {timings['learner']:.0f}, eval {timings['eval']:.0f}, "
               f"other {timings['other']:.0f}); extra evaluations {eval_s:.0f} s")
         print(f"{'env':<20} {'opponent':<8} {'ckpt':>4} {'seat':<7} {'games':>5}  "
-              f"{'win [95% CI]':<22} {'draw':>6} {'inv.loss':>8}  random in its seats")
+              f"{'win [95% CI]':<22} {'draw':>6} {'inv.loss':>8}  random in its seats   "
+              "best response")
         for r in rows:
             b_low, b_high = r["random_baseline_ci"]
+            best = "" if r["best"] is None else f"{r['best']:5.1%}"
             print(f"{r['env']:<20} {r['opponent']:<8} {r['checkpoint']:>4} {r['seat']:<7} "
                   f"{r['games']:>5}  {r['win']:6.1%} [{r['win_low']:5.1%}, {r['win_high']:5.1%}]"
                   f" {r['draw']:6.1%} {r['invalid_loss']:8.1%}  {r['random_baseline']:5.1%} "
-                  f"[{b_low:5.1%}, {b_high:5.1%}]")
+                  f"[{b_low:5.1%}, {b_high:5.1%}]  {best}")
+        print(f"highest invalid-move rate of the last 8 rounds: {results[-1]['late_invalid']}")
         for update, t in tactics.items():
             print(f"TicTacToe vs random, checkpoint {update}: {t['optimal']:.0%} of {t['moves']} "
                   f"moves optimal; completed its own line {t['took_win']:.0%} of the times it "
@@ -251,6 +327,7 @@ def main() -> None:
                   f"centre otherwise {t['centre']:.0%}")
     out = root / f"learning-{args.label}.json"
     out.write_text(json.dumps(results, indent=1))
+    print("\n" + summary_table(results) + "\n")
     print(json.dumps({"label": args.label, "config": args.config, "overrides": args.overrides,
                       "summary": [{
                           "seed": r["seed"], "train_wall_seconds": r["train_wall_seconds"],

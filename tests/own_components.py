@@ -1,6 +1,7 @@
-"""A user's own algorithm and reward transforms, outside the ub package: a config names them by
-import path (``own_components:AsymmetricClip``), with this folder on ``PYTHONPATH``. None of
-them is registered: the path alone finds them (tests/test_own_components.py)."""
+"""A user's own algorithm, reward transforms and position key, outside the ub package: a config
+names them by import path (``own_components:AsymmetricClip``), with this folder on
+``PYTHONPATH``. None of them is registered: the path alone finds them
+(tests/test_own_components.py)."""
 
 from __future__ import annotations
 
@@ -65,6 +66,18 @@ class LengthPenalty(StepTransform):
 
     def sql(self, reward: str) -> str:
         return f"({reward}) - {sql_float(self.cost)} * num_completion_tokens"
+
+
+def tictactoe_cells(env, seat: int) -> str:
+    """A position key of one's own for TicTacToe: the nine cells only (``-`` empty), without
+    the mark to move (``envs[].position`` in tests/test_own_components.py's run)."""
+    return "".join(cell or "-" for row in env.state.game_state["board"] for cell in row)
+
+
+def guesses_so_far(env, seat: int) -> str:
+    """A position key for a game ub has none for: GuessTheNumber's guesses, in order of size
+    (docs/data.md's example)."""
+    return ",".join(str(n) for n in sorted(env.guessed_numbers))
 
 
 class NotATransform:

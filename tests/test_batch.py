@@ -178,6 +178,41 @@ def test_state_baseline_compares_decisions_taken_in_the_same_position(recurring_
     assert_same(assemble_batch(recurring_root, config), reference_rows(recurring_root, config))
 
 
+def test_position_advantage_compares_decisions_taken_in_the_same_position(recurring_root):
+    """GiGPO's step term on real games (TicTacToe and Nim, both keyed): each decision's
+    advantage is its env's normalized reward plus its reward's standing among the batch's
+    decisions of the same env and position; DuckDB equals the Python reference, and the
+    preset's order of transforms too."""
+    config = BatchConfig(batch_size=10_000, seed=4, final=["win_draw_loss"],
+                         step=[{"name": "discount", "gamma": 0.5}],
+                         sampling=["normalize_per_env", "position_advantage"])
+    batch = assemble_batch(recurring_root, config)
+    assert_same(batch, reference_rows(recurring_root, config))
+    rows = batch.rows.to_pylist()
+    episode = {(r["game_id"], r["turn"]): r["advantage"] for r in assemble_batch(
+        recurring_root, config.replace(sampling=["normalize_per_env"])).rows.to_pylist()}
+    groups: dict[tuple[str, str], list[dict]] = {}
+    for row in rows:
+        assert row["position"] is not None
+        groups.setdefault((row["env_id"], row["position"]), []).append(row)
+    shared = [g for g in groups.values() if len(g) > 1]
+    assert {g[0]["env_id"] for g in shared} == set(ENVS)
+    for group in groups.values():
+        rewards = np.array([r["reward"] for r in group])
+        std = rewards.std()
+        for row in group:
+            step = (row["reward"] - rewards.mean()) / std if len(group) > 1 and std > 1e-6 else 0
+            assert row["advantage"] == pytest.approx(
+                episode[(row["game_id"], row["turn"])] + step, abs=1e-9)
+    # As the preset lists it: between the normalization and the invalid-move cap.
+    config = config.replace(batch_size=70, sampling=[
+        "normalize_per_env", {"name": "position_advantage", "weight": 0.5},
+        {"name": "state_baseline", "key": "position"}, "invalid_move_advantage"])
+    assert_same(assemble_batch(recurring_root, config), reference_rows(recurring_root, config))
+    # Position keys are a scalar column: phase 1 reads no token lists for them.
+    assert "prompt_token_ids" not in batch_sql(recurring_root, config)
+
+
 def test_discount_gives_a_seats_last_move_the_whole_reward(root):
     """Each earlier move of the seat gets a factor gamma less, counted in its own moves only."""
     config = BatchConfig(batch_size=100_000, seed=1, final=["win_draw_loss"],

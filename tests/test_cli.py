@@ -322,6 +322,14 @@ CONFIG_FIELD_CASES = [
     ("batch.step=[own_components:CountedScale]", "batch: step reward transform "
      "'own_components:CountedScale' does not subclass ub.rewards.StepTransform"),
     ("batch.final=[{{name: 'no_such_module:Scale'}}]", "importing no_such_module failed"),
+    ("envs=[{{env_id: TicTacToe-v0-train, position: 'no_such_module:key'}}]", "envs.0.position: "
+     "position function 'no_such_module:key': importing no_such_module failed"),
+    ("envs=[{{env_id: TicTacToe-v0-train, position: 'own_components:NotATransform'}}]",
+     "position function 'own_components:NotATransform' is a class, not a function"),
+    ("batch.sampling=[{{name: state_baseline, key: board}}]", "state_baseline key must be one "
+     "of prompt, position, got 'board'"),
+    ("batch.sampling=[{{name: position_advantage, weight: 0}}]", "position_advantage weight "
+     "must be > 0"),
     ("learner.lora.rank=0", "rank"), ("learner.max_grad_norm=-1", "max_grad_norm"),
     ("eval.games=3", "eval.games"), ("eval.every=-1", "eval.every"),
     ("eval.opponents=[nobody]", "nobody"), ("pipeline.max_staleness=4", "max_staleness"),

@@ -6,10 +6,11 @@ import os
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from ub.data.schema import GAMES_SCHEMA, SCHEMA_VERSION, STEPS_SCHEMA
+from ub.data.schema import ADDED, GAMES_SCHEMA, SCHEMA_VERSION, STEPS_SCHEMA, column_names
 from ub.data.shards import (
     ShardId,
     check_shard_schema,
@@ -208,16 +209,19 @@ def _round_of(rollout, round_: int) -> tuple[pa.Table, pa.Table]:
     return steps, games
 
 
-def _write_schema_1_shard(root: Path, sid: ShardId, steps: pa.Table, games: pa.Table) -> None:
-    """A shard exactly as ub wrote it before schema version 2, with plain pyarrow: the steps
-    column ``env_reward`` still called ``final_reward``, ``ub.*`` JSON metadata saying
-    ``schema_version`` 1, zstd."""
+def _write_old_shard(root: Path, sid: ShardId, steps: pa.Table, games: pa.Table,
+                     version: int) -> None:
+    """A shard exactly as an older ub wrote it (schema ``version``), with plain pyarrow: the
+    steps columns of that version under its names (``env_reward`` was ``final_reward`` in
+    version 1; ``position`` came in version 3), ``ub.*`` JSON metadata saying
+    ``schema_version``, zstd."""
     import json
 
-    steps = steps.cast(STEPS_SCHEMA).rename_columns(
-        ["final_reward" if name == "env_reward" else name for name in STEPS_SCHEMA.names])
+    current = [name for name in STEPS_SCHEMA.names if ADDED["steps"].get(name, 1) <= version]
+    steps = steps.cast(STEPS_SCHEMA).select(current).rename_columns(
+        column_names("steps", version))
     for table, data in (("steps", steps), ("games", games.cast(GAMES_SCHEMA))):
-        meta = {"schema_version": 1, "table": table, "ub_version": "0.1.0", "run": "run",
+        meta = {"schema_version": version, "table": table, "ub_version": "0.1.0", "run": "run",
                 "round": sid.round, "shard": sid.shard, "created_at": "2026-01-01T00:00:00Z",
                 "host": "old"}
         path = shard_path(root, table, sid)
@@ -229,60 +233,74 @@ def _write_schema_1_shard(root: Path, sid: ShardId, steps: pa.Table, games: pa.T
 
 @pytest.fixture(scope="module")
 def versioned_roots(rollout, tmp_path_factory):
-    """Rounds 0-3 of the same games three times: written by this ub (schema 2), by an older
-    ub (schema 1), and by an older ub then resumed by this one (rounds 0-1 schema 1, 2-3
-    schema 2)."""
-    roots = {name: tmp_path_factory.mktemp(name) for name in ("v2", "v1", "mixed")}
+    """Rounds 0-3 of the same games four times: written by this ub (schema 3), by older ubs
+    (schemas 1 and 2), and by older ubs then resumed by this one (round 0 schema 1, round 1
+    schema 2, rounds 2-3 schema 3)."""
+    roots = {name: tmp_path_factory.mktemp(name) for name in ("v3", "v2", "v1", "mixed")}
     for round_ in range(4):
         steps, games = _round_of(rollout, round_)
         sid = ShardId(round_, 0)
-        write_shard(roots["v2"], sid, "run", steps, games)
-        _write_schema_1_shard(roots["v1"], sid, steps, games)
+        write_shard(roots["v3"], sid, "run", steps, games)
+        _write_old_shard(roots["v2"], sid, steps, games, 2)
+        _write_old_shard(roots["v1"], sid, steps, games, 1)
         if round_ < 2:
-            _write_schema_1_shard(roots["mixed"], sid, steps, games)
+            _write_old_shard(roots["mixed"], sid, steps, games, round_ + 1)
         else:
             write_shard(roots["mixed"], sid, "run", steps, games)
     assert read_metadata(shard_path(roots["mixed"], "steps", ShardId(0, 0)))["schema_version"] == 1
     assert "final_reward" in pq.read_schema(shard_path(roots["v1"], "steps", ShardId(3, 0))).names
+    assert "position" not in pq.read_schema(shard_path(roots["v2"], "steps", ShardId(3, 0))).names
     return roots
 
 
-def test_schema_versions_1_and_2_are_read_newer_refused(tmp_path, versioned_roots):
-    assert SCHEMA_VERSION == 2
-    assert check_shard_schema(shard_path(versioned_roots["v1"], "steps", ShardId(0, 0)),
-                              "steps") == 1
-    assert check_shard_schema(shard_path(versioned_roots["v2"], "steps", ShardId(0, 0)),
-                              "steps") == 2
+def without_positions(table: pa.Table) -> pa.Table:
+    """``table`` as a run written before schema 3 reads: every position NULL."""
+    return table.set_column(table.schema.get_field_index("position"), "position",
+                            pa.nulls(table.num_rows, pa.string()))
+
+
+def test_schema_versions_1_to_3_are_read_newer_refused(tmp_path, versioned_roots):
+    assert SCHEMA_VERSION == 3
+    for version in (1, 2, 3):
+        assert check_shard_schema(shard_path(versioned_roots[f"v{version}"], "steps",
+                                             ShardId(0, 0)), "steps") == version
     newer = tmp_path / "newer.parquet"
-    write_parquet_atomic(pq.read_table(shard_path(versioned_roots["v2"], "steps",
-                                                  ShardId(0, 0))), newer, {"schema_version": 3})
-    with pytest.raises(UbError, match="schema version 3, newer than this ub's 2: upgrade ub"):
+    write_parquet_atomic(pq.read_table(shard_path(versioned_roots["v3"], "steps",
+                                                  ShardId(0, 0))), newer, {"schema_version": 4})
+    with pytest.raises(UbError, match="schema version 4, newer than this ub's 3: upgrade ub"):
         check_shard_schema(newer, "steps")
 
 
-def test_old_and_mixed_runs_show_env_reward_in_ub_sql(versioned_roots, capsys):
+def test_old_and_mixed_runs_show_current_columns_in_ub_sql(versioned_roots, capsys):
     """``ub sql`` (a data folder, a run in a store) and ub's views show schema 1's
-    ``final_reward`` as ``env_reward``, the same rows as a run written by this ub."""
+    ``final_reward`` as ``env_reward`` and a NULL ``position`` before schema 3: the same rows
+    as a run written by this ub otherwise."""
     from ub.data.sql import table_dataset
     from ub.flows.cli import main
 
     everything = "SELECT * FROM steps ORDER BY round, game_id, turn"
-    expected = query(versioned_roots["v2"], everything)
+    expected = query(versioned_roots["v3"], everything)
     assert expected.column_names == STEPS_SCHEMA.names
     assert expected["env_reward"].null_count < expected.num_rows
-    for name in ("v1", "mixed"):
+    assert expected["position"].null_count == 0
+    for name in ("v1", "v2"):
         got = query(versioned_roots[name], everything)
         assert got.column_names == STEPS_SCHEMA.names, name
-        assert got.equals(expected), name
+        assert got.equals(without_positions(expected)), name
+    mixed = query(versioned_roots["mixed"], everything)
+    assert mixed.column_names == STEPS_SCHEMA.names
+    old = pc.less(mixed["round"], 2)
+    assert mixed.filter(old).equals(without_positions(expected.filter(old)))
+    assert mixed.filter(pc.invert(old)).equals(expected.filter(pc.invert(old)))
     summary = "SELECT round, sum(env_reward) AS total, count(env_reward) AS n FROM steps " \
               "GROUP BY round ORDER BY round"
     outputs = []
-    for where in (str(versioned_roots["v2"]), str(versioned_roots["mixed"]),
+    for where in (str(versioned_roots["v3"]), str(versioned_roots["mixed"]),
                   f"file://{versioned_roots['mixed']}"):  # (a store: read in place)
         assert main(["sql", where, summary, "--format", "csv"]) == 0
         outputs.append(capsys.readouterr().out)
     assert outputs[0] == outputs[1] == outputs[2] and len(outputs[0].splitlines()) == 5
-    # docs/data.md's plain-DuckDB query for a run of both versions, as written there.
+    # docs/data.md's plain-DuckDB query for a run of every version, as written there.
     import duckdb
 
     doc = (Path(__file__).resolve().parents[1] / "docs" / "data.md").read_text()
@@ -292,13 +310,15 @@ def test_old_and_mixed_runs_show_env_reward_in_ub_sql(versioned_roots, capsys):
     got = duckdb.sql(f"SELECT * FROM ({plain}) ORDER BY round, game_id, turn").to_arrow_table()
     assert sorted(got.column_names) == sorted(STEPS_SCHEMA.names)  # (in another order)
     assert got["env_reward"].equals(expected["env_reward"])
+    assert got["position"].equals(mixed["position"])
     # One round's files (what the per-round metrics read) in the current names too.
     folder = shard_path(versioned_roots["v1"], "steps", ShardId(1, 0)).parent
-    one = query(versioned_roots["v1"], "SELECT sum(env_reward) AS s FROM r",
+    one = query(versioned_roots["v1"], "SELECT sum(env_reward) AS s, count(position) AS p FROM r",
                 {"r": table_dataset(folder, "steps", sorted(folder.glob("shard-*.parquet")))})
     assert one["s"].to_pylist() == query(
-        versioned_roots["v2"], "SELECT sum(env_reward) AS s FROM steps WHERE round = 1"
+        versioned_roots["v3"], "SELECT sum(env_reward) AS s FROM steps WHERE round = 1"
     )["s"].to_pylist()
+    assert one["p"].to_pylist() == [0]
 
 
 def test_old_and_mixed_runs_assemble_the_same_batch(versioned_roots):
@@ -308,17 +328,44 @@ def test_old_and_mixed_runs_assemble_the_same_batch(versioned_roots):
                          step=[{"name": "invalid_move_penalty", "penalty": -1.0}],
                          sampling=["normalize"])
     batches = {name: assemble_batch(root, config) for name, root in versioned_roots.items()}
-    expected = batches["v2"]
+    expected = batches["v3"]
     assert len(expected) == 48
-    for name in ("v1", "mixed"):
+    for name in ("v1", "v2", "mixed"):
         batch = batches[name]
-        assert batch.rows.equals(expected.rows), name
+        positions = batch.rows["position"]
+        assert batch.rows.drop_columns(["position"]).equals(
+            expected.rows.drop_columns(["position"])), name
+        if name == "mixed":  # rounds 2-3 have theirs
+            assert positions.equals(pc.if_else(pc.less(batch.rows["round"], 2),
+                                               pa.nulls(48, pa.string()),
+                                               expected.rows["position"]))
+        else:
+            assert positions.null_count == 48, name
         for tensor in ("input_ids", "attention_mask", "completion_mask", "behaviour_logprobs",
                        "advantages", "lengths"):
             assert torch_equal(getattr(batch, tensor), getattr(expected, tensor)), tensor
         assert batch.final_state == expected.final_state
     assert "union_by_name" in batch_sql(versioned_roots["mixed"], config)
-    assert "union_by_name" not in batch_sql(versioned_roots["v2"], config)
+    for name in ("v1", "v2", "v3"):
+        assert "union_by_name" not in batch_sql(versioned_roots[name], config)
+
+
+def test_a_position_keyed_transform_on_a_run_without_positions_keeps_the_episode_term(
+        versioned_roots):
+    """A run written before positions has NULL ones: the step term is 0 everywhere, so the
+    batch equals one without the transform (no error, no NaN)."""
+    from ub.batch import BatchConfig, assemble_batch
+
+    plain = BatchConfig(batch_size=48, seed=5, final=["win_draw_loss"],
+                        sampling=["normalize_per_env"])
+    with_step = plain.replace(sampling=["normalize_per_env", "position_advantage",
+                                        {"name": "state_baseline", "key": "position"}])
+    for name in ("v1", "v2"):
+        a, b = assemble_batch(versioned_roots[name], plain), assemble_batch(
+            versioned_roots[name], with_step)
+        assert torch_equal(a.advantages, b.advantages), name
+    a, b = (assemble_batch(versioned_roots["v3"], c) for c in (plain, with_step))
+    assert not torch_equal(a.advantages, b.advantages)
 
 
 def torch_equal(a, b) -> bool:
@@ -338,12 +385,12 @@ def test_doctor_names_the_schema_versions_of_a_runs_rounds(versioned_roots, tmp_
     for round_ in range(4):
         shard = f"games/round-{round_:06d}/shard-0000.parquet"
         (run / "rounds" / f"round-{round_:06d}.json").write_text(json.dumps({"shards": [shard]}))
-    line = ("data schema v1: rounds 0-1; v2: rounds 2-3 (v1 older, read in the current column "
-            "names)")
+    line = ("data schema v1: round 0; v2: round 1; v3: rounds 2-3 (v1, v2 older, read in the "
+            "current column names)")
     assert examine(run).format_line.splitlines()[1] == line
     main(["doctor", str(run)])  # (the bare run has problems: no config, no checkpoints)
     assert line in capsys.readouterr().out.splitlines()
     (run / "rounds" / "round-000002.json").unlink()
     (run / "rounds" / "round-000003.json").unlink()
-    assert examine(run).format_line.splitlines()[1] == line.split(";")[0] + \
-        " (v1 older, read in the current column names)"
+    assert examine(run).format_line.splitlines()[1] == "; ".join(line.split("; ")[:2]) + \
+        " (v1, v2 older, read in the current column names)"

@@ -17,6 +17,7 @@ import own_components
 import pytest
 import yaml
 
+from ub.data.sql import query
 from ub.errors import UbError
 from ub.learner.algorithms import algorithm_class
 from ub.run.config import validate_config
@@ -27,6 +28,7 @@ HERE = Path(__file__).resolve().parent
 ALGORITHM = "own_components:AsymmetricClip"
 FINAL = "own_components:CountedScale"
 STEP = "own_components:LengthPenalty"
+POSITION = "own_components:tictactoe_cells"
 GAMES = 8
 
 # One round of a few TicTacToe games, as tests/test_train_flow.py's config but smaller.
@@ -35,12 +37,13 @@ CONFIG = {
     "rounds": 1,
     "model": {"base": "tiny"},
     "sampling": {"temperature": 1.0, "max_tokens": 12, "stop": ["]"]},
-    "envs": [{"env_id": "TicTacToe-v0-train"}],
+    "envs": [{"env_id": "TicTacToe-v0-train", "position": POSITION}],
     "rollout": {"games_per_round": GAMES, "concurrency": GAMES},
     "opponents": [{"mode": "mirror", "weight": 1.0}],
     "batch": {"batch_size": 32,
               "final": ["win_draw_loss", {"name": FINAL, "factor": 0.5}],
-              "step": [{"name": STEP, "cost": 0.01}]},
+              "step": [{"name": STEP, "cost": 0.01}],
+              "sampling": ["normalize_per_env", "position_advantage"]},
     # Two optimizer steps: the second one's ratios move off 1, so the clip range matters.
     "learner": {"algorithm": ALGORITHM, "algorithm_params": {"clip_low": 0.2, "clip_high": 0.28},
                 "minibatches": 2, "learning_rate": 1e-3, "lora": {"rank": 8, "alpha": 16}},
@@ -75,6 +78,22 @@ def test_a_round_trains_with_ones_own_algorithm_and_transforms(run):
                                       "state": {"games": GAMES}}
 
 
+def test_a_game_keyed_by_ones_own_position_function(run):
+    """Every decision's position is the function's key of the board its seat faced (the
+    cells the earlier moves filled): the run trained with position_advantage over these keys."""
+    steps = query(run.root, "SELECT game_id, turn, seat, action, position FROM steps "
+                            "ORDER BY game_id, turn").to_pylist()
+    assert len(steps) > GAMES * 4
+    board: dict[str, list[str]] = {}
+    for row in steps:
+        cells = board.setdefault(row["game_id"], ["-"] * 9)
+        assert row["position"] == "".join(cells), row
+        if row["action"] and row["action"].strip("[]").isdigit():
+            cells[int(row["action"].strip("[]"))] = "X" if row["seat"] == 1 else "O"
+    openings = [r for r in steps if r["turn"] == 0]
+    assert {r["position"] for r in openings} == {"-" * 9}  # one group: every game's first move
+
+
 def test_the_run_records_each_component_and_its_source(run):
     stored = yaml.safe_load(run.config.read_text())
     assert stored["learner"]["algorithm"] == ALGORITHM
@@ -86,7 +105,8 @@ def test_the_run_records_each_component_and_its_source(run):
         "learner.algorithm": ALGORITHM,
         "batch.final": ["ub.rewards.final:WinDrawLoss", FINAL],
         "batch.step": [STEP],
-        "batch.sampling": ["ub.rewards.sql:NormalizePerEnv"],
+        "batch.sampling": ["ub.rewards.sql:NormalizePerEnv", "ub.rewards.sql:PositionAdvantage"],
+        "envs.position": {"TicTacToe-v0-train": POSITION},
         "sources": {"own_components": source},
     }
 

@@ -334,17 +334,24 @@ def test_step_transforms_in_duckdb():
     assert python == got
 
 
-def _sampling(spec, values, envs, invalid=None):
+def _sampling(spec, values, envs, invalid=None, positions=None, rewards=None):
     """``spec``'s sampling transforms, in order, in DuckDB (one query layer each, as the batch
-    query runs them) and in Python; they must agree."""
-    invalid = [False] * len(values) if invalid is None else invalid
+    query runs them) and in Python; they must agree. ``rewards`` (the step stage's output, the
+    ``reward`` column) default to ``values``, as the batch's first layer starts from them."""
+    n = len(values)
+    invalid = [False] * n if invalid is None else invalid
+    positions = [None] * n if positions is None else positions
+    rewards = list(values) if rewards is None else rewards
+    columns = {"env_id": envs, "invalid_move": invalid,
+               "position": pa.array(positions, pa.string()),
+               "reward": pa.array(rewards, pa.float64())}
     con = duckdb.connect()
-    con.register("t0", pa.table({"i": range(len(values)), "env_id": envs,
-                                 "invalid_move": invalid,
+    con.register("t0", pa.table({"i": range(n), **columns,
                                  "advantage": pa.array(values, pa.float64())}))
     transforms = build_transforms("sampling", spec if isinstance(spec, list) else [spec])
-    python, rows = list(values), [{"env_id": e, "invalid_move": v} for e, v in zip(
-        envs, invalid, strict=True)]
+    python = list(values)
+    rows = [dict(zip(columns, row, strict=True)) for row in zip(
+        envs, invalid, positions, rewards, strict=True)]
     for k, t in enumerate(transforms):
         con.sql(f"CREATE TABLE t{k + 1} AS SELECT * REPLACE ({t.sql('advantage')} AS advantage) "
                 f"FROM t{k}")
@@ -396,3 +403,73 @@ def test_invalid_move_advantage_must_be_negative():
     for bad in (0.0, 0.5):
         with pytest.raises(UbError, match=r"invalid_move_advantage advantage .* must be < 0"):
             build_transforms("sampling", [{"name": "invalid_move_advantage", "advantage": bad}])
+
+
+def _step_term(rewards, envs, positions, scale=True):
+    """GiGPO's step advantage by hand: each decision's reward less its position group's mean
+    (over the std when ``scale``), 0 alone or without a position."""
+    out = []
+    for r, e, p in zip(rewards, envs, positions, strict=True):
+        group = [x for x, e2, p2 in zip(rewards, envs, positions, strict=True)
+                 if p is not None and (e2, p2) == (e, p)]
+        if len(group) < 2:
+            out.append(0.0)
+            continue
+        std = float(np.std(group))
+        centered = r - float(np.mean(group))
+        out.append(centered if not scale else centered / std if std > 1e-6 else 0.0)
+    return out
+
+
+def test_position_advantage_hand_computed():
+    """The step term compares a decision with the others taken in its position (same env and
+    key): a group of one, a NULL position and a group of equal rewards add nothing; the same
+    key in another env is another group."""
+    rewards = [1.0, -1.0, 0.5, 2.0, 2.0, 0.3, 0.9, 4.0]
+    envs = ["nim", "nim", "nim", "nim", "nim", "ttt", "nim", "nim"]
+    positions = ["a", "a", "a", "b", "b", "a", None, "c"]
+    episode = [0.1, -0.2, 0.3, 0.0, 0.5, -0.1, 0.7, 1.0]
+    got = _sampling({"name": "position_advantage", "weight": 0.5}, episode, envs,
+                    positions=positions, rewards=rewards)
+    mean, std = 0.5 / 3, math.sqrt(((1 - 0.5 / 3) ** 2 + (-1 - 0.5 / 3) ** 2 +
+                                    (0.5 - 0.5 / 3) ** 2) / 3)
+    step = [(r - mean) / std for r in rewards[:3]] + [0.0] * 5
+    assert got == pytest.approx([e + 0.5 * s for e, s in zip(episode, step, strict=True)])
+    unscaled = _sampling({"name": "position_advantage", "scale": False}, episode, envs,
+                         positions=positions, rewards=rewards)
+    assert unscaled == pytest.approx([e + r - mean for e, r in zip(episode[:3], rewards[:3],
+                                                                   strict=True)] + episode[3:])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_position_advantage_sql_python_and_hand_agree(seed):
+    """Random batches (few keys, so groups of every size; NULL positions; two envs sharing
+    keys; after normalize_per_env as a config lists it): DuckDB, the Python form and the hand
+    computation give the same advantages."""
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(1, 60))
+    envs = [str(e) for e in rng.choice(["nim", "ttt"], n)]
+    positions = [None if rng.random() < 0.2 else f"k{rng.integers(0, 6)}" for _ in range(n)]
+    rewards = [float(x) for x in rng.choice([-3.0, -1.0, -0.5, 0.0, 0.25, 1.0], n)]
+    weight = float(rng.choice([0.5, 1.0, 2.0]))
+    scale = bool(rng.random() < 0.7)
+    spec = ["normalize_per_env", {"name": "position_advantage", "weight": weight,
+                                  "scale": scale}]
+    got = _sampling(spec, rewards, envs, positions=positions)
+    episode = _sampling("normalize_per_env", rewards, envs)
+    step = _step_term(rewards, envs, positions, scale)
+    assert got == pytest.approx([e + weight * s for e, s in zip(episode, step, strict=True)],
+                                abs=1e-9)
+
+
+def test_state_baseline_keyed_on_the_position():
+    """``state_baseline`` with ``key: position`` subtracts the mean of the other decisions of
+    the same env and position; a decision alone there or without a position keeps its value."""
+    values = [1.0, -1.0, 0.5, 2.0, 0.3, 0.9]
+    envs = ["nim", "nim", "nim", "nim", "ttt", "nim"]
+    positions = ["a", "a", "a", "b", "a", None]
+    got = _sampling({"name": "state_baseline", "key": "position"}, values, envs,
+                    positions=positions)
+    assert got == pytest.approx([1.0 - (-0.25), -1.0 - 0.75, 0.5 - 0.0, 2.0, 0.3, 0.9])
+    with pytest.raises(UbError, match="state_baseline key must be one of prompt, position"):
+        build_transforms("sampling", [{"name": "state_baseline", "key": "prompts"}])

@@ -17,6 +17,7 @@ from faults.runs import train
 from servers import prefect_test_server
 
 from ub.data.shards import committed_shards
+from ub.data.sql import query
 from ub.learner.checkpoint import is_checkpoint
 from ub.run.layout import RunPaths, find_orphans
 
@@ -309,14 +310,20 @@ SQL_DOC = Path(__file__).resolve().parents[1] / "docs" / "sql.md"
 def test_documented_queries_and_run_views_describe_the_run(reference_run, capsys):
     import re
 
-    from ub.data.sql import query
+    import duckdb
+
     from ub.flows.cli import main
     from ub.run.views import RunViews
 
     root = reference_run.root
     blocks = re.findall(r"```sql\n(.*?)```", SQL_DOC.read_text(), re.S)
-    assert len(blocks) >= 12
+    assert len(blocks) >= 14
+    plain = "read_parquet('runs/demo/"
     for block in blocks:
+        if plain in block:  # written for plain DuckDB on the run's files, as users run it
+            rows = duckdb.sql(block.replace(plain, f"read_parquet('{root}/")).fetchall()
+            assert rows, f"no rows from:\n{block}"
+            continue
         assert main(["sql", str(root), block, "--format", "csv"]) == 0, block
         out = capsys.readouterr().out.strip().splitlines()
         assert len(out) >= 2, f"no rows from:\n{block}"  # a header and at least one row
@@ -569,12 +576,41 @@ def test_every_execution_setting_is_free_and_every_other_is_locked():
 
 @pytest.fixture(scope="module")
 def first_round_run(prefect_api, config_file, tiny_model, tmp_path_factory) -> RunPaths:
-    """The reference config stopped after its first round (the run a resume continues)."""
+    """The reference config stopped after its first round (the run a resume continues), its
+    shards as a ub before data schema 3 wrote them (no ``steps.position``): every resume
+    below also continues an older ub's run, and must still equal the uninterrupted run."""
     from ub.flows.selfplay import selfplay
 
     root = tmp_path_factory.mktemp("first")
     selfplay(run_name="ref", config=str(config_file), root=str(root), rounds=1, quiet=True)
-    return RunPaths.of(root, "ref")
+    paths = RunPaths.of(root, "ref")
+    written_by_schema_2(paths)
+    return paths
+
+
+def written_by_schema_2(paths: RunPaths) -> None:
+    """Rewrite a run's shards as a ub of data schema 2 wrote them: no ``steps.position``, and
+    ``ub.schema_version`` 2 in every shard's metadata."""
+    rewritten = 0
+    for path in sorted(paths.root.rglob("*.parquet")):
+        table = pq.read_table(path)
+        meta = dict(table.schema.metadata or {})
+        if b"ub.schema_version" not in meta:
+            continue  # (metrics, not a shard)
+        meta[b"ub.schema_version"] = json.dumps(2).encode()
+        if "position" in table.column_names:
+            table = table.drop_columns(["position"])
+        pq.write_table(table.replace_schema_metadata(meta), path, compression="zstd")
+        rewritten += 1
+    assert rewritten >= 4  # steps and games, training and evaluation
+
+
+def test_a_run_written_before_positions_passes_doctor(first_round_run, capsys):
+    from ub.flows.cli import main
+
+    assert main(["doctor", str(first_round_run.root)]) == 0
+    out = capsys.readouterr().out
+    assert "1 committed round(s), ok" in out and "data schema v2: round 0 (v2 older" in out
 
 
 def _adapter(paths: RunPaths, update: int) -> dict:
@@ -647,6 +683,11 @@ def test_a_run_resumes_with_other_execution_settings_and_computes_the_same(
                        quiet=True)
     assert summary["rounds"] == 2
     _assert_same_data(copy, reference_run)
+    # The older ub's round reads no positions; the round this ub played records every one.
+    keyed = [(r["keyed"], r["decisions"]) for r in query(
+        copy.root, "SELECT round, count(position) AS keyed, count(*) AS decisions FROM steps "
+                   "GROUP BY round ORDER BY round").to_pylist()]
+    assert keyed[0][0] == 0 and keyed[1][0] == keyed[1][1] > 0
     first, second = (json.loads(copy.manifest(r).read_text())["execution"] for r in (0, 1))
     stored = yaml.safe_load(copy.config.read_text())
     for key, value in changes.items():

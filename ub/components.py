@@ -12,7 +12,8 @@ import functools
 import importlib
 import inspect
 import sys
-from typing import TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from ub.errors import UbError
 
@@ -27,9 +28,9 @@ def is_import_path(name: str) -> bool:
     return SEPARATOR in name
 
 
-def import_path(cls: type) -> str:
-    """The import path of ``cls``: ``package.module:Class``."""
-    return f"{cls.__module__}{SEPARATOR}{cls.__qualname__}"
+def import_path(code: type | Callable[..., Any]) -> str:
+    """The import path of a class or function: ``package.module:Name``."""
+    return f"{code.__module__}{SEPARATOR}{code.__qualname__}"
 
 
 def load_class(path: str, base: type[T], what: str, guide: str) -> type[T]:
@@ -47,6 +48,19 @@ def load_class(path: str, base: type[T], what: str, guide: str) -> type[T]:
     if not issubclass(found, base):
         raise UbError(f"{what} {path!r} does not subclass {public_name(base)}: make it a "
                       f"subclass ({guide})")
+    return found
+
+
+def load_function(path: str, what: str, guide: str) -> Callable[..., Any]:
+    """The function (or other callable) ``path`` names, ``package.module:function``; imported
+    once per process.
+
+    :raises UbError: one line naming the path, what failed and what to do.
+    """
+    found = _import(path, what)
+    if isinstance(found, type) or not callable(found):
+        kind = "class" if isinstance(found, type) else type(found).__name__
+        raise UbError(f"{what} {path!r} is a {kind}, not a function: name a function ({guide})")
     return found
 
 

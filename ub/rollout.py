@@ -396,7 +396,7 @@ def step_rows(a: GameAssignment, g: Game, where: dict[str, Any]) -> list[dict]:
             "env_id": a.spec.env_id, "turn": d.turn, "seat": d.seat,
             "role": result.roles[d.seat], "actor": actor.name, "actor_kind": actor.kind,
             "checkpoint": actor.checkpoint, "template": det.get("template"),
-            "observation": d.observation, "prompt": det.get("prompt"),
+            "observation": d.observation, "position": d.position, "prompt": det.get("prompt"),
             "completion": det.get("completion"),
             "prompt_token_ids": det.get("prompt_token_ids"),
             "completion_token_ids": det.get("completion_token_ids"),

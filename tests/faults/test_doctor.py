@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from faults.runs import differences, train
+from ub.data.schema import SCHEMA_VERSION
 from ub.flows.cli import main
 from ub.run.layout import check_run_format
 
@@ -24,7 +25,7 @@ def test_a_healthy_run_is_ok(reference, capsys):
     assert main(["doctor", str(ref)]) == 0
     assert capsys.readouterr().out.strip().splitlines() == [
         "run: 2 committed round(s), ok", "run format 2: shard folders round-NNNNNN",
-        "data schema v2: rounds 0-1"]
+        f"data schema v{SCHEMA_VERSION}: rounds 0-1"]
 
 
 def test_a_format_1_run_still_reads_and_says_its_format(reference, fault_config, prefect_api,

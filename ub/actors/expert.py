@@ -26,6 +26,7 @@ from typing import Any
 
 from ub.errors import UbError
 from ub.games.legal import unwrap
+from ub.games.positions import kuhn_history
 
 KUHN_ALPHA = 1 / 6
 EXPERT_GAMES = ("KuhnPoker", "Nim", "TicTacToe")
@@ -144,16 +145,6 @@ def kuhn_policy(card: int, history: str, alpha: float = KUHN_ALPHA) -> dict[str,
     raise ValueError(f"not a Kuhn poker decision point: {history!r}")
 
 
-def _kuhn_history(core: Any) -> str:
-    state = core.state
-    node = state.game_state["current_legal_action_tree"]
-    first_to_act = state.current_player_id == state.game_state["starting_player"]
-    if "check" in node:
-        # The opening node's "check" leads to another decision; after a check it ends the hand.
-        return "" if isinstance(node["check"], dict) else "check"
-    return "check bet" if first_to_act else "bet"
-
-
 # --------------------------------------------------------------------------------------------
 # The player
 # --------------------------------------------------------------------------------------------
@@ -196,7 +187,7 @@ class ExpertPlayer:
             return f"[{pile} {quantity}]"
         if game == "KuhnPoker":
             card = state.game_state["player_cards"][state.current_player_id]
-            probs = kuhn_policy(card, _kuhn_history(core))
+            probs = kuhn_policy(card, kuhn_history(core))
             moves = sorted(probs)
             return f"[{self._rng.choices(moves, weights=[probs[m] for m in moves])[0]}]"
         raise UbError(f"the expert player cannot play {game}: it supports "

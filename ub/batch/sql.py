@@ -19,7 +19,7 @@ ZERO_EPS = 1e-9
 # The steps columns phase 1 reads (never the token lists, nor the texts).
 DECISION_COLUMNS = ["round", "shard", "game_id", "turn", "seat", "env_id", "role", "actor",
                     "checkpoint", "format_ok", "invalid_move", "step_reward",
-                    "num_prompt_tokens", "num_completion_tokens"]
+                    "num_prompt_tokens", "num_completion_tokens", "position"]
 TOKEN_COLUMNS = ["prompt_token_ids", "completion_token_ids", "completion_logprobs"]
 # Columns phase 1 computes only when a sampling transform reads them (its ``needs``): the
 # state a decision was taken in is the prompt the model saw, token for token.

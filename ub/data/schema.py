@@ -8,14 +8,16 @@ metadata), and ub reads every version up to its own in the current column names
 
 - version 1: ``steps.env_reward`` was called ``final_reward``;
 - version 2: ``steps.final_reward`` renamed ``env_reward`` (the raw env reward of the seat; in
-  a training batch, ``final_reward`` is the reward after the final-stage transforms).
+  a training batch, ``final_reward`` is the reward after the final-stage transforms);
+- version 3: ``steps.position`` added (the position a decision was taken in,
+  :mod:`ub.games.positions`); older shards read it as NULL.
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 OLDEST_SCHEMA_VERSION = 1
 """The oldest schema version this ub still reads."""
 
@@ -50,6 +52,8 @@ STEPS_SCHEMA = pa.schema(
         pa.field("sampling_seed", pa.int64()),
         pa.field("gen_seconds", pa.float32()),
         pa.field("env_seconds", pa.float32()),
+        # Added in version 3, so last: a reader of older shards appends it as NULL.
+        pa.field("position", pa.string()),
     ]
 )
 
@@ -85,6 +89,12 @@ RENAMED: dict[str, dict[str, tuple[str, int]]] = {
 """The columns renamed since version 1, by table: former name -> (current name, the version that
 renamed it)."""
 
+ADDED: dict[str, dict[str, int]] = {
+    "steps": {"position": 3},
+}
+"""The columns added since version 1, by table: name -> the version that added it. They come
+last in their table's schema, and a reader shows them as NULL in older shards."""
+
 
 def int_column_range(table: str, column: str) -> tuple[int, int]:
     """The smallest and largest value ``table``'s integer ``column`` holds (a list column: its
@@ -108,7 +118,9 @@ def column_names(table: str, version: int = SCHEMA_VERSION) -> list[str]:
     """``table``'s columns as a shard of schema ``version`` names them (in schema order)."""
     former = {new: old for old, (new, since) in RENAMED.get(table, {}).items()
               if version < since}
-    return [former.get(name, name) for name in TABLES[table].names]
+    added = ADDED.get(table, {})
+    return [former.get(name, name) for name in TABLES[table].names
+            if added.get(name, OLDEST_SCHEMA_VERSION) <= version]
 
 
 def reading_schema(table: str) -> pa.Schema:

@@ -21,6 +21,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from ub.data.schema import (
+    ADDED,
     READING_TABLE,
     RENAMED,
     SCHEMA_VERSION,
@@ -41,9 +42,10 @@ def current_names_sql(table: str, source: str, columns: Collection[str]) -> str:
     renamed since version 1 (:data:`ub.data.schema.RENAMED`) is renamed when only its former
     name is there; when both are (shards of both sides of the rename, read by name), each row
     holds it under one name and NULL under the other, and the current name takes the
-    non-NULL one. Every reader of ``steps`` shards in ub goes through this function (through
+    non-NULL one. A column added since (:data:`ub.data.schema.ADDED`) that no shard has is
+    appended as NULL. Every reader of ``steps`` shards in ub goes through this function (through
     :func:`read_parquet_sql` or :func:`connect_tables`), except those that read only columns
-    no version renamed.
+    every version has.
     """
     exclude, replace, rename = [], [], []
     for old, (new, _) in RENAMED.get(table, {}).items():
@@ -54,13 +56,19 @@ def current_names_sql(table: str, source: str, columns: Collection[str]) -> str:
             replace.append(f"coalesce({new}, {old}) AS {new}")
         else:
             rename.append(f"{old} AS {new}")
-    if not (exclude or rename):
+    missing = [f"CAST(NULL AS {_SQL_TYPES[TABLES[table].field(name).type]}) AS {name}"
+               for name in ADDED.get(table, {}) if name not in columns]
+    if not (exclude or rename or missing):
         return source
     star = "*"
     for keyword, items in (("EXCLUDE", exclude), ("REPLACE", replace), ("RENAME", rename)):
         if items:
             star += f" {keyword} ({', '.join(items)})"
-    return f"(SELECT {star} FROM {source})"
+    return f"(SELECT {', '.join([star, *missing])} FROM {source})"
+
+
+# The DuckDB types of the columns a reader may have to append as NULL (ADDED).
+_SQL_TYPES = {pa.string(): "VARCHAR"}
 
 
 def read_parquet_sql(table: str, files: Sequence[tuple[Path, int]], options: str) -> str:

@@ -115,7 +115,7 @@ def _unsupported(what: str) -> UbError:
     )
 
 
-def _entry_point_of(env_id: str) -> str | None:
+def entry_point(env_id: str) -> str | None:
     """The registered ``module:Class`` of ``env_id``, or None if TextArena does not know the id."""
     from textarena.envs.registration import ENV_REGISTRY  # importing textarena registers all envs
 
@@ -130,7 +130,7 @@ def _entry_point_of(env_id: str) -> str | None:
 
 def supports_legal_actions(env_id: str) -> bool:
     """True if ``env_id`` is a registered TextArena id whose game has a legal-move function."""
-    return _entry_point_of(env_id) in _LEGAL_BY_ENTRY_POINT
+    return entry_point(env_id) in _LEGAL_BY_ENTRY_POINT
 
 
 def legal_actions(env: Any) -> list[str]:

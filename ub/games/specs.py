@@ -15,6 +15,7 @@ from pydantic import AfterValidator, Field
 
 from ub.errors import UbError
 from ub.games.actions import get_extractor
+from ub.games.positions import position_function
 from ub.games.templates import get_template
 from ub.settings import Section
 
@@ -53,6 +54,19 @@ ExtractorName = Annotated[str, AfterValidator(_known(get_extractor))]
 """A move extractor's name (:mod:`ub.games.actions`), checked where a config gives it."""
 
 
+def _position_function_path(path: str) -> str:
+    try:
+        position_function("", path)
+    except UbError as exc:
+        raise ValueError(str(exc)) from None
+    return path
+
+
+PositionFunctionPath = Annotated[str, AfterValidator(_position_function_path)]
+"""A position function of one's own by import path (:mod:`ub.games.positions`), imported where
+a config gives it."""
+
+
 class GameSpec(Section):
     """One game a rollout can play: a TextArena env, its seats, how its prompts are built and
     its moves read (a run's ``envs[]`` entries are these, with a weight).
@@ -75,6 +89,10 @@ class GameSpec(Section):
     invalid_move_retries: int = Field(0, ge=0, description="Invalid moves a seat may replace "
                                       "before the next one loses the game (0: the first loses "
                                       "it, as in evaluation).")
+    position: PositionFunctionPath | None = Field(
+        None, description="The function that keys a decision's position (steps.position), "
+        "package.module:function taking (env, seat); null: the game's built-in key, or none "
+        "(docs/data.md).")
 
     def __init__(self, env_id: str | None = None, /, **settings: Any) -> None:
         # GameSpec("TicTacToe-v0-train"): the env id may come first, unnamed.

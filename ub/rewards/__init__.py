@@ -70,6 +70,7 @@ from ub.rewards.sql import (
     InvalidMovePenalty,
     Normalize,
     NormalizePerEnv,
+    PositionAdvantage,
     StateBaseline,
     step_reward_sql,
 )
@@ -78,8 +79,8 @@ __all__ = [
     "FINAL_REWARDS_SCHEMA", "REGISTRY", "STAGES", "STATE_FORMAT", "FinalRewardChain",
     "FinalRewards", "FinalTransform", "FormatReward", "GameKey", "GameView",
     "InvalidMoveAdvantage", "InvalidMovePenalty", "Normalize", "NormalizePerEnv",
-    "RewardTransform", "RewardTransforms", "RoleAdvantage", "SamplingTransform", "SeatRows",
-    "StateBaseline", "StepTransform", "TransformSpec", "WinDrawLoss", "apply_final_transforms",
-    "available_transforms", "build_transforms", "games_after", "register", "seat_rows",
-    "sort_games", "sql_float", "step_reward_sql",
+    "PositionAdvantage", "RewardTransform", "RewardTransforms", "RoleAdvantage",
+    "SamplingTransform", "SeatRows", "StateBaseline", "StepTransform", "TransformSpec",
+    "WinDrawLoss", "apply_final_transforms", "available_transforms", "build_transforms",
+    "games_after", "register", "seat_rows", "sort_games", "sql_float", "step_reward_sql",
 ]

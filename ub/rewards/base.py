@@ -191,7 +191,8 @@ class SamplingTransform(RewardTransform):
 
     stage: ClassVar[str] = "sampling"
     # Columns the batch query computes only for the transforms that read them
-    # (:data:`ub.batch.sql.ON_DEMAND_COLUMNS`), e.g. ``state_key``.
+    # (:data:`ub.batch.sql.ON_DEMAND_COLUMNS`), e.g. ``state_key``; a property where a
+    # parameter decides it (``state_baseline``'s ``key``).
     needs: ClassVar[tuple[str, ...]] = ()
 
     def sql(self, value: str) -> str:

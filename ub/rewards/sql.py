@@ -110,6 +110,34 @@ def _row_groups(rows: Sequence[Mapping[str, Any]],
     return list(groups.values())
 
 
+def _check_scale(name: str, scale: object, eps: float) -> None:
+    if not isinstance(scale, bool):
+        raise UbError(f"{name} scale must be true or false, got {scale!r}")
+    if not float(eps) > 0:
+        raise UbError(f"{name} eps must be > 0, got {eps}")
+    sql_float(eps)
+
+
+def _standardized_sql(value: str, over: str, scale: bool, eps: float) -> str:
+    """``value`` less its mean over the window ``over``, divided by its standard deviation
+    there when ``scale``: 0 when that is at most ``eps`` (one row, or all values equal), never
+    NaN or inf. stddev_pop is 0 (not NULL, unlike stddev_samp) for a one-row group."""
+    centered = f"({value} - avg({value}) {over})"
+    if not scale:
+        return centered
+    std = f"stddev_pop({value}) {over}"
+    return f"CASE WHEN {std} > {sql_float(eps)} THEN {centered} / {std} ELSE 0.0 END"
+
+
+def _standardized(xs: Sequence[float], scale: bool, eps: float) -> list[float]:
+    """:func:`_standardized_sql` of one group, in Python."""
+    mean = sum(xs) / len(xs)
+    if not scale:
+        return [x - mean for x in xs]
+    std = math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs))
+    return [(x - mean) / std if std > eps else 0.0 for x in xs]
+
+
 @dataclass
 class _Normalize(SamplingTransform):
     """Shared by ``normalize`` and ``normalize_per_env``: (x - mean) / std over a partition."""
@@ -119,33 +147,18 @@ class _Normalize(SamplingTransform):
     eps: float = 1e-6  # a std at or below eps counts as zero: the advantage is 0, never inf
 
     def validate(self) -> None:
-        if not isinstance(self.scale, bool):
-            raise UbError(f"{self.name} scale must be true or false, got {self.scale!r}")
-        if not float(self.eps) > 0:
-            raise UbError(f"{self.name} eps must be > 0, got {self.eps}")
-        sql_float(self.eps)
+        _check_scale(self.name, self.scale, self.eps)
 
     def sql(self, value: str) -> str:
         over = f"OVER (PARTITION BY {', '.join(self.partition)})" if self.partition else "OVER ()"
-        centered = f"({value} - avg({value}) {over})"
-        if not self.scale:
-            return centered
-        # stddev_pop is 0 (not NULL, unlike stddev_samp) for a one-row group; the guard maps a
-        # zero-variance group to 0 instead of 0/0.
-        std = f"stddev_pop({value}) {over}"
-        return f"CASE WHEN {std} > {sql_float(self.eps)} THEN {centered} / {std} ELSE 0.0 END"
+        return _standardized_sql(value, over, self.scale, self.eps)
 
     def apply_rows(self, values: list[float], rows: Sequence[Mapping[str, Any]]) -> list[float]:
         out = [0.0] * len(values)
         for members in _row_groups(rows, lambda row: tuple(row[c] for c in self.partition)):
-            xs = [values[i] for i in members]
-            mean = sum(xs) / len(xs)
-            std = math.sqrt(sum((x - mean) ** 2 for x in xs) / len(xs))
-            for i in members:
-                if not self.scale:
-                    out[i] = values[i] - mean
-                else:
-                    out[i] = (values[i] - mean) / std if std > self.eps else 0.0
+            for i, x in zip(members, _standardized([values[i] for i in members], self.scale,
+                                                   self.eps), strict=True):
+                out[i] = x
         return out
 
 
@@ -166,35 +179,115 @@ class NormalizePerEnv(_Normalize):
     partition: ClassVar[tuple[str, ...]] = ("env_id",)
 
 
+# The two keys a decision's state can be read by: the prompt it saw, token for token (which
+# holds the move history), or its position (``steps.position``: the game's state as the mover
+# faces it, ub.games.positions). A NULL position is no state: such a decision is in no group.
+STATE_KEYS = ("prompt", "position")
+
+
+def _state_groups(rows: Sequence[Mapping[str, Any]], key: str) -> list[list[int]]:
+    """The indices of ``rows`` that share a state, by ``key`` (NULL positions left out)."""
+    if key == "prompt":
+        return _row_groups(rows, lambda row: tuple(row["prompt_token_ids"]))
+    keyed = [i for i, row in enumerate(rows) if row["position"] is not None]
+    groups = _row_groups([rows[i] for i in keyed], lambda row: (row["env_id"], row["position"]))
+    return [[keyed[j] for j in members] for members in groups]
+
+
+def _state_window(key: str) -> tuple[str, str]:
+    """(the SQL window over a decision's state, the condition that it has one) for ``key``."""
+    if key == "prompt":
+        return "OVER (PARTITION BY state_key)", "TRUE"
+    return "OVER (PARTITION BY env_id, position)", "position IS NOT NULL"
+
+
 @register
 @dataclass
 class StateBaseline(SamplingTransform):
     """Subtract, from each decision's value, the mean value of the batch's *other* decisions
-    taken in the same state (the same prompt tokens); a state seen once keeps its value.
+    taken in the same state; a state seen once keeps its value.
 
     A per-state baseline: a game's outcome credits every move of the seat alike, but two
     decisions in the same position that went on to different outcomes tell the moves apart
     (the block that was made against the one that was missed). The mean of the other
     decisions does not depend on this decision's move, so the baseline adds no bias. Put it
-    before ``normalize_per_env``.
+    before ``normalize_per_env``. ``key``: ``prompt`` (the same prompt tokens, so the same
+    history too) or ``position`` (the same ``env_id`` and ``steps.position``; a decision
+    without a position keeps its value).
     """
 
     name: ClassVar[str] = "state_baseline"
-    needs: ClassVar[tuple[str, ...]] = ("state_key",)
+    key: str = "prompt"
+
+    def validate(self) -> None:
+        if self.key not in STATE_KEYS:
+            raise UbError(f"state_baseline key must be one of {', '.join(STATE_KEYS)}, got "
+                          f"{self.key!r}")
+
+    @property
+    def needs(self) -> tuple[str, ...]:  # type: ignore[override]
+        return ("state_key",) if self.key == "prompt" else ()
 
     def sql(self, value: str) -> str:
-        over = "OVER (PARTITION BY state_key)"
+        over, keyed = _state_window(self.key)
         n = f"count(*) {over}"
-        return (f"CASE WHEN {n} > 1 THEN {value} - (sum({value}) {over} - {value}) / ({n} - 1) "
-                f"ELSE {value} END")
+        return (f"CASE WHEN {keyed} AND {n} > 1 THEN {value} - (sum({value}) {over} - {value}) "
+                f"/ ({n} - 1) ELSE {value} END")
 
     def apply_rows(self, values: list[float], rows: Sequence[Mapping[str, Any]]) -> list[float]:
         out = list(values)
-        for members in _row_groups(rows, lambda row: tuple(row["prompt_token_ids"])):
+        for members in _state_groups(rows, self.key):
             if len(members) > 1:
                 total = sum(values[i] for i in members)
                 for i in members:
                     out[i] = values[i] - (total - values[i]) / (len(members) - 1)
+        return out
+
+
+@register
+@dataclass
+class PositionAdvantage(SamplingTransform):
+    """GiGPO's step-level advantage: add ``weight`` times the decision's return relative to the
+    batch's other decisions taken in the same position.
+
+    ``value + weight * A_step``, where ``A_step`` is the decision's shaped reward (the
+    ``reward`` column: the step stage's output, its discounted return) less the mean reward of
+    its group, the batch's decisions of the same ``env_id`` and ``steps.position``, divided by
+    the group's standard deviation when ``scale`` (0 when that is at most ``eps``). A decision
+    alone in its position, or without one (NULL), gets ``A_step = 0``.
+
+    The episode-level term is the value so far, so list it after the normalization:
+    ``[normalize_per_env, position_advantage]`` is GiGPO's ``A_episode + w * A_step``
+    (Feng et al. 2025, arXiv 2505.10978). A game's outcome credits every move of a seat alike;
+    within a position the moves are compared with each other, so "take the whole last pile"
+    is scored against "take one" where both were possible.
+    """
+
+    name: ClassVar[str] = "position_advantage"
+    weight: float = 1.0
+    scale: bool = True
+    eps: float = 1e-6
+
+    def validate(self) -> None:
+        sql_float(self.weight)
+        if not float(self.weight) > 0:
+            raise UbError(f"position_advantage weight must be > 0, got {self.weight}")
+        _check_scale(self.name, self.scale, self.eps)
+
+    def sql(self, value: str) -> str:
+        over, keyed = _state_window("position")
+        step = _standardized_sql("reward", over, self.scale, self.eps)
+        return (f"{value} + {sql_float(self.weight)} * CASE WHEN {keyed} AND count(*) {over} > 1 "
+                f"THEN {step} ELSE 0.0 END")
+
+    def apply_rows(self, values: list[float], rows: Sequence[Mapping[str, Any]]) -> list[float]:
+        out = list(values)
+        for members in _state_groups(rows, "position"):
+            if len(members) < 2:
+                continue
+            steps = _standardized([rows[i]["reward"] for i in members], self.scale, self.eps)
+            for i, step in zip(members, steps, strict=True):
+                out[i] += float(self.weight) * step
         return out
 
 

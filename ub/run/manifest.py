@@ -64,22 +64,29 @@ def round_manifest(run: Run, shards: list[ShardResult], metrics: dict[str, Any],
 
 def components(config: TrainConfig) -> dict[str, Any]:
     """The classes the round's learner and batch ran, by import path, whether built in or named
-    by one in the config (``learner.algorithm``, the ``batch:`` stages); and under ``sources``
-    the sha256 of each module outside ub that holds one, so that a reader sees which code of
-    one's own trained each round."""
+    by one in the config (``learner.algorithm``, the ``batch:`` stages), and the position
+    functions of one's own that keyed a game's decisions (``envs.position``, by env id); and
+    under ``sources`` the sha256 of each module outside ub that holds one, so that a reader
+    sees which code of one's own trained each round."""
+    from ub.games.positions import position_function
     from ub.learner.algorithms import algorithm_class
     from ub.rewards import STAGES
 
     algorithm = algorithm_class(config.learner.algorithm)
     transforms = config.batch.transforms
     by_stage = {stage: [type(t) for t in getattr(transforms, stage)] for stage in STAGES}
-    ran = [algorithm, *(cls for classes in by_stage.values() for cls in classes)]
-    own = sorted({cls for cls in ran if cls.__module__.partition(".")[0] != "ub"},
+    positions = {env.env_id: env.position for env in config.envs if env.position}
+    ran: list[Any] = [algorithm, *(cls for classes in by_stage.values() for cls in classes),
+                      *(position_function(env_id, path) for env_id, path in positions.items())]
+    own = sorted({code for code in ran if code.__module__.partition(".")[0] != "ub"},
                  key=import_path)
-    return {"learner.algorithm": import_path(algorithm),
-            **{f"batch.{stage}": [import_path(c) for c in classes]
-               for stage, classes in by_stage.items()},
-            "sources": {cls.__module__: _source_sha256(cls) for cls in own}}
+    recorded: dict[str, Any] = {
+        "learner.algorithm": import_path(algorithm),
+        **{f"batch.{stage}": [import_path(c) for c in classes]
+           for stage, classes in by_stage.items()}}
+    if positions:
+        recorded["envs.position"] = positions
+    return {**recorded, "sources": {code.__module__: _source_sha256(code) for code in own}}
 
 
 def changed_sources(paths: RunPaths, config: TrainConfig) -> list[str]:
@@ -98,11 +105,11 @@ def changed_sources(paths: RunPaths, config: TrainConfig) -> list[str]:
             if old and now.get(module) and now[module] != old]
 
 
-def _source_sha256(cls: type) -> str | None:
-    """The sha256 of the file that defines ``cls`` (``None``: it has no file, e.g. ``__main__``
-    of an interactive session)."""
+def _source_sha256(code: Any) -> str | None:
+    """The sha256 of the file that defines ``code``, a class or function (``None``: it has no
+    file, e.g. ``__main__`` of an interactive session)."""
     try:
-        path = inspect.getsourcefile(cls)
+        path = inspect.getsourcefile(code)
     except TypeError:
         return None
     if path is None:
