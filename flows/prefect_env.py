@@ -42,6 +42,17 @@ def configure_prefect(home: Path, *, console_level: str = "CRITICAL") -> None:
         raise UbError(f"cannot create the Prefect home {home}: {exc.strerror or exc}") from None
 
 
+_tied_server_url: str | None = None
+
+
+def current_api_url() -> str | None:
+    """The Prefect API this process reports to: ``PREFECT_API_URL``, else the temporary server
+    :func:`start_tied_server` started (``None``: neither, Prefect starts its own on demand)."""
+    from prefect.settings import PREFECT_API_URL
+
+    return str(PREFECT_API_URL.value() or "") or _tied_server_url
+
+
 def start_tied_server() -> str | None:
     """Start Prefect's temporary API server now, from this (main) thread, so that it dies with
     this process; returns its URL (``None`` when ``PREFECT_API_URL`` names a server already).
@@ -90,14 +101,16 @@ def start_tied_server() -> str | None:
             finally:
                 prefect_server.subprocess = module_subprocess
 
+    global _tied_server_url
     server = _TiedServer()  # registered as the process's temporary server (port None)
-    if not isinstance(server, _TiedServer):  # Prefect's own started first: leave it be
-        return server.api_url
-    try:
-        server.start()
-    except RuntimeError as exc:
-        raise UbError(f"the temporary Prefect server did not start ({exc}); set PREFECT_API_URL "
-                      "to a running `prefect server start` to use that instead") from None
+    if isinstance(server, _TiedServer):  # (else Prefect's own started first: leave it be)
+        try:
+            server.start()
+        except RuntimeError as exc:
+            raise UbError(f"the temporary Prefect server did not start ({exc}); set "
+                          "PREFECT_API_URL to a running `prefect server start` to use that "
+                          "instead") from None
+    _tied_server_url = server.api_url
     return server.api_url
 
 

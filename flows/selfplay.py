@@ -12,17 +12,20 @@ themselves are the library's (:mod:`ub.run.rounds` names their modules; through 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterator
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Any
 
 from prefect import flow
 
+from ub.flows.prefect_env import current_api_url
 from ub.flows.prefect_logs import ub_logs_to_prefect
 from ub.flows.ray_runner import cluster_tasks
+from ub.flows.server_watch import ServerWatch, grace_seconds, stop_process
 from ub.run.base_model import resolve_base_model
 from ub.run.evaluate import eval_due
 from ub.run.layout import RunPaths, remove_orphans
@@ -107,17 +110,46 @@ def selfplay(run_name: str, config: str | None = None, root: str = "runs",
         Where the run lives and its last evaluation.
     """
     # A deployment or a schedule makes its preflight here, before the run writes a file.
-    start = _handed_over(RunPaths.of(root, run_name)) or preflight(RunRequest(
+    handed_over = _handed_over(RunPaths.of(root, run_name))
+    start = handed_over or preflight(RunRequest(
         run_name, root, config, tuple(overrides or ()), rounds=rounds, add_rounds=add_rounds,
         ray_address=ray_address, keep_run_config=keep_run_config))
     paths = start.paths
     with (RunLock(paths.lock) as lock, GcClock() as gc_clock, run_logs(paths.logs),
-          ub_logs_to_prefect()):
+          ub_logs_to_prefect(), _watching_the_server(paths, root, handed_over is not None)):
         try:
             return _train(start, quiet, lock, gc_clock)
         except Exception:
             log.exception("run %s failed", run_name)  # the traceback, for after the fact
             raise
+
+
+def _watching_the_server(paths: RunPaths, root: str,
+                         by_ub_train: bool) -> AbstractContextManager[object]:
+    """Watch the Prefect server this flow reports to: a silence beyond the grace ends the
+    process with one line that says how to resume (:mod:`ub.flows.server_watch`). Only in a
+    process of the run's own, ``ub train``'s or a deployment run's: a script (or a test)
+    that calls the flow keeps its process."""
+    from prefect.runtime import deployment
+
+    api_url = current_api_url()
+    if api_url is None or not (by_ub_train or deployment.id):
+        return nullcontext()
+    own = "PREFECT_API_URL" not in os.environ  # the temporary server ub started
+
+    def lost(silent_s: float, problem: str, stderr: int) -> None:
+        committed = len(paths.committed_rounds())
+        kept = {0: "no round is committed", 1: "round 0 is committed"}.get(
+            committed, f"rounds 0-{committed - 1} are committed")
+        again = ("`ub train` starts a new temporary server" if own else
+                 "once the server answers again, or with PREFECT_API_URL unset for a "
+                 "temporary server of ub's own")
+        stop_process(f"the Prefect server at {api_url} has not answered for {silent_s:.0f} s "
+                     f"({problem}): the run stopped ({kept}; the round in progress is played "
+                     f"again on resume); {again}: ub train --resume {paths.name} --root {root}",
+                     stderr)
+
+    return ServerWatch(api_url, grace_seconds(), lost)
 
 
 def _train(start: RunStart, quiet: bool, lock: RunLock, gc_clock: GcClock) -> dict[str, Any]:

@@ -47,6 +47,7 @@ def add_parser(sub) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from ub.flows.prefect_env import configure_prefect
+    from ub.flows.server_watch import grace_seconds, require_server
     from ub.run.config import config_run_name
     from ub.run.layout import RunPaths
     from ub.run.preflight import preflight
@@ -60,6 +61,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.dry_run:
         return _dry_run(args, RunPaths.of(args.root, name))
     # Everything that can be refused is refused here, in a second, before Prefect starts.
+    grace_seconds()  # a UB_PREFECT_GRACE_S that is not a number of seconds
+    require_server()  # a PREFECT_API_URL that nothing answers at
     start = preflight(_request(args, name))
 
     configure_prefect((start.paths.root.parent if start.paths.store else Path(args.root))

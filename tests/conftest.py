@@ -24,10 +24,11 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 # The slowest scopes (seconds of one run with ``--durations=0`` on 2 cores: faults 386 and its
-# Ray module 220, learning 137, train flow 118, Prefect server 85) start first, so the two
-# workers end together instead of one running a long module alone at the end.
-SLOWEST_FIRST = ("tests/faults", "tests/faults/test_ray.py", "tests/test_learning.py",
-                 "tests/test_train_flow.py", "tests/test_prefect_server.py")
+# Ray module 220, Prefect outages 175, learning 137, train flow 118, Prefect server 85) start
+# first, so the two workers end together instead of one running a long module alone at the end.
+SLOWEST_FIRST = ("tests/faults", "tests/faults/test_ray.py", "tests/test_prefect_outage.py",
+                 "tests/test_learning.py", "tests/test_train_flow.py",
+                 "tests/test_prefect_server.py")
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):

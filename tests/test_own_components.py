@@ -138,3 +138,26 @@ def test_a_resume_says_when_the_code_of_ones_own_component_changed(run, tmp_path
     assert note.startswith("own_components changed since round 0 recorded it (sha256 "
                            "000000000000, now ")
     assert "the rounds from here train with the code as it is now" in note
+
+
+def test_doctor_in_a_shell_without_the_components_module_checks_the_data_and_says_why(run):
+    """A shell whose PYTHONPATH lacks the module: the config cannot be checked there, which
+    is the shell's matter, not damage to the run (`--repair` has nothing to do)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+        if p and Path(p).resolve() != HERE)}
+    for repair in ([], ["--repair"]):
+        done = subprocess.run([sys.executable, "-m", "ub.flows.cli", "doctor", str(run.root),
+                               *repair], env=env, capture_output=True, text=True, timeout=300,
+                              cwd=run.root)
+        assert done.returncode == 0, done.stdout + done.stderr
+        notes = [line for line in done.stdout.splitlines() if line.startswith("note: ")]
+        assert notes[0] == (
+            f"note: config.yaml's learner.algorithm is {ALGORITHM!r}, which this shell cannot "
+            "import (ModuleNotFoundError: No module named 'own_components'): put the folder "
+            "that holds own_components on PYTHONPATH (PYTHONPATH=DIR ub doctor ...) to check "
+            "the config as well; the run's data was checked without it")
+        assert len(notes) == 4  # the algorithm, two transforms and the position function
+        assert "problem" not in done.stdout and "quarantined" not in done.stdout
+        assert "own: 1 committed round(s), ok" in done.stdout
+    assert not (run.root / "quarantine").exists()

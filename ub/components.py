@@ -12,7 +12,7 @@ import functools
 import importlib
 import inspect
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from ub.errors import UbError
@@ -26,6 +26,37 @@ def is_import_path(name: str) -> bool:
     """Whether a component's name is an import path (``package.module:Class``) rather than a
     registered name (registered names hold no ``:``)."""
     return SEPARATOR in name
+
+
+def own_components(config: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The settings of a config as written (a mapping, not yet validated) that name a
+    component by import path, with the path: ``learner.algorithm``, the reward transforms of
+    ``batch.final|step|sampling`` and ``envs[].position``."""
+    found: list[tuple[str, Any]] = []
+    learner, batch = config.get("learner") or {}, config.get("batch") or {}
+    if isinstance(learner, Mapping):
+        found.append(("learner.algorithm", learner.get("algorithm")))
+    if isinstance(batch, Mapping):
+        for stage in ("final", "step", "sampling"):
+            for i, entry in enumerate(batch.get(stage) or []):
+                name = entry.get("name") if isinstance(entry, Mapping) else entry
+                found.append((f"batch.{stage}.{i}", name))
+    for i, env in enumerate(config.get("envs") or []):
+        if isinstance(env, Mapping):
+            found.append((f"envs.{i}.position", env.get("position")))
+    return [(setting, path) for setting, path in found
+            if isinstance(path, str) and is_import_path(path)]
+
+
+def import_problem(path: str) -> str | None:
+    """Why the module of import path ``path`` cannot be imported in this process (``None``:
+    it can)."""
+    module_name = path.partition(SEPARATOR)[0]
+    try:
+        importlib.import_module(module_name)
+    except Exception as exc:  # a user's module may raise anything while it is imported
+        return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
+    return None
 
 
 def import_path(code: type | Callable[..., Any]) -> str:

@@ -50,6 +50,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _print_findings(exam) -> None:
+    for note in exam.notes:
+        print(f"note: {note}")
     for finding in exam.findings:
         print(f"problem: {finding.line(exam.root)}")
     verdict = (f"{len(exam.findings)} problem(s); `ub doctor {exam.root} --repair` quarantines "

@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
+from ub.components import import_problem, own_components
 from ub.data.schema import SCHEMA_VERSION, TABLES
 from ub.data.shards import ShardId, check_shard_schema, committed_shards, round_ranges, shard_path
 from ub.errors import UbError
@@ -70,6 +71,8 @@ class Examination:
     """The run directory's format (:data:`ub.run.layout.RUN_FORMATS`)."""
     schema_versions: dict[int, list[int]] = field(default_factory=dict)
     """The committed rounds whose shards are of each data schema version (``ub.data.schema``)."""
+    notes: list[str] = field(default_factory=list)
+    """What could not be checked in this process, and how to check it (not damage)."""
 
     @property
     def format_line(self) -> str:
@@ -212,10 +215,21 @@ def examine(root: Path, *, live: bool = False) -> Examination:
     run_format = check_run_format(root)
     paths = RunPaths(root.absolute())
     findings: list[Finding] = []
+    notes: list[str] = []
     try:
         from ub.run.config import load_yaml, read_text, validate_config
 
-        validate_config(load_yaml(read_text(paths.config, "run config")), str(paths.config))
+        data = load_yaml(read_text(paths.config, "run config"))
+        missing = [(setting, path, problem) for setting, path in own_components(data)
+                   if (problem := import_problem(path)) is not None]
+        if missing:  # this shell's PYTHONPATH, not the run, lacks something
+            notes += [f"config.yaml's {setting} is {path!r}, which this shell cannot import "
+                      f"({problem}): put the folder that holds {path.partition(':')[0]} on "
+                      f"PYTHONPATH (PYTHONPATH=DIR ub doctor ...) to check the config as "
+                      f"well; the run's data was checked without it"
+                      for setting, path, problem in missing]
+        else:
+            validate_config(data, str(paths.config))
     except (yaml.YAMLError, UbError) as exc:
         findings.append(Finding(paths.config, f"bad run config: {exc}"))
     rounds = paths.committed_rounds()
@@ -235,7 +249,7 @@ def examine(root: Path, *, live: bool = False) -> Examination:
     if not live:
         findings += [Finding(orphan, "temporary file left by an interrupted write")
                      for orphan in find_orphans(root)]
-    return Examination(root, rounds, findings, run_format, versions)
+    return Examination(root, rounds, findings, run_format, versions, notes)
 
 
 def repair(exam: Examination) -> list[tuple[Path, Path]]:

@@ -1,0 +1,198 @@
+"""The Prefect server a run reports to, absent, killed and restarted, as a user meets it: a real
+`prefect server start` on the loopback and a real `ub train` (docs/reliability.md).
+
+Slow (about 3 minutes on 2 cores): a live server to lose, started twice, and three runs of two
+small rounds (one ridden over a restart, one stopped by an outage and resumed, compared game
+by game).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from servers import free_port, wait_for
+
+from ub.data.sql import query
+from ub.run.layout import RunPaths
+
+PREFECT = [sys.executable, "-m", "prefect"]
+UB = [sys.executable, "-m", "ub.flows.cli"]
+GRACE_S = 10  # UB_PREFECT_GRACE_S of the run the test stops (the default is 30)
+CONFIG = {
+    "seed": 3,
+    "rounds": 2,
+    "model": {"base": "tiny"},
+    "sampling": {"temperature": 1.0, "max_tokens": 8, "stop": ["]"]},
+    "envs": [{"env_id": "TicTacToe-v0-train"}, {"env_id": "Nim-v0-train"}],
+    "rollout": {"games_per_round": 8, "concurrency": 8},
+    "opponents": [{"mode": "mirror", "weight": 1.0}],
+    "batch": {"batch_size": 32},
+    "learner": {"learning_rate": 1e-3, "lora": {"rank": 8, "alpha": 16}},
+    "eval": {"every": 0},
+}
+GAMES = "SELECT env_id, seed, actors, rewards, outcome, num_turns FROM games ORDER BY seed"
+
+
+class Server:
+    """A `prefect server start` whose process group the test can kill and start again, on the
+    same port and database, as a crash and a restart would."""
+
+    def __init__(self, home: Path) -> None:
+        self.home, self.port = home, free_port()
+        self.api = f"http://127.0.0.1:{self.port}/api"
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+        self.env.update(PREFECT_HOME=str(home), PREFECT_SERVER_ANALYTICS_ENABLED="false",
+                        PREFECT_UI_ENABLED="false")
+        self.process: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        with (self.home / "server.log").open("a") as log:
+            self.process = subprocess.Popen(
+                [*PREFECT, "server", "start", "--host", "127.0.0.1", "--port", str(self.port)],
+                stdout=log, stderr=subprocess.STDOUT, env=self.env, start_new_session=True)
+        wait_for(self.answers, 180, f"{self.api}/health answers")
+
+    def answers(self) -> bool:
+        assert self.process is not None and self.process.poll() is None, (
+            (self.home / "server.log").read_text()[-3000:])
+        try:
+            return httpx.get(f"{self.api}/health", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def kill(self) -> None:
+        """SIGKILL to the server's whole process group (uvicorn and its services)."""
+        assert self.process is not None
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, tiny_model):
+    server = Server(tmp_path_factory.mktemp("prefect-home"))
+    server.start()
+    yield server
+    if server.process is not None and server.process.poll() is None:
+        server.kill()
+
+
+@pytest.fixture(scope="module")
+def config_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("config") / "outage.yaml"
+    path.write_text(yaml.safe_dump(CONFIG))
+    return path
+
+
+def start_train(args: list[str], api: str | None, grace_s: float = GRACE_S) -> subprocess.Popen:
+    """``ub train ARGS`` as a user runs it, in a session of its own (to find what it leaves)."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env["UB_PREFECT_GRACE_S"] = str(grace_s)
+    if api is not None:
+        env["PREFECT_API_URL"] = api
+    return subprocess.Popen([*UB, "train", *args, "--quiet"], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+
+
+def after_round_0(process: subprocess.Popen, paths: RunPaths) -> None:
+    """Wait until round 0 of ``paths`` commits (its manifest is there)."""
+    wait_for(lambda: process.poll() is not None or paths.manifest(0).exists(), 600,
+             "round 0 commits")
+    assert process.poll() is None, process.communicate()[1][-3000:]
+
+
+def session_members(sid: int) -> list[str]:
+    """The command lines of live processes in session ``sid``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getsid(int(entry.name)) == sid:
+                found.append((entry / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except (OSError, ProcessLookupError):
+            continue
+    return found
+
+
+@pytest.fixture(scope="module")
+def restarted_run(server, config_file, tmp_path_factory) -> RunPaths:
+    """A run whose server is killed after round 0 commits and started again at once."""
+    root = tmp_path_factory.mktemp("restart")
+    paths = RunPaths.of(root, "restart")
+    # (The default grace, 30 s, rides out a restart of ~10 s; a loaded test machine may take
+    # longer to start a server.)
+    train = start_train([str(config_file), "--run", "restart", "--root", str(root)], server.api,
+                        grace_s=240)
+    after_round_0(train, paths)
+    server.kill()
+    server.start()  # the same port and database: down for the ~10 s a start takes
+    _, stderr = train.communicate(timeout=600)
+    assert train.returncode == 0, stderr[-3000:]
+    return paths
+
+
+def test_a_restart_mid_run_is_ridden_out(restarted_run, server):
+    assert restarted_run.committed_rounds() == [0, 1]
+    games = query(restarted_run.root, "SELECT game_id FROM games").column(0).to_pylist()
+    assert len(games) == len(set(games)) == 2 * CONFIG["rollout"]["games_per_round"]
+    # The server the run reported to again knows it finished.
+    runs = httpx.post(f"{server.api}/flow_runs/filter", json={}, timeout=30).json()
+    (state,) = [r["state_type"] for r in runs if r["parameters"].get("run_name") == "restart"]
+    assert state == "COMPLETED"
+    log = (restarted_run.logs / "flow.log").read_text()
+    assert "does not answer" in log and "answers again" in log
+
+
+def test_a_server_gone_mid_run_stops_it_in_one_line_and_a_resume_loses_nothing(
+        restarted_run, server, config_file, tmp_path):
+    paths = RunPaths.of(tmp_path, "gone")
+    train = start_train([str(config_file), "--run", "gone", "--root", str(tmp_path)],
+                        server.api)
+    after_round_0(train, paths)
+    server.kill()
+    killed = time.monotonic()
+    _, stderr = train.communicate(timeout=GRACE_S + 300)
+    took = time.monotonic() - killed
+    assert train.returncode == 2, stderr[-3000:]
+    assert "Traceback" not in stderr and "Error logging to API" not in stderr, stderr[-3000:]
+    (line,) = [x for x in stderr.splitlines() if x.startswith("ub: error:")]
+    assert line.startswith(f"ub: error: the Prefect server at {server.api} has not answered "
+                           f"for "), line
+    assert line.endswith(f"ub train --resume gone --root {tmp_path}"), line
+    assert took < GRACE_S + 60, f"stopped {took:.0f} s after the server died"
+    assert session_members(train.pid) == []  # no engine, learner or server left behind
+    assert "has not answered" in (paths.logs / "flow.log").read_text()  # in the run's log too
+    doctor = subprocess.run([*UB, "doctor", str(paths.root)], capture_output=True, text=True)
+    assert doctor.returncode == 0, doctor.stdout  # nothing committed half-way
+
+    # Resumed on a temporary server of ub's own, as the line says: the games of a run that
+    # was never interrupted, none lost, none twice.
+    resume = start_train(["--resume", "gone", "--root", str(tmp_path)], None)
+    _, stderr = resume.communicate(timeout=600)
+    assert resume.returncode == 0, stderr[-3000:]
+    assert query(paths.root, GAMES).to_pylist() == query(restarted_run.root, GAMES).to_pylist()
+
+
+def test_a_server_that_is_not_there_is_refused_in_one_line(restarted_run, tmp_path):
+    api = f"http://127.0.0.1:{free_port()}/api"
+    before = sorted((p, p.stat().st_mtime_ns) for p in restarted_run.root.rglob("*"))
+    for args in (["tiny-cpu", "--run", "new", "--root", str(tmp_path)],
+                 ["--resume", "restart", "--root", str(restarted_run.root.parent)]):
+        train = start_train(args, api)
+        _, stderr = train.communicate(timeout=120)
+        assert train.returncode == 2, stderr[-3000:]
+        assert stderr.splitlines() == [
+            f"ub: error: PREFECT_API_URL is {api}, and no Prefect server answers there "
+            "(Connection refused): start that server (`prefect server start`), or unset "
+            "PREFECT_API_URL to let ub start a temporary server of its own for the run"]
+    assert not (tmp_path / "new").exists()
+    assert sorted((p, p.stat().st_mtime_ns) for p in restarted_run.root.rglob("*")) == before
