@@ -113,13 +113,12 @@ def _import(path: str, what: str) -> object:
     if not module_name or not qualname or SEPARATOR in qualname:
         raise UbError(f"{what} {path!r}: an import path is package.module:Class, "
                       "with one ':' between the module and the class")
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # a user's module may raise anything while it is imported
-        reason = (str(exc).splitlines() or [""])[0]
-        raise UbError(f"{what} {path!r}: importing {module_name} failed ({type(exc).__name__}: "
-                      f"{reason}): put the folder that holds it on PYTHONPATH or install its "
-                      "package, in every process of the run") from None
+    problem = import_problem(path)
+    if problem is not None:
+        raise UbError(f"{what} {path!r}: importing {module_name} failed ({problem}): put the "
+                      "folder that holds it on PYTHONPATH or install its package, in every "
+                      "process of the run")
+    module = importlib.import_module(module_name)  # (imported by the check: from its cache)
     found: object = module
     for part in qualname.split("."):
         if not hasattr(found, part):
