@@ -148,8 +148,9 @@ def test_a_restart_mid_run_is_ridden_out(restarted_run, server):
     runs = httpx.post(f"{server.api}/flow_runs/filter", json={}, timeout=30).json()
     (state,) = [r["state_type"] for r in runs if r["parameters"].get("run_name") == "restart"]
     assert state == "COMPLETED"
-    log = (restarted_run.logs / "flow.log").read_text()
-    assert "does not answer" in log and "answers again" in log
+    # (The log's "answers again" comes with the next health check, which a run that ends
+    # first does not wait for.)
+    assert "does not answer" in (restarted_run.logs / "flow.log").read_text()
 
 
 def test_a_server_gone_mid_run_stops_it_in_one_line_and_a_resume_loses_nothing(
