@@ -38,13 +38,16 @@ EXIT_CODE = 2  # ub's code for an expected failure with its one line (ub.cli.par
 
 
 def server_problem(api_url: str, timeout: float = ANSWER_S) -> str | None:
-    """``None`` when the Prefect API at ``api_url`` answers its health check, else why not."""
+    """``None`` when the Prefect API at ``api_url`` answers its health check, else why not.
+
+    Any answer below 500 counts (a hosted API may want its key even there: it is up); a 5xx is
+    what a proxy in front of a dead server says."""
     url = f"{api_url.rstrip('/')}/health"
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as response:
-            return None if response.status == 200 else f"HTTP {response.status} from {url}"
+        with urllib.request.urlopen(url, timeout=timeout):
+            return None
     except urllib.error.HTTPError as exc:
-        return f"HTTP {exc.code} from {url}"
+        return None if exc.code < 500 else f"HTTP {exc.code} from {url}"
     except urllib.error.URLError as exc:
         reason = exc.reason
         return str(getattr(reason, "strerror", None) or reason)

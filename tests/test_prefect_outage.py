@@ -197,3 +197,35 @@ def test_a_server_that_is_not_there_is_refused_in_one_line(restarted_run, tmp_pa
             "PREFECT_API_URL to let ub start a temporary server of its own for the run"]
     assert not (tmp_path / "new").exists()
     assert sorted((p, p.stat().st_mtime_ns) for p in restarted_run.root.rglob("*")) == before
+
+
+def test_any_answer_below_500_is_a_server_and_a_bad_grace_is_refused(monkeypatch):
+    """A hosted API may want its key even for its health check (401): it is there; a 5xx is a
+    proxy in front of a dead server."""
+    import http.server
+    import threading
+
+    from ub.errors import UbError
+    from ub.flows.server_watch import grace_seconds, server_problem
+
+    class Answers(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            self.send_response(401 if self.path.startswith("/cloud/") else 502)
+            self.end_headers()
+
+        def log_message(self, *args) -> None:
+            pass
+
+    with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answers) as http_server:
+        threading.Thread(target=http_server.serve_forever, daemon=True).start()
+        base = f"http://127.0.0.1:{http_server.server_address[1]}"
+        assert server_problem(f"{base}/cloud/api") is None
+        assert server_problem(f"{base}/proxy/api") == f"HTTP 502 from {base}/proxy/api/health"
+        http_server.shutdown()
+    assert server_problem(f"http://127.0.0.1:{free_port()}/api") == "Connection refused"
+    for bad in ("0", "soon", "-5"):
+        monkeypatch.setenv("UB_PREFECT_GRACE_S", bad)
+        with pytest.raises(UbError, match=r"UB_PREFECT_GRACE_S=.*a number above 0"):
+            grace_seconds()
+    monkeypatch.setenv("UB_PREFECT_GRACE_S", "90")
+    assert grace_seconds() == 90.0
