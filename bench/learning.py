@@ -184,8 +184,7 @@ def summary_table(results: list[dict]) -> str:
             assert first is not None and final is not None
             finals[env].append(final)
             low, high = final["random_baseline_ci"]
-            best = best_against_random(env, "all")
-            to_best = "" if best is None else f"{best - final['win']:.1%}"
+            to_best = "" if final["best"] is None else f"{final['best'] - final['win']:.1%}"
             cells.append(f"{first['win']:.1%} -> {final['win']:.1%} [{final['win_low']:.1%}, "
                          f"{final['win_high']:.1%}] | {final['random_baseline']:.1%} "
                          f"[{low:.1%}, {high:.1%}] | "

@@ -110,7 +110,8 @@ def after_round_0(process: subprocess.Popen, paths: RunPaths) -> None:
 
 
 def session_members(sid: int) -> list[str]:
-    """The command lines of live processes in session ``sid``."""
+    """The command lines of live processes in session ``sid``: the session, not the process
+    group (``ub.serve.group_members``), so a child that made a group of its own still counts."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
