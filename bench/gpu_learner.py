@@ -204,7 +204,7 @@ def check_one_rank_group(model: Path, folder: Path) -> bool:
     """A one-rank process group (NCCL on a GPU, gloo on the CPU) joins, all-reduces, trains."""
     import torch.distributed as dist
 
-    from ub.learner.distributed import join, leave
+    from ub.distributed import join, leave
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -15,7 +15,7 @@ start) is reported apart. Stops the cluster at the end.
 
 The learner part runs ``--updates`` updates of the tiny-cpu model on synthetic batches of
 ``--rows`` rows, once as one process with ``--cpus`` threads, once as ``--cpus`` ranks of one
-thread joined by gloo (``ub.learner.distributed``), and reports the steady update time.
+thread joined by gloo (``ub.distributed``), and reports the steady update time.
 
 The components part measures, in one process: the time an engine takes to hot-load a new LoRA
 adapter (the first request with a new adapter path, minus the same request once it is loaded)

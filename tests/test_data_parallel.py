@@ -1,4 +1,4 @@
-"""The data-parallel learner (``ub.learner.distributed``): two real learner processes joined by
+"""The data-parallel learner (``ub.distributed``): two real learner processes joined by
 ``torch.distributed`` (gloo, as NCCL would join GPUs) take the same updates as one process on
 the whole batch, and only rank 0 writes checkpoints."""
 
@@ -68,7 +68,7 @@ def test_two_ranks_take_the_one_process_update(model_dir, tmp_path, micro_batch_
 
 def test_a_rank_that_cannot_reach_the_group_says_so():
     # (in a process of its own: a failed init would spoil torch.distributed for this one)
-    code = ("import sys; from ub.learner.distributed import join\n"
+    code = ("import sys; from ub.distributed import join\n"
             "try: join(1, 2, sys.argv[1], timeout_minutes=0.05)\n"
             "except Exception as e: print(type(e).__name__, e)")
     address = f"127.0.0.1:{free_port()}"

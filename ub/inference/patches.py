@@ -112,7 +112,7 @@ def forget_stale_process_groups() -> None:
     with contextlib.suppress(Exception):
         parallel_state.destroy_model_parallel()
     parallel_state._WORLD = None
-    from ub.learner.distributed import rank_and_world
+    from ub.distributed import rank_and_world
 
     # The default group the stale world was built on (unless it is a learner group of ours).
     if dist.is_initialized() and rank_and_world()[1] == 1:

@@ -17,10 +17,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from ub.distributed import barrier, rank_and_world
 from ub.errors import UbError
 from ub.learner.checkpoint import is_checkpoint, read_metrics
 from ub.learner.config import LearnerConfig
-from ub.learner.distributed import barrier, rank_and_world
 from ub.learner.learner import Learner
 
 

@@ -45,12 +45,12 @@ from typing import Any
 
 import torch
 
+from ub.distributed import gather, rank_and_world, sum_gradients
 from ub.errors import UbError
 from ub.faults import fault_point
 from ub.learner.algorithms import TokenBatch
 from ub.learner.batching import TrainBatch, plan_micro_batches
 from ub.learner.config import LearnerConfig
-from ub.learner.distributed import gather, rank_and_world, sum_gradients
 from ub.learner.model import (
     ADAPTER_NAME,
     PLAIN_LM_HEAD_MODELS,
@@ -133,7 +133,7 @@ class Learner(LearnerState):
         for p in self.params.values():
             p.grad = None
         tally = _Tally(diff_max=torch.zeros((), device=self.device))
-        # Data-parallel (ub.learner.distributed): this rank's share of the micro-batches.
+        # Data-parallel (ub.distributed): this rank's share of the micro-batches.
         rank, world = rank_and_world()
         for group in groups[rank::world]:
             self._backward(batch, [rows[i] for i in group], normalizer, tally)

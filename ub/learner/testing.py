@@ -150,8 +150,8 @@ def data_parallel_updates(rank: int, world: int, address: str, model_dir: str | 
     data-parallel test compares between one process and two, and what the benchmark times."""
     import json
 
+    from ub.distributed import join, leave
     from ub.learner import LearnerConfig, learn_on_batch
-    from ub.learner.distributed import join, leave
     from ub.learner.entry import KeptLearner
     from ub.model.lora import LoraSettings
 

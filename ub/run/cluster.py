@@ -8,7 +8,7 @@ With ``cluster.address`` set, the flow's tasks go through prefect-ray's ``RayTas
   ``shard % n``, evaluations to ``rollout-0``.
 - ``learner-0 .. learner-{m-1}``: the learner's base model and optimizer, kept across
   rounds; with ``learner_workers`` above 1 they form a ``torch.distributed`` group and train
-  data-parallel (:mod:`ub.learner.distributed`).
+  data-parallel (:mod:`ub.distributed`).
 
 Actors, not plain tasks, hold the resources: Ray reuses a task's worker process but may hand
 the next task other GPUs, while the engine stays on the device it started on. An actor owns
@@ -276,7 +276,7 @@ class RoundWorker:
         return f"{ray.util.get_node_ip_address()}:{port}"
 
     def join_learners(self, rank: int, world: int, address: str) -> None:
-        from ub.learner.distributed import join
+        from ub.distributed import join
 
         join(rank, world, address)
         log.info("learner rank %d of %d joined the process group at %s", rank, world, address)

@@ -41,8 +41,8 @@ def learn_round(run: Run, round_: int, *, worker: Worker) -> dict[str, Any]:
     after the round is saved before the update, so a resumed run continues it.
     """
     from ub.batch import assemble_batch
+    from ub.distributed import rank_and_world
     from ub.learner import learn_on_batch
-    from ub.learner.distributed import rank_and_world
 
     config = run.config
     writer = rank_and_world()[0] == 0  # data-parallel ranks: rank 0 writes for all
