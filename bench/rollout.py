@@ -32,9 +32,9 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     args = parser.parse_args()
 
-    from ub.inference.environment import configure_vllm_environment
     from ub.inference.types import EngineConfig, GenerationRequest, SamplingConfig
     from ub.run.worker import Worker
+    from ub.vllm_environment import configure_vllm_environment
 
     configure_vllm_environment()
     from ub.actors.spec import parse_actor

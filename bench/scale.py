@@ -96,9 +96,9 @@ def _learner(world: int, threads: int, root: Path, args: argparse.Namespace) -> 
 
 def _components(root: Path) -> dict:
     """Adapter hot-load, shard write and run-store rates, in this process."""
-    from ub.inference.environment import configure_vllm_environment
     from ub.inference.types import EngineConfig, GenerationRequest, SamplingConfig
     from ub.run.worker import Worker
+    from ub.vllm_environment import configure_vllm_environment
 
     configure_vllm_environment()
     from ub.actors.spec import parse_actor

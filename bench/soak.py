@@ -71,11 +71,11 @@ def _slope(xs: list[float], ys: list[float]) -> float:
 def adapter_churn(root: Path, every: int = 10) -> dict:
     """One greedy request through each checkpoint of the soak run in turn, in this process."""
     from ub.inference.engine import VLLMEngine
-    from ub.inference.environment import configure_vllm_environment
     from ub.inference.types import GenerationRequest
     from ub.run.base_model import resolve_base_model
     from ub.run.play import rollout_sampling, run_engine_config
     from ub.run.rounds import Run, resolve_run_config
+    from ub.vllm_environment import configure_vllm_environment
 
     paths = RunPaths.of(root, "soak")
     config, _ = resolve_run_config(paths, None)

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from ub.inference.environment import configure_vllm_environment
+from ub.vllm_environment import configure_vllm_environment
 
 # Before anything imports vllm, transformers or wandb.
 configure_vllm_environment()

@@ -38,11 +38,11 @@ from test_vllm_engine import (  # noqa: F401  (pytest collects what is imported)
 )
 
 from ub.errors import UbError
-from ub.inference.environment import configure_vllm_environment
 from ub.inference.handle import EngineHandle
 from ub.inference.types import SamplingConfig
 from ub.inference.watch import EngineDied
 from ub.run.worker import process_worker
+from ub.vllm_environment import configure_vllm_environment
 
 SEPARATE_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}
 

@@ -23,7 +23,7 @@ REPO = "ub-test/tiny-hub"
 FETCH = """
 import json, sys
 from ub.errors import UbError
-from ub.inference.environment import set_env_defaults
+from ub.vllm_environment import set_env_defaults
 set_env_defaults({"HF_HUB_OFFLINE": "1"}, replace_ours=False)
 from ub.run.config import validate_config
 from ub.run.layout import RunPaths

@@ -20,7 +20,6 @@ from ub.batch import BatchConfig, collate
 from ub.data.shards import ShardId, write_shard
 from ub.errors import UbError
 from ub.games.specs import GameSpec
-from ub.inference.environment import configure_vllm_environment
 from ub.inference.types import EngineConfig, GenerationRequest, SamplingConfig
 from ub.learner import (
     Learner,
@@ -33,6 +32,7 @@ from ub.learner.testing import build_random_model, synthetic_batch
 from ub.model.lora import LoraSettings
 from ub.rollout import assign_games, play_games
 from ub.run.worker import process_worker
+from ub.vllm_environment import configure_vllm_environment
 
 GAMES = (GameSpec("TicTacToe-v0-train"), GameSpec("Nim-v0-train"))
 MAX_TOKENS = 16

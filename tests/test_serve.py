@@ -88,7 +88,7 @@ def _recorded(paths: RunPaths) -> list[dict]:
 
 def _user_env() -> dict[str, str]:
     """This process's environment without the vLLM defaults conftest set: a user's shell."""
-    from ub.inference.environment import SET_BY_UB
+    from ub.vllm_environment import SET_BY_UB
 
     return {k: v for k, v in os.environ.items() if SET_BY_UB.get(k) != v}
 

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from ub.cli.model import tiny_main
+from ub.cli import model as model_command
+from ub.cli.parser import build_parser, run
 from ub.errors import UbError
 from ub.model import tiny as tiny_package
 from ub.model.tiny import (
@@ -40,6 +41,11 @@ SMALL = TinyModelConfig(
     warmup_steps=2,
     eval_positions_per_env=4,
 )
+
+def tiny_main(argv: list[str]) -> int:
+    """``ub model tiny ARGV``: its exit code (2 for a refusal, printed on stderr)."""
+    return run(build_parser([model_command]), ["model", "tiny", *argv])
+
 
 LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -226,7 +232,7 @@ def test_main_prints_the_path(
 def test_a_bad_setting_is_refused_before_building(
     override: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    assert tiny_main(["--out", str(tmp_path / "x"), "--set", override]) == 1
+    assert tiny_main(["--out", str(tmp_path / "x"), "--set", override]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
 

@@ -22,7 +22,6 @@ from random_models import build_lora_adapters, build_random_test_model
 
 from ub.errors import UbError
 from ub.inference.engine import VLLMEngine
-from ub.inference.environment import configure_vllm_environment
 from ub.inference.handle import EngineHandle
 from ub.inference.patches import vllm_engine_args
 from ub.inference.types import EngineConfig, GenerationRequest, SamplingConfig
@@ -33,6 +32,7 @@ from ub.run.play import run_engine_config
 from ub.run.rounds import Run
 from ub.run.worker import Worker, process_worker
 from ub.serve import cli_flags
+from ub.vllm_environment import configure_vllm_environment
 
 # ------------------------------------------------------------------------------------------
 # Fixtures
@@ -262,8 +262,8 @@ def test_kv_cache_capacity_is_known_and_checked_against_the_run(engine: EngineHa
     """vLLM sizes its KV cache at the start (on the CPU from kv_cache_gib: 0.25 GiB of float32
     K and V for 2 layers of 2 KV heads of dim 32 is 262,144 tokens); a run whose concurrent
     completions may need more is told what to change."""
-    from ub.inference.environment import SET_BY_UB
     from ub.run.play import kv_cache_problem
+    from ub.vllm_environment import SET_BY_UB
 
     capacity = engine.engine.kv_cache_tokens
     assert capacity is not None
@@ -525,7 +525,7 @@ def test_the_engine_process_and_offline_mode_are_decided_per_platform_and_model(
     import contextlib
 
     from ub.inference.engine import start_output_filter
-    from ub.inference.environment import engine_env_defaults
+    from ub.vllm_environment import engine_env_defaults
 
     assert engine_env_defaults(True, str(model_dir)) == {
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0", "HF_HUB_OFFLINE": "1"}

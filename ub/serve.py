@@ -8,7 +8,7 @@ engine already makes. So ``ub serve`` starts vLLM's server itself, in a child pr
 
 which applies what the in-process engine applies on this machine (engine arguments from
 :func:`ub.inference.patches.vllm_engine_args`, the environment from
-:func:`~ub.inference.environment.vllm_server_environment`, the CPU LoRA fix) and then runs
+:func:`~ub.vllm_environment.vllm_server_environment`, the CPU LoRA fix) and then runs
 ``vllm.entrypoints.openai.api_server``'s own ``main()`` (the function ``python -m
 vllm.entrypoints.openai.api_server`` calls) with those arguments. The base model is served as
 ``RUN/base`` and each checkpoint as a LoRA module ``RUN/ckpt-NNNNNN``.
@@ -100,7 +100,7 @@ def serve(plan: ServerPlan, *, out: Any = None) -> int:
 
 
 def _server_environment() -> dict[str, str]:
-    from ub.inference.environment import vllm_server_environment
+    from ub.vllm_environment import vllm_server_environment
 
     env = vllm_server_environment()
     # A deprecated torch attribute that vLLM touches in each of its processes (the engine

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
-from collections.abc import Sequence
 from pathlib import Path
 
 from ub.cli.args import whole_number
@@ -22,7 +20,7 @@ def add_parser(sub) -> None:
 
 
 def add_tiny_arguments(parser: argparse.ArgumentParser) -> None:
-    """The options of ``ub model tiny`` (also ``python -m ub.model.tiny``)."""
+    """The options of ``ub model tiny``."""
     parser.add_argument("--seed", type=whole_number, default=0, help="build seed (default 0)")
     parser.add_argument("--out", help="build into this folder instead of the cache")
     parser.add_argument("--set", action="append", default=[], dest="overrides",
@@ -46,20 +44,6 @@ def cmd_model_tiny(args: argparse.Namespace) -> int:
     path = build_tiny_model(out, seed=args.seed, config=config)
     print(path)
     return 0
-
-
-def tiny_main(argv: Sequence[str] | None = None) -> int:
-    """``python -m ub.model.tiny`` (:mod:`ub.model.tiny.__main__`): ``ub model tiny`` without
-    loading the rest of ub's CLI."""
-    parser = argparse.ArgumentParser(
-        prog="python -m ub.model.tiny", description="Build (or reuse) the tiny CPU default model."
-    )
-    add_tiny_arguments(parser)
-    try:
-        return cmd_model_tiny(parser.parse_args(argv))
-    except UbError as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
 
 
 def _tiny_build_of(checkpoint: str, args: argparse.Namespace) -> str:

@@ -43,7 +43,7 @@ CPU vs GPU (the code is the same):
   Per-request seeds and processed logprobs make vLLM sample with its PyTorch sampler rather than
   FlashInfer's (slightly slower, exact logprobs). vLLM runs its engine core in a process of
   its own (its default there: GPU work overlaps this process's CPU work), and its start's
-  output is not filtered (:func:`ub.inference.environment.engine_env_defaults`).
+  output is not filtered (:func:`ub.vllm_environment.engine_env_defaults`).
 - Offline when the model is a local folder (``HF_HUB_OFFLINE=1``); a run's hub model is
   fetched once before (:func:`ub.model.hub.local_model`) and given here as its snapshot.
 """
@@ -60,13 +60,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ub.errors import UbError
-from ub.inference.environment import (
-    apply_vllm_log_level,
-    engine_env_defaults,
-    env_defaults,
-    set_env_defaults,
-    without_our_default,
-)
 from ub.inference.noise import NATIVE_NOISE, filtered_stderr, quiet_vllm_logging
 from ub.inference.patches import (
     forget_stale_process_groups,
@@ -83,6 +76,13 @@ from ub.inference.types import (
 from ub.inference.validation import adapter_fingerprint, validate_adapter_dir, validate_model_dir
 from ub.inference.vllm_io import generation_from, sampling_params
 from ub.inference.watch import EngineDied, EngineWatch
+from ub.vllm_environment import (
+    apply_vllm_log_level,
+    engine_env_defaults,
+    env_defaults,
+    set_env_defaults,
+    without_our_default,
+)
 
 if TYPE_CHECKING:
     from vllm import LLM, SamplingParams

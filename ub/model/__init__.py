@@ -1,7 +1,6 @@
 """Models: the locally built tiny CPU default (`ub model tiny`) and its pre-training data.
 
-Names are imported lazily, so ``python -m ub.model.tiny`` runs the module cleanly and importing
-the package costs nothing until a name is used.
+Names are imported lazily: importing the package costs nothing until a name is used.
 """
 
 from __future__ import annotations

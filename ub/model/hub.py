@@ -9,7 +9,7 @@ the base model (the ``ub train`` process, each Ray worker) first calls :func:`lo
 which downloads every file vLLM and the learner read into the Hugging Face cache
 (``snapshot_download``; a machine that has them fetches nothing but the revision) and returns
 the snapshot folder: from then on the model is a local folder, and engines run offline
-(:func:`ub.inference.environment.engine_env_defaults`).
+(:func:`ub.vllm_environment.engine_env_defaults`).
 
 What the run and its checkpoints record stays the hub id
 (:func:`ub.model.identity.base_identity` knows a snapshot folder's id), so checkpoints stay
@@ -96,7 +96,7 @@ def _online_unless_the_user_said_offline() -> Iterator[bool]:
     fetch; a value the user exported is kept. Yields whether the fetch is offline."""
     from huggingface_hub import constants
 
-    from ub.inference.environment import SET_BY_UB
+    from ub.vllm_environment import SET_BY_UB
 
     def said(name: str) -> bool:  # (huggingface_hub's reading of a switch)
         value = os.environ.get(name)

@@ -88,7 +88,7 @@ def forwarded_environment() -> dict[str, str]:
     """The flow process's settings that its Ray workers need (see ``FORWARDED_PREFIXES``),
     without ub's per-engine defaults of this process (a worker's engine decides its own: its
     platform and model folder may differ, e.g. GPU workers of a CPU driver)."""
-    from ub.inference.environment import ENGINE_DEFAULTS, SET_BY_UB
+    from ub.vllm_environment import ENGINE_DEFAULTS, SET_BY_UB
 
     return {k: v for k, v in os.environ.items()
             if (k.startswith(FORWARDED_PREFIXES) or k in FORWARDED_NAMES)
@@ -304,7 +304,7 @@ def claim_cores(count: int, lock_dir: Path | None = None) -> str | None:
             handle.close()
             continue
         _CLAIMED.append(handle)
-        from ub.inference.environment import core_list
+        from ub.vllm_environment import core_list
 
         return core_list(chosen)
     log.warning("every core of this node is claimed by another ub engine: sharing all cores")

@@ -50,7 +50,7 @@ def run_engine(worker: Worker, run: Run, sampling: SamplingConfig) -> InferenceE
     ``sampling`` unless a request says otherwise. A new engine's KV cache is checked against
     what the run's games may ask of it (:func:`kv_cache_problem`): a warning says what to
     change."""
-    from ub.inference.environment import configure_vllm_environment
+    from ub.vllm_environment import configure_vllm_environment
 
     configure_vllm_environment()
     handle = worker.engine(run_engine_config(run), sampling)

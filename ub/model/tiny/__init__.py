@@ -24,8 +24,7 @@ finished. ``ub_model.json`` is written last and is what marks a directory as com
 
 The package, by seam: :mod:`.config` (what decides a build), :mod:`.cache` (key, manifest, lock,
 atomic publish), :mod:`.pretrain`, :mod:`.legality`, and :mod:`.build` (the recipe in order and
-:func:`build_tiny_model`). ``python -m ub.model.tiny`` is ``ub model tiny``
-(:func:`ub.cli.model.tiny_main`).
+:func:`build_tiny_model`). The command, ``ub model tiny``, is :mod:`ub.cli.model`.
 """
 
 from __future__ import annotations
