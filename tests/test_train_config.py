@@ -73,6 +73,9 @@ BAD = [
     ({"rounds": 0}, r"rounds: Input should be greater than or equal to 1 \(got 0\)"),
     ({"rollout": {"games_per_round": "many"}}, r"rollout.games_per_round: .*\(got 'many'\)"),
     ({"rollout": {"gamez": 3}}, r"rollout.gamez: unknown setting"),
+    ({"rollout": {"games_per_round": 96, "shards": 100000}},
+     r"rollout: shards 100000 is more than games_per_round 96 \(each shard plays at least one "
+     r"game of the round\): set shards to 96 or fewer$"),
     ({"pipeline": {"max_staleness": 2}}, r"pipeline.max_staleness: got 2; input should be 0 or 1"),
     ({"envs": []}, r"envs: List should have at least 1 item"),
     ({"envs": [{"env_id": "TicTacToe-v0-train", "template": "fancy"}]},

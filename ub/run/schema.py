@@ -55,11 +55,21 @@ class RolloutSection(Section):
     """How many games a round plays, and how they are split into shards."""
 
     games_per_round: int = Field(128, ge=1, le=MAX_GAMES, description="Games played per round.")
-    shards: int = Field(1, ge=1, description="Rollout tasks per round, one shard each (parallel "
-                        "on a Ray cluster; a round a process left unfinished keeps its own).",
-                        json_schema_extra=EXECUTION)
+    shards: int = Field(1, ge=1, description="Rollout tasks per round, one shard each, at most "
+                        "games_per_round (parallel on a Ray cluster; a round a process left "
+                        "unfinished keeps its own).", json_schema_extra=EXECUTION)
     concurrency: int = Field(128, ge=1, description="Most games in flight at once per shard.",
                              json_schema_extra=EXECUTION)
+
+    @model_validator(mode="after")
+    def _a_game_per_shard(self) -> RolloutSection:
+        # The round's games are split into `shards` shards (ub.run.plan.plan_round): more
+        # shards than games would write empty shard files after the real ones.
+        if self.shards > self.games_per_round:
+            raise ValueError(f"shards {self.shards} is more than games_per_round "
+                             f"{self.games_per_round} (each shard plays at least one game of "
+                             f"the round): set shards to {self.games_per_round} or fewer")
+        return self
 
 
 class EvalEnvSection(Section):
