@@ -109,7 +109,6 @@ def gemm_rates(threads: int, seconds: float = 0.4) -> dict[str, float]:
 
 def pretrain_rate(steps: int) -> float:
     """Steps/s of the tiny model's pre-training recipe (its data, shape and optimizer)."""
-    import dataclasses
 
     import torch
 
@@ -126,9 +125,9 @@ def pretrain_rate(steps: int) -> float:
     tokenizer = train_tokenizer(iter(texts), DEFAULT_CONFIG.vocab_size)
     model = init_model(tokenizer, DEFAULT_CONFIG.shape, derive_seed("init", 0))
     examples = encode_examples(transcript, tokenizer, DEFAULT_CONFIG.max_position_embeddings)
-    config = dataclasses.replace(DEFAULT_CONFIG, train_steps=5)
+    config = DEFAULT_CONFIG.replace(train_steps=5)
     pretrain(model, examples, config, 0)  # warm-up (allocator, oneDNN's JIT)
-    config = dataclasses.replace(DEFAULT_CONFIG, train_steps=steps)
+    config = DEFAULT_CONFIG.replace(train_steps=steps)
     start = time.perf_counter()
     pretrain(model, examples, config, 0)
     return round(steps / (time.perf_counter() - start), 2)

@@ -7,8 +7,18 @@ import yaml
 
 from ub.errors import UbError
 from ub.flows.cli import main
-from ub.run.config import load_config, load_yaml, preset_names, validate_config
-from ub.run.config_docs import DOC, REGENERATE, load_any, markdown, sections, show, type_text
+from ub.run.config import load_config, preset_names, validate_config
+from ub.run.config_docs import (
+    DOC,
+    REGENERATE,
+    command_settings,
+    load_any,
+    markdown,
+    sections,
+    show,
+    type_text,
+)
+from ub.settings import load_yaml
 
 
 def test_docs_config_md_is_generated_from_the_schema():
@@ -23,6 +33,11 @@ def test_every_key_has_a_description_and_is_in_the_doc():
             key = f"{path}.{name}".lstrip(".")
             assert info.description, f"{key} has no description"
             assert f"| `{key}` |" in text, f"{key} is missing from {DOC}"
+    for title, _, model, names in command_settings():
+        for name in names:
+            info = model.model_fields[name]
+            assert info.description, f"{title}: {name} has no description"
+            assert f"| `{info.alias or name}` |" in text, f"{title}: {name} is missing"
 
 
 def test_a_bound_shows_where_it_applies_and_each_section_says_where_it_is_declared():

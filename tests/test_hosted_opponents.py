@@ -9,7 +9,7 @@ import time
 import pytest
 from servers import free_port, serving
 
-from ub.actors.hosted import check_hosted, parse_hosted
+from ub.actors.hosted import HostedSettings, check_hosted, parse_hosted
 from ub.actors.spec import parse_actor
 from ub.data.shards import ShardId, write_shard
 from ub.errors import UbError
@@ -97,9 +97,22 @@ def test_the_api_key_is_sent_but_never_stored(bad_server, monkeypatch, tmp_path)
     ("hosted:nomodel", "must look like hosted:MODEL@BASE_URL"),
     ("hosted:m@ftp://x/v1", "is not an http"),
     ("hosted:m@http://x/v1?colour=red", "unknown option"),
-    ("hosted:m@http://x/v1?timeout=-1", "timeout and max_tokens must be > 0"),
-    ("hosted:m@http://x/v1?on_failure=shrug", "on_failure must be error or skip"),
+    ("hosted:m@http://x/v1?model=other", r"unknown option\(s\) model; valid: concurrency, key,"),
+    ("hosted:m@http://x/v1?timeout=-1", r"option timeout: Input should be greater than 0"),
+    ("hosted:m@http://x/v1?retries=1.5", r"option retries: Input should be a valid integer"),
+    ("hosted:m@http://x/v1?on_failure=shrug",
+     r"option on_failure: got 'shrug'; input should be 'error' or 'skip'"),
 ])
 def test_bad_hosted_names(name, message):
     with pytest.raises(UbError, match=message):
         parse_hosted(name)
+
+
+def test_a_hosted_names_options_are_its_settings():
+    assert parse_hosted("hosted:m@http://x/v1/") == HostedSettings.from_dict(
+        {"model": "m", "base_url": "http://x/v1"})
+    given = parse_hosted("hosted:m@http://x/v1?key=UB_KEY&timeout=60&retries=0&concurrency=2"
+                         "&on_failure=skip&max_tokens=10&temperature=0.7")
+    assert (given.key_env, given.timeout, given.retries, given.concurrency, given.on_failure,
+            given.max_tokens, given.temperature) == ("UB_KEY", 60.0, 0, 2, "skip", 10, 0.7)
+    assert parse_hosted("hosted:m@http://x/v1?key=").key_env is None

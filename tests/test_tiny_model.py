@@ -7,7 +7,6 @@ determinism, caching, atomic builds, the saved tokenizer, PEFT. One test uses th
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import random
 import time
@@ -159,7 +158,7 @@ def test_cache_hit_returns_same_path_without_rebuilding(
 
     # Another seed or config is another key, another directory.
     assert tiny_model_path(seed=4, config=SMALL) != path
-    other = dataclasses.replace(SMALL, train_steps=5)
+    other = SMALL.replace(train_steps=5)
     assert tiny_model_path(seed=3, config=other) != path
 
 
@@ -217,17 +216,18 @@ def test_main_prints_the_path(
     argv = ["--seed", "7", "--out", str(tmp_path / "x"), "--set", "num_layers=6",
             "--set", "env_ids=TicTacToe-v0-train, Nim-v0-train", "--set", "learning_rate=1e-3"]
     assert tiny_main(argv) == 0
-    assert seen == {"out_dir": tmp_path / "x", "seed": 7, "config": dataclasses.replace(
-        TinyModelConfig(), num_layers=6, env_ids=("TicTacToe-v0-train", "Nim-v0-train"),
-        learning_rate=1e-3)}
+    assert seen == {"out_dir": tmp_path / "x", "seed": 7, "config": TinyModelConfig().replace(
+        num_layers=6, env_ids=("TicTacToe-v0-train", "Nim-v0-train"), learning_rate=1e-3)}
     assert capsys.readouterr().out.strip() == str(tmp_path)
 
 
 @pytest.mark.parametrize(("override", "message"), [
-    ("layers=6", "no setting 'layers'; settings: env_ids, positions_per_env"),
-    ("num_layers=six", "num_layers takes a whole number (default 3)"),
-    ("num_layers", "expected name=value"),
-    ("num_heads=3", "hidden_size must equal num_heads * head_dim"),
+    ("layers=6", "invalid tiny model settings: layers: unknown setting"),
+    ("num_layers=six", "num_layers: Input should be a valid integer (got 'six')"),
+    ("num_layers", "expected key=value, e.g. --set num_layers=6"),
+    ("num_heads=3", "hidden_size must equal num_heads * head_dim, got 256 != 3 * 64"),
+    ("env_ids=", "env_ids: Input should be a valid tuple"),
+    ("env_ids=,", "env_ids: Tuple should have at least 1 item"),
 ])
 def test_a_bad_setting_is_refused_before_building(
     override: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -238,13 +238,12 @@ def test_a_bad_setting_is_refused_before_building(
 
 
 def test_a_build_with_settings_records_them(tmp_path: Path) -> None:
-    settings = {field.name: getattr(SMALL, field.name) for field in dataclasses.fields(SMALL)
-                if getattr(SMALL, field.name) != getattr(TinyModelConfig(), field.name)}
+    settings = {name: value for name, value in SMALL if value != getattr(TinyModelConfig(), name)}
     out = tmp_path / "model"
     argv = ["--out", str(out)] + [arg for name, value in settings.items()
                                   for arg in ("--set", f"{name}={value}")]
     assert tiny_main(argv) == 0
-    assert read_manifest(out)["config"] == json.loads(json.dumps(dataclasses.asdict(SMALL)))
+    assert read_manifest(out)["config"] == SMALL.to_dict()
 
 
 # --- what a build contains ----------------------------------------------------------------------

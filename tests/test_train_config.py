@@ -7,13 +7,8 @@ import yaml
 
 from ub.batch import BatchConfig
 from ub.errors import UbError
-from ub.run.config import (
-    PRESETS_DIR,
-    apply_overrides,
-    load_config,
-    preset_names,
-    validate_config,
-)
+from ub.run.config import PRESETS_DIR, load_config, preset_names, validate_config
+from ub.settings import apply_overrides
 
 MINIMAL = {"envs": [{"env_id": "TicTacToe-v0-train"}]}
 

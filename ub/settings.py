@@ -8,6 +8,11 @@ default, range (``Field(gt=0)``) and one line of meaning live there and nowhere 
 library takes the sections themselves; a bad value is refused when the section is built, with
 one line naming the key (:meth:`Section.from_dict`).
 
+Settings given as text are read here too, one way for all: YAML (:func:`load_yaml`: a config
+file), and ``name=value`` items (:func:`apply_overrides`: ``--set`` of ``ub train``, ``ub config
+show`` and ``ub model tiny``; :func:`setting_value`: a hosted actor's options), each value read
+as YAML, so ``64`` is an int, ``1e-3`` a float and ``[a, b]`` a list.
+
 This module imports nothing of ub but its errors: it sits below every package that reads it.
 """
 
@@ -15,9 +20,11 @@ from __future__ import annotations
 
 import copy
 import logging
-from collections.abc import Mapping
+import re
+from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Self
 
+import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from ub.errors import UbError
@@ -71,6 +78,78 @@ def format_errors(exc: ValidationError, section: str = "") -> str:
             message = f"{message} (got {err['input']!r})"
         parts.append(f"{where}: {message}")
     return "; ".join(parts)
+
+
+class _YamlLoader(yaml.SafeLoader):
+    """YAML 1.1 reads ``1e-5`` as a string (it wants ``1.0e-5``); configs mean a number."""
+
+
+_YamlLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                   |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                   |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                   |[-+]?\.(?:inf|Inf|INF)
+                   |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."))
+
+
+def _mapping_without_duplicates(loader: _YamlLoader, node: yaml.MappingNode,
+                                deep: bool = False) -> dict[Any, Any]:
+    """A YAML mapping; a key given twice is an error (YAML keeps the last one silently, so a
+    setting written twice would be half ignored)."""
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=True)
+        if isinstance(key, str | int | float | bool) and key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"setting {key!r} is given twice (line "
+                f"{key_node.start_mark.line + 1}): keep one")  # (no mark: the snippet is noise)
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_YamlLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
+                            _mapping_without_duplicates)
+
+
+def load_yaml(text: str) -> Any:
+    """Safe YAML with numbers as people write them (``1e-5`` is a float); a key given twice
+    in one mapping is refused (:class:`yaml.YAMLError`)."""
+    return yaml.load(text, Loader=_YamlLoader)  # a SafeLoader subclass: no arbitrary objects
+
+
+def setting_value(text: str) -> Any:
+    """The value of a ``name=value`` setting given as text: YAML (:func:`load_yaml`), so
+    ``64`` is an int, ``1e-3`` a float, ``[a, b]`` a list; empty is ``None``; text that is not
+    valid YAML stays as it is."""
+    try:
+        return load_yaml(text) if text.strip() else None
+    except yaml.YAMLError:
+        return text
+
+
+def apply_overrides(data: dict[str, Any], overrides: Sequence[str],
+                    example: str = "rounds=4") -> dict[str, Any]:
+    """``key.sub=value`` overrides (``--set``; each value read by :func:`setting_value`)
+    applied to a copy of ``data``; ``example`` is the item a malformed one is shown."""
+    out = copy.deepcopy(data)
+    for item in overrides:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise UbError(f"--set {item!r}: expected key=value, e.g. --set {example}")
+        value = setting_value(text)
+        node = out
+        parts = key.strip().split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise UbError(f"--set {item!r}: {part} is not a section")
+            node = child
+        node[parts[-1]] = value
+    return out
 
 
 class Section(BaseModel):

@@ -1,20 +1,21 @@
 """Hosted opponents: any OpenAI-compatible chat endpoint as a fixed opponent.
 
-An actor name ``hosted:MODEL@BASE_URL`` (optionally ``?key=ENV_VAR&timeout=S&retries=N&
-concurrency=N&on_failure=error|skip``) seats the model ``MODEL`` served at ``BASE_URL`` (the URL
-that ends in ``/v1``). Each turn the seat's observation, rendered by the seat's prompt template,
-goes to ``POST BASE_URL/chat/completions`` as one user message; the reply's text goes through
-the seat's action extractor like any model completion.
+An actor name ``hosted:MODEL@BASE_URL`` (optionally ``?key=ENV_VAR&timeout=S&...``: the options
+are :class:`HostedSettings`' settings, each value read as YAML like any ``--set``) seats the
+model ``MODEL`` served at ``BASE_URL`` (the URL that ends in ``/v1``). Each turn the seat's
+observation, rendered by the seat's prompt template, goes to ``POST BASE_URL/chat/completions``
+as one user message; the reply's text goes through the seat's action extractor like any model
+completion.
 
 - The API key is read from the environment variable named by ``key`` (default: none, for local
   servers) when the request is made; it is never stored in configs, logs or shards (the actor
   name holds only the variable's name).
-- Requests run in a thread pool of ``concurrency`` (default 8) so the local engine keeps working
-  while hosted seats think. Each request has a ``timeout`` (default 30 s) and ``retries``
-  (default 2) with exponential backoff on connection errors, timeouts, 429 and 5xx replies.
-- When every attempt fails: ``on_failure=error`` (default) stops the rollout with a clear error
-  naming the endpoint and what was tried; ``on_failure=skip`` records the game as errored (with
-  the reason) and the rollout goes on.
+- Requests run in a thread pool of ``concurrency`` so the local engine keeps working while
+  hosted seats think. Each request has a ``timeout`` and ``retries`` with exponential backoff on
+  connection errors, timeouts, 429 and 5xx replies.
+- When every attempt fails: ``on_failure=error`` stops the rollout with a clear error naming the
+  endpoint and what was tried; ``on_failure=skip`` records the game as errored (with the
+  reason) and the rollout goes on.
 
 No request is made unless a hosted actor is configured.
 """
@@ -25,11 +26,13 @@ import os
 import time
 import urllib.parse
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any
+from typing import Literal
+
+from pydantic import Field
 
 from ub.errors import UbError
-from ub.numbers import NumberError, parse_float, parse_int, url_port
+from ub.numbers import NumberError, url_port
+from ub.settings import Section, setting_value
 
 PREFIX = "hosted:"
 MAX_TIMEOUT_S = 86_400.0
@@ -37,19 +40,31 @@ MAX_TIMEOUT_S = 86_400.0
 its C type, mid-game."""
 
 
-@dataclass(frozen=True)
-class HostedSettings:
-    """A parsed ``hosted:`` actor name."""
+class HostedSettings(Section):
+    """A hosted actor: the model and its endpoint (``hosted:MODEL@BASE_URL``), and the options
+    its name may give (``?key=ENV_VAR&timeout=60``), each named here as in the name."""
 
-    model: str
-    base_url: str
-    key_env: str | None = None
-    timeout: float = 30.0
-    retries: int = 2
-    concurrency: int = 8
-    on_failure: str = "error"
-    max_tokens: int = 256
-    temperature: float = 0.0
+    model: str = Field(min_length=1, description="The model's name at the endpoint (MODEL).")
+    base_url: str = Field(min_length=1, description="The endpoint (BASE_URL, ending in /v1).")
+    key_env: str | None = Field(None, alias="key", description="The environment variable "
+                                "holding the API key, read at each request and never stored; "
+                                "null: no key (a local server).")
+    timeout: float = Field(30.0, gt=0, le=MAX_TIMEOUT_S, description="Seconds one request may "
+                           "take.")
+    retries: int = Field(2, ge=0, description="Attempts after the first, with exponential "
+                         "backoff, on connection errors, timeouts, 429 and 5xx replies.")
+    concurrency: int = Field(8, ge=1, description="Requests in flight at once (a thread pool, "
+                             "while the local engine keeps generating).")
+    on_failure: Literal["error", "skip"] = Field("error", description="When every attempt "
+                                                 "fails: error stops the rollout; skip records "
+                                                 "the game as errored and goes on.")
+    max_tokens: int = Field(256, ge=1, description="Most tokens of a reply.")
+    temperature: float = Field(0.0, ge=0, description="Sampling temperature of the replies.")
+
+
+OPTIONS = tuple(info.alias or name for name, info in HostedSettings.model_fields.items()
+                if name not in ("model", "base_url"))
+"""The options a hosted actor's name may give, as it names them."""
 
 
 def parse_hosted(name: str) -> HostedSettings:
@@ -67,33 +82,16 @@ def parse_hosted(name: str) -> HostedSettings:
         url_port(url)
     except NumberError as exc:
         raise UbError(f"hosted actor {name!r}: {url!r}: {exc}") from None
-    options = dict(urllib.parse.parse_qsl(query, keep_blank_values=True))
-    known = {"key", "timeout", "retries", "concurrency", "on_failure", "max_tokens",
-             "temperature"}
-    unknown = sorted(set(options) - known)
+    options = {option: setting_value(text) for option, text
+               in urllib.parse.parse_qsl(query, keep_blank_values=True)}
+    unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
         raise UbError(f"hosted actor {name!r}: unknown option(s) {', '.join(unknown)}; valid: "
-                      f"{', '.join(sorted(known))}")
-    numbers: dict[str, Any] = {}  # each option through ub.numbers: finite, within what it feeds
-    for key, parse in (("timeout", lambda t: parse_float(t, maximum=MAX_TIMEOUT_S)),
-                       ("retries", parse_int), ("concurrency", parse_int),
-                       ("max_tokens", parse_int), ("temperature", parse_float)):
-        if key in options:
-            try:
-                numbers[key] = parse(options[key])
-            except NumberError as exc:
-                raise UbError(f"hosted actor {name!r}: option {key}: {exc}") from None
-    settings = HostedSettings(model=model, base_url=url.rstrip("/"),
-                              key_env=options.get("key") or None,
-                              on_failure=options.get("on_failure", "error"), **numbers)
-    if settings.timeout <= 0 or settings.retries < 0 or settings.concurrency < 1 \
-            or settings.max_tokens < 1 or settings.temperature < 0:
-        raise UbError(f"hosted actor {name!r}: timeout and max_tokens must be > 0, retries "
-                      ">= 0, concurrency >= 1, temperature >= 0")
-    if settings.on_failure not in ("error", "skip"):
-        raise UbError(f"hosted actor {name!r}: on_failure must be error or skip, got "
-                      f"{settings.on_failure!r}")
-    return settings
+                      f"{', '.join(sorted(OPTIONS))}")
+    try:
+        return HostedSettings.from_dict({"model": model, "base_url": url.rstrip("/"), **options})
+    except UbError as exc:
+        raise UbError(f"hosted actor {name!r}: option {exc}") from None
 
 
 class HostedFailure(UbError):

@@ -127,7 +127,8 @@ def yaml_document(path_text: str | None) -> dict:
         return {}
     import yaml
 
-    from ub.run.config import load_yaml, read_text
+    from ub.run.config import read_text
+    from ub.settings import load_yaml
 
     path = Path(path_text)
     try:

@@ -25,19 +25,23 @@ def add_tiny_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", help="build into this folder instead of the cache")
     parser.add_argument("--set", action="append", default=[], dest="overrides",
                         metavar="NAME=VALUE",
-                        help="change a setting of the recipe (TinyModelConfig), e.g. "
-                             "--set num_layers=6; repeatable")
+                        help="change a setting of the recipe (docs/config.md: TinyModelConfig), "
+                             "e.g. --set num_layers=6; repeatable")
     parser.add_argument("--for", dest="for_checkpoint", metavar="CKPT",
                         help="the tiny build checkpoint CKPT was trained on (found or built)")
 
 
 def cmd_model_tiny(args: argparse.Namespace) -> int:
-    from ub.model.tiny import build_tiny_model, config_with_overrides
+    from ub.model.tiny import TinyModelConfig, build_tiny_model
+    from ub.settings import apply_overrides
 
     if args.for_checkpoint:
         print(_tiny_build_of(args.for_checkpoint, args))
         return 0
-    config = config_with_overrides(args.overrides)
+    try:
+        config = TinyModelConfig.from_dict(apply_overrides({}, args.overrides, "num_layers=6"))
+    except UbError as exc:
+        raise UbError(f"invalid tiny model settings: {exc}") from None
     out = Path(args.out) if args.out else None
     if out is not None:
         check_can_create(out.parent)  # (creates nothing: a refused build leaves no folder)

@@ -18,8 +18,6 @@ PEFT resolves from the folder holding the build: see docs/training.md).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import json
 import os
 import re
 from pathlib import Path
@@ -52,8 +50,7 @@ def current_tiny_identity(seed: int = 0) -> dict[str, Any]:
     config = TinyModelConfig()
     return {"kind": "tiny", "key": cache_key(seed, config), "seed": seed,
             "recipe_version": RECIPE_VERSION, "textarena": textarena_version(),
-            # (as JSON has it: tuples become lists, like in a build's manifest)
-            "config": json.loads(json.dumps(dataclasses.asdict(config)))}
+            "config": config.to_dict()}  # (as a build's manifest has it)
 
 
 def same_tiny_build(a: dict[str, Any], b: dict[str, Any]) -> bool:
@@ -116,12 +113,9 @@ def resolve_tiny_build(identity: dict[str, Any], *, verbose: bool = True) -> Pat
     seed = int(identity.get("seed") or 0)
     candidates = []
     recorded = identity.get("config")
-    if isinstance(recorded, dict) and set(recorded) == {
-            f.name for f in dataclasses.fields(TinyModelConfig)}:
-        fields: dict[str, Any] = {
-            k: tuple(v) if isinstance(v, list) else v for k, v in recorded.items()}
-        with contextlib.suppress(UbError, TypeError, ValueError):
-            candidates.append(TinyModelConfig(**fields))
+    if isinstance(recorded, dict) and set(recorded) == set(TinyModelConfig.model_fields):
+        with contextlib.suppress(UbError):
+            candidates.append(TinyModelConfig.from_dict(recorded))
     candidates.append(TinyModelConfig())
     for config in candidates:
         if cache_key(seed, config).startswith(key):

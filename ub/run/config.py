@@ -16,8 +16,6 @@ settings feed. The games a config plays are :func:`game_specs`.
 
 from __future__ import annotations
 
-import copy
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -43,53 +41,15 @@ from ub.run.schema import (  # re-exported: the schema's names are imported from
     TrainConfig,
     WorkerResources,
 )
-from ub.settings import format_errors
+from ub.settings import apply_overrides, format_errors, load_yaml
 
 __all__ = ["MAX_GAMES", "ClusterSection", "EngineSection", "EnvSection", "EvalSection",
            "ModelSection", "PipelineSection", "RolloutSection", "SamplingConfig",
-           "TrackingSection", "TrainConfig", "WorkerResources", "apply_overrides",
-           "config_run_name", "game_specs", "load_config", "load_yaml", "preset_names",
+           "TrackingSection", "TrainConfig", "WorkerResources",
+           "config_run_name", "game_specs", "load_config", "preset_names",
            "read_config_data", "read_text", "validate_config"]
 
 PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
-
-
-class _YamlLoader(yaml.SafeLoader):
-    """YAML 1.1 reads ``1e-5`` as a string (it wants ``1.0e-5``); configs mean a number."""
-
-
-_YamlLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-                   |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-                   |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
-                   |[-+]?\.(?:inf|Inf|INF)
-                   |\.(?:nan|NaN|NAN))$""", re.X),
-    list("-+0123456789."))
-
-
-def _mapping_without_duplicates(loader: _YamlLoader, node: yaml.MappingNode,
-                                deep: bool = False) -> dict[Any, Any]:
-    """A YAML mapping; a key given twice is an error (YAML keeps the last one silently, so a
-    setting written twice would be half ignored)."""
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=True)
-        if isinstance(key, str | int | float | bool) and key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"setting {key!r} is given twice (line "
-                f"{key_node.start_mark.line + 1}): keep one")  # (no mark: the snippet is noise)
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_YamlLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG,
-                            _mapping_without_duplicates)
-
-def load_yaml(text: str) -> Any:
-    """Safe YAML with numbers as people write them (``1e-5`` is a float); a key given twice
-    in one mapping is refused (:class:`yaml.YAMLError`)."""
-    return yaml.load(text, Loader=_YamlLoader)  # a SafeLoader subclass: no arbitrary objects
 
 
 def read_text(path: Path, what: str) -> str:
@@ -146,30 +106,6 @@ def read_config_data(name_or_path: str) -> tuple[dict[str, Any], str]:
     if not isinstance(data, dict):
         raise UbError(f"{label} must be a YAML mapping of settings, got {type(data).__name__}")
     return data, label
-
-
-def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
-    """``key.sub=value`` overrides (values parsed as YAML) applied to a copy of ``data``."""
-    out = copy.deepcopy(data)
-    for item in overrides:
-        key, sep, text = item.partition("=")
-        if not sep or not key.strip():
-            raise UbError(f"--set {item!r}: expected key=value, e.g. --set rounds=4")
-        try:
-            value = load_yaml(text) if text.strip() else None
-        except yaml.YAMLError:
-            value = text
-        node = out
-        parts = key.strip().split(".")
-        for part in parts[:-1]:
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
-                raise UbError(f"--set {item!r}: {part} is not a section")
-            node = child
-        node[parts[-1]] = value
-    return out
 
 
 def validate_config(data: dict[str, Any], source: str = "") -> TrainConfig:

@@ -218,7 +218,9 @@ def markdown() -> str:
            "kernels and where the work runs. They change nothing in the run's games or "
            "adapters beyond float summation order, so `ub train CONFIG --run NAME` may resume "
            "a run with other values; each round's manifest records those it ran with "
-           "(`execution`).", ""]
+           "(`execution`).", "",
+           "The last sections are the settings of `ub model tiny --set` and of a `hosted:` "
+           "actor's name, declared the same way.", ""]
     free = set(free_sections())
     for path, model in sections():
         title = f"`{path}`" if path else "Top level"
@@ -239,7 +241,36 @@ def markdown() -> str:
             out.append(f"| `{key}` | {_cell(kind)} | `{_cell(default_text(info))}` | "
                        f"{_cell(text)} |")
         out.append("")
+    for title, how, model, names in command_settings():
+        out += [f"## {title}", "", f"{_markdown_text(summary(model.__doc__))} {how}", "",
+                f"Declared in {declared_in(model)}.", "",
+                "| key | type | default | meaning |",
+                "| --- | --- | --- | --- |"]
+        for name in names:
+            info = model.model_fields[name]
+            kind = type_text(info.annotation)
+            if bounds := constraint_text(info):
+                kind += f", {bounds}"
+            out.append(f"| `{info.alias or name}` | {_cell(kind)} | "
+                       f"`{_cell(default_text(info))}` | {_cell(meaning(info))} |")
+        out.append("")
     return "\n".join(out)
+
+
+def command_settings() -> list[tuple[str, str, type[BaseModel], list[str]]]:
+    """The settings sections outside a training config, each declared once like the config's
+    own: (title, how they are given, the section, the fields shown)."""
+    from ub.actors.hosted import OPTIONS, HostedSettings
+    from ub.model.tiny.config import TinyModelConfig
+
+    options = [name for name, info in HostedSettings.model_fields.items()
+               if (info.alias or name) in OPTIONS]
+    return [("`ub model tiny --set`", "Each key is one `--set KEY=VALUE` (the value read as "
+             "YAML, as in a config's `--set`).", TinyModelConfig,
+             list(TinyModelConfig.model_fields)),
+            ("`hosted:` options", "Each key is an option of the actor's name, "
+             "`hosted:MODEL@BASE_URL?KEY=VALUE&...` (the value read as YAML).", HostedSettings,
+             options)]
 
 
 # --------------------------------------------------------------------------------------------
@@ -309,7 +340,8 @@ def show(config: TrainConfig, label: str) -> str:
 
 def load_any(what: str, overrides: list[str] | None = None) -> tuple[TrainConfig, str]:
     """A preset name, a YAML file or a run folder (its ``config.yaml``), validated."""
-    from ub.run.config import apply_overrides, load_config, read_config_data, validate_config
+    from ub.run.config import load_config, read_config_data, validate_config
+    from ub.settings import apply_overrides
 
     path = Path(what).expanduser()
     if path.is_dir():

@@ -217,7 +217,8 @@ def examine(root: Path, *, live: bool = False) -> Examination:
     findings: list[Finding] = []
     notes: list[str] = []
     try:
-        from ub.run.config import load_yaml, read_text, validate_config
+        from ub.run.config import read_text, validate_config
+        from ub.settings import load_yaml
 
         data = load_yaml(read_text(paths.config, "run config"))
         missing = [(setting, path, problem) for setting, path in own_components(data)

@@ -37,7 +37,7 @@ import yaml
 from ub.errors import UbError
 from ub.faults import fault_point
 from ub.run.base_model import check_recorded_base, record_base_model
-from ub.run.config import TrainConfig, load_yaml, read_text, validate_config
+from ub.run.config import TrainConfig, read_text, validate_config
 from ub.run.layout import (
     RunPaths,
     check_run_format,
@@ -46,6 +46,7 @@ from ub.run.layout import (
     write_json_atomic,
 )
 from ub.run.store import publish
+from ub.settings import load_yaml
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ from ub.model.tiny.cache import (
     textarena_version,
     tiny_model_path,
 )
-from ub.model.tiny.config import RECIPE_VERSION, TinyModelConfig, config_with_overrides
+from ub.model.tiny.config import RECIPE_VERSION, TinyModelConfig
 from ub.model.tiny.legality import measure_legality
 from ub.model.tiny.pretrain import Example, encode_examples, pretrain
 
@@ -51,7 +51,6 @@ __all__ = [
     "build_tiny_model",
     "cache_dir",
     "cache_key",
-    "config_with_overrides",
     "encode_examples",
     "is_complete",
     "measure_legality",

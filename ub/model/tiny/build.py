@@ -4,7 +4,6 @@ manifest; and :func:`build_tiny_model`, which reuses a finished build or publish
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import shutil
 import sys
 import tempfile
@@ -128,7 +127,7 @@ def _build_into(out: Path, *, seed: int, config: TinyModelConfig, key: str, log:
         "key": key,
         "recipe_version": RECIPE_VERSION,
         "seed": seed,
-        "config": dataclasses.asdict(config),
+        "config": config.to_dict(),
         "textarena": textarena_version(),
         "param_count": trained.params,
         "vocab_size": len(trained.tokenizer),

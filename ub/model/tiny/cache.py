@@ -8,7 +8,6 @@ leaves anything that looks finished; ``ub_model.json`` is written last.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
 import hashlib
 import json
@@ -52,7 +51,7 @@ def cache_key(seed: int = 0, config: TinyModelConfig = DEFAULT_CONFIG) -> str:
     textarena is in the key because its observation text is the training data.
     """
     payload = {
-        "config": dataclasses.asdict(config),
+        "config": config.to_dict(),
         "seed": seed,
         "recipe_version": RECIPE_VERSION,
         "textarena": textarena_version(),
