@@ -48,7 +48,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ub.learner import Learner, LearnerConfig, TrainBatch, plan_micro_batches
+from ub.batch import Batch
+from ub.learner import Learner, LearnerConfig, plan_micro_batches
 from ub.learner.checkpoint import ADAPTER_WEIGHTS, OPTIMIZER_STATE, RNG_STATE
 from ub.learner.testing import QWEN3_SHAPES, build_qwen3, synthetic_batch
 from ub.model.lora import ALL_PROJECTIONS, LoraSettings
@@ -72,7 +73,7 @@ def learner_config(model: Path, **overrides: Any) -> LearnerConfig:
     return LearnerConfig(**{**settings, **overrides})
 
 
-def rows(count: int, quick: bool, seed: int = 0) -> TrainBatch:
+def rows(count: int, quick: bool, seed: int = 0) -> Batch:
     if quick:
         return synthetic_batch(count, 151_936, seed=seed, prompt_lengths=(10, 40),
                                completion_lengths=(5, 30))
@@ -85,7 +86,7 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_learner(learner: Learner, batch: TrainBatch, repeats: int) -> dict[str, Any]:
+def time_learner(learner: Learner, batch: Batch, repeats: int) -> dict[str, Any]:
     """The best of ``repeats`` updates on ``batch``, each from the cold start, after a warm-up
     update on a quarter of it (kernels, the allocator, auto's probe)."""
     learner.start(None)
@@ -93,18 +94,18 @@ def time_learner(learner: Learner, batch: TrainBatch, repeats: int) -> dict[str,
     best: dict[str, Any] = {}
     for _ in range(repeats):
         learner.start(None)
-        sync(learner.device)
+        sync(learner.policy.device)
         metrics = learner.update(batch)
-        sync(learner.device)
+        sync(learner.policy.device)
         if not best or metrics["tokens_per_second"] > best["tokens_per_second"]:
             best = metrics
     return best
 
 
-def time_plain(learner: Learner, batch: TrainBatch, budget: int | None) -> float:
+def time_plain(learner: Learner, batch: Batch, budget: int | None) -> float:
     """Plain transformers forward (its own loss, full logits) + backward on the learner's
     micro-batches, once (the learner warmed the kernels up); tokens/s of real tokens."""
-    model, device = learner.model, learner.device
+    model, device = learner.policy.model, learner.policy.device
     groups = plan_micro_batches(batch.lengths.tolist(), budget, None)
     sync(device)
     started = time.perf_counter()
@@ -115,13 +116,13 @@ def time_plain(learner: Learner, batch: TrainBatch, budget: int | None) -> float
         model(input_ids=ids, labels=labels).loss.backward()
     sync(device)
     seconds = time.perf_counter() - started
-    for p in learner.params.values():
+    for p in learner.policy.params.values():
         p.grad = None
     return int(batch.lengths.sum()) / seconds
 
 
 def frozen_parameters(learner: Learner) -> int:
-    return sum(p.numel() for p in learner.model.parameters() if not p.requires_grad)
+    return sum(p.numel() for p in learner.policy.model.parameters() if not p.requires_grad)
 
 
 def measure_shape(name: str, shape: dict[str, int], folder: Path, args: argparse.Namespace,
@@ -190,8 +191,8 @@ def check_peft_load(model: Path, checkpoint: Path, device: torch.device) -> bool
     learner.start(checkpoint)
     ids = rows(2, True, seed=9).input_ids[:, :16].to(device)
     with torch.no_grad():
-        ours = learner.model(input_ids=ids).logits.float()
-    dtype = learner.dtype
+        ours = learner.policy.model(input_ids=ids).logits.float()
+    dtype = learner.policy.dtype
     del learner
     base = AutoModelForCausalLM.from_pretrained(model, dtype=dtype).to(device)
     peft = PeftModel.from_pretrained(base, str(checkpoint))
@@ -212,7 +213,7 @@ def check_one_rank_group(model: Path, folder: Path) -> bool:
     join(0, 1, f"127.0.0.1:{port}")
     try:
         learner = Learner(learner_config(model, micro_batch_tokens=2048))
-        flat = torch.ones(4, device=learner.device)
+        flat = torch.ones(4, device=learner.policy.device)
         dist.all_reduce(flat)
         metrics = learner.update(rows(6, True, seed=4))
         learner.save(folder / "one-rank")

@@ -113,13 +113,14 @@ def raw_forward_backward(learner, batch, row_len: int, token_budget: int,
     usable = len(ids) // row_len * row_len
     rows = ids[:usable].view(-1, row_len)
     per_step = max(1, token_budget // row_len)
-    model = learner.model
+    model = learner.policy.model
     model.train()
     started = time.perf_counter()
     for start in range(0, len(rows), per_step):
-        chunk = rows[start:start + per_step].to(learner.device)
+        chunk = rows[start:start + per_step].to(learner.policy.device)
         if decoder_only:
-            hidden = learner.causal_lm.model(input_ids=chunk, use_cache=False).last_hidden_state
+            body = learner.policy.causal_lm.model
+            hidden = body(input_ids=chunk, use_cache=False).last_hidden_state
             loss = hidden.float().square().mean()
         else:
             logits = model(input_ids=chunk, use_cache=False).logits

@@ -145,11 +145,11 @@ def cmd_update(run: Path, round_: int, variants: list[str]) -> None:
         if variant not in zeroed:
             raise SystemExit(f"unknown variant {variant!r}: one of {', '.join(zeroed)}")
         learner.start(start)
-        before = probe(learner.model)
+        before = probe(learner.policy.model)
         varied = copy.copy(batch)
         varied.advantages = batch.advantages.masked_fill(zeroed[variant], 0.0)
         metrics = learner.update(varied)
-        print(f"{variant:15s} before: {before}\n{'':15s} after:  {probe(learner.model)}  "
+        print(f"{variant:15s} before: {before}\n{'':15s} after:  {probe(learner.policy.model)}  "
               f"(approx_kl {metrics.get('approx_kl', 0.0):.4f})")
 
 

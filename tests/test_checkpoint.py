@@ -16,12 +16,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from ub.batch import Batch
 from ub.errors import UbError
 from ub.learner import (
     Learner,
     LearnerConfig,
     NonFiniteError,
-    TrainBatch,
     latest_checkpoint,
     learn_on_batch,
     plan_micro_batches,
@@ -73,7 +73,7 @@ def fresh(learner: Learner, model_dir: Path) -> Learner:
     return learner
 
 
-def batches(n: int = 2) -> list[TrainBatch]:
+def batches(n: int = 2) -> list[Batch]:
     return [synthetic_batch(12, VOCAB, seed=10 + i) for i in range(n)]
 
 
@@ -224,7 +224,7 @@ def test_crash_while_writing_keeps_the_previous_checkpoint(fresh: Learner, tmp_p
     def crash(*args, **kwargs):
         raise KeyboardInterrupt  # a kill half-way through the adapter write
 
-    monkeypatch.setattr(fresh.model, "save_pretrained", crash)
+    monkeypatch.setattr(fresh.policy.model, "save_pretrained", crash)
     with pytest.raises(KeyboardInterrupt):
         fresh.save(tmp_path / "update-2")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["update-1"]
@@ -246,9 +246,9 @@ def test_checkpoint_of_another_base_model_is_refused(fresh: Learner, tmp_path: P
     with pytest.raises(UbError) as info:
         fresh.start(foreign)
     message = str(info.value)
-    assert str(other_dir.resolve()) in message and fresh.base_identity["path"] in message
-    assert other.base_identity["fingerprint"] in message
-    assert fresh.base_identity["fingerprint"] in message
+    assert str(other_dir.resolve()) in message and fresh.policy.base_identity["path"] in message
+    assert other.policy.base_identity["fingerprint"] in message
+    assert fresh.policy.base_identity["fingerprint"] in message
 
 
 def test_checkpoint_of_another_rank_is_refused(fresh: Learner, model_dir: Path,
@@ -277,7 +277,7 @@ def test_nan_loss_stops_before_anything_changes(fresh: Learner, model_dir: Path,
     assert latest_checkpoint(tmp_path) == tmp_path / "c1"
     assert fresh.update_index == 1
     assert all(torch.equal(weights[k], v) for k, v in fresh.lora_state().items())
-    assert all(p.grad is None for p in fresh.params.values())
+    assert all(p.grad is None for p in fresh.policy.params.values())
     # The learner is still usable: the same update on good data goes through.
     assert learn_on_batch(batches(2)[1], config(model_dir), tmp_path / "c1",
                           tmp_path / "c2", worker=process_worker())["update"] == good["update"] + 1
@@ -331,7 +331,7 @@ def test_cold_start_from_a_game_tuned_adapter(fresh: Learner, model_dir: Path,
 
 def test_empty_batches_are_refused(fresh: Learner) -> None:
     batch = synthetic_batch(4, VOCAB)
-    empty = TrainBatch(batch.input_ids[:0], batch.completion_mask[:0],
+    empty = Batch(batch.input_ids[:0], batch.completion_mask[:0],
                        batch.behaviour_logprobs[:0], batch.advantages[:0], batch.lengths[:0])
     with pytest.raises(UbError, match="the training batch is empty"):
         fresh.update(empty)
@@ -352,9 +352,9 @@ def test_zero_advantage_rows_are_skipped_but_still_a_step(fresh: Learner) -> Non
 
 
 def test_config_errors(model_dir: Path) -> None:
-    with pytest.raises(UbError, match=r"^learner: unknown algorithm 'a2c'; registered: ppo, "
+    with pytest.raises(UbError, match=r"^learner: unknown algorithm 'a3c'; registered: a2c, ppo, "
                                       r"reinforce"):
-        config(model_dir).replace(algorithm="a2c")
+        config(model_dir).replace(algorithm="a3c")
     with pytest.raises(UbError, match=r"^learner: algorithm 'ppo' has no parameter.* clip; "
                                       r"valid: clip_eps, clip_eps_high"):
         config(model_dir).replace(algorithm="ppo", algorithm_params={"clip": 0.1})
@@ -404,13 +404,13 @@ def test_gradient_checkpointing_gives_the_same_gradient(fresh: Learner, model_di
     plain = fresh.lora_gradients()
     fresh.configure(config(model_dir, gradient_checkpointing=True))
     try:
-        assert fresh.causal_lm.is_gradient_checkpointing
+        assert fresh.policy.causal_lm.is_gradient_checkpointing
         fresh.accumulate_gradients(batch)
         for key, g in fresh.lora_gradients().items():
             torch.testing.assert_close(g, plain[key], rtol=1e-5, atol=1e-7)
     finally:
         fresh.configure(config(model_dir))
-    assert not fresh.causal_lm.is_gradient_checkpointing
+    assert not fresh.policy.causal_lm.is_gradient_checkpointing
 
 
 def test_prepare_does_not_change_the_callers_batch(fresh: Learner, model_dir: Path) -> None:

@@ -15,20 +15,22 @@ import pyarrow.compute as pc
 import pytest
 import torch
 
+import ub.learner.update
 from ub.actors.spec import parse_actor
-from ub.batch import BatchConfig, collate
+from ub.batch import Batch, BatchConfig, collate
 from ub.data.shards import ShardId, write_shard
+from ub.distributed import Ranks
 from ub.errors import UbError
 from ub.games.specs import GameSpec
 from ub.inference.types import EngineConfig, GenerationRequest, SamplingConfig
 from ub.learner import (
     Learner,
     LearnerConfig,
-    TrainBatch,
     learn_step,
     read_manifest,
 )
 from ub.learner.testing import build_random_model, synthetic_batch
+from ub.learner.update import scored_at_start
 from ub.model.lora import LoraSettings
 from ub.rollout import assign_games, play_games
 from ub.run.worker import process_worker
@@ -105,7 +107,7 @@ def model_rows(rollout) -> pa.Table:
     return rollout.steps.filter(pc.equal(rollout.steps["actor_kind"], "model"))
 
 
-def decisions(rollout, advantages=None) -> TrainBatch:
+def decisions(rollout, advantages=None) -> Batch:
     """The rollout's model decisions as a batch; advantages ``+-1`` by a hash of the
     completion unless given (identical completions get the same sign)."""
     rows = model_rows(rollout)
@@ -114,12 +116,12 @@ def decisions(rollout, advantages=None) -> TrainBatch:
         signs = [1.0 if hashlib.md5(str(ids).encode()).digest()[0] % 2 else -1.0
                  for ids in rows["completion_token_ids"].to_pylist()]
         advantages = torch.tensor(signs)
-    return TrainBatch(input_ids=tensors.input_ids, completion_mask=tensors.completion_mask,
+    return Batch(input_ids=tensors.input_ids, completion_mask=tensors.completion_mask,
                       behaviour_logprobs=tensors.behaviour_logprobs,
                       advantages=advantages.float(), lengths=tensors.lengths)
 
 
-def sequence_logprobs(learner: Learner, batch: TrainBatch) -> torch.Tensor:
+def sequence_logprobs(learner: Learner, batch: Batch) -> torch.Tensor:
     return (learner.token_logprobs(batch) * batch.completion_mask).sum(1)
 
 
@@ -178,7 +180,7 @@ def test_ppo_is_on_policy_on_vllm_samples(learner: Learner, model_dir: Path, rol
     assert moved["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and moved["clip_fraction"] == 0
 
 
-def _gradients(learner: Learner, batch: TrainBatch) -> dict[str, torch.Tensor]:
+def _gradients(learner: Learner, batch: Batch) -> dict[str, torch.Tensor]:
     metrics = learner.accumulate_gradients(batch)
     return {**learner.lora_gradients(), "metrics": metrics}  # type: ignore[dict-item]
 
@@ -203,9 +205,9 @@ def test_truncated_importance_sampling_caps_what_the_sampler_misjudged(
     learner.start(trained)
     batch = decisions(rollout)
     misjudged = torch.arange(len(batch)) % 2 == 0
-    perturbed = TrainBatch(**{**batch.__dict__, "behaviour_logprobs": batch.behaviour_logprobs
+    perturbed = Batch(**{**batch.__dict__, "behaviour_logprobs": batch.behaviour_logprobs
                               - 3.0 * misjudged[:, None] * batch.completion_mask})
-    doubled = TrainBatch(**{**batch.__dict__,
+    doubled = Batch(**{**batch.__dict__,
                             "advantages": batch.advantages * (1 + misjudged.float())})
 
     on_policy = _gradients(learner, batch)
@@ -241,12 +243,13 @@ def test_an_update_of_several_steps_measures_against_its_start(
     ratio (20) clips every positive-advantage token, while the corrected update caps the
     importance weights (all of them) and stays inside its trust region."""
     batch = decisions(rollout)
-    perturbed = TrainBatch(**{**batch.__dict__, "behaviour_logprobs":
+    perturbed = Batch(**{**batch.__dict__, "behaviour_logprobs":
                               batch.behaviour_logprobs - 3.0 * batch.completion_mask})
     learner.configure(learner_config(model_dir, algorithm="ppo", minibatches=2))
     learner.start(trained)
     start = learner.token_logprobs(batch)
-    old = learner._with_old_logprobs(perturbed).old_logprobs
+    old = scored_at_start(learner.policy, perturbed, learner.algorithm, None, Ranks(), None,
+                          old_logprobs=True).old_logprobs
     assert old is not None
     mask = batch.completion_mask.bool()
     assert torch.allclose(old[mask], start[mask], atol=1e-5)
@@ -276,9 +279,9 @@ def test_learner_scores_at_the_sampling_temperature(learner: Learner, engine, mo
     assert learner.accumulate_gradients(batch)["logprob_abs_diff_max"] > 1e-2
 
 
-def decisions_from(table: pa.Table) -> TrainBatch:
+def decisions_from(table: pa.Table) -> Batch:
     tensors = collate(table)
-    return TrainBatch(input_ids=tensors.input_ids, completion_mask=tensors.completion_mask,
+    return Batch(input_ids=tensors.input_ids, completion_mask=tensors.completion_mask,
                       behaviour_logprobs=tensors.behaviour_logprobs,
                       advantages=torch.ones(table.num_rows), lengths=tensors.lengths)
 
@@ -384,15 +387,15 @@ def test_minibatches_and_epochs_take_several_steps_and_a_failure_undoes_them_all
 
     learner.start(None)
     weights, optimizer = learner.lora_state(), str(learner.optimizer.state_dict())
-    original, calls = learner._step, []
+    original, calls = ub.learner.update.scheduled_learning_rate, []
 
-    def third_step_fails(metrics, minibatch, step):
+    def third_step_fails(config, step):
         calls.append(step)
         if len(calls) == 3:
             raise RuntimeError("injected")
-        return original(metrics, minibatch, step)
+        return original(config, step)
 
-    monkeypatch.setattr(learner, "_step", third_step_fails)
+    monkeypatch.setattr(ub.learner.update, "scheduled_learning_rate", third_step_fails)
     with pytest.raises(RuntimeError, match="injected"):
         learner.update(batch)
     assert learner.update_index == 0 and calls == [0, 1, 2]
@@ -510,7 +513,7 @@ def test_decay_must_end_after_the_warmup(model_dir: Path) -> None:
 # ------------------------------------------------------------------------------------------
 
 
-def base_logprobs(model_dir: Path, batch: TrainBatch) -> torch.Tensor:
+def base_logprobs(model_dir: Path, batch: Batch) -> torch.Tensor:
     """(B, T) logprobs of the batch's tokens under the base model alone (plain transformers,
     no PEFT), 0 outside completions."""
     from transformers import AutoModelForCausalLM

@@ -1,6 +1,6 @@
 """The learner's memory on a GPU, exercised on the CPU through the same code: micro-batches
 sized from the memory the learner has (``micro_batch_tokens: auto``), an out-of-memory update
-retried at half the micro-batch, the body's kernels (``learner.kernels``), and the engine's
+retried at half the micro-batch, the body's kernels (``learner.policy.kernels``), and the engine's
 sleep around a round's update.
 
 What only a GPU shows (a real CUDA out-of-memory error, Liger's kernels, vLLM's sleep mode)
@@ -148,7 +148,7 @@ def test_a_row_longer_than_the_memory_holds_is_refused_before_the_update(
     small_memory(monkeypatch, 4)
     learner = Learner(config(model_dir))
     learner.micro_batch_tokens()
-    fit = learner._memory_fit
+    fit = learner.budget.fit
     assert fit is not None and fit.longest_row == longest_row_tokens(4 * 2**20,
                                                                      fit.bytes_per_token)
     long_rows = synthetic_batch(6, 2000, prompt_lengths=(fit.longest_row, fit.longest_row),
@@ -192,7 +192,7 @@ def fail_above(learner: Learner, tokens: int) -> list[int]:
         if ids.numel() > tokens:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 GiB")
 
-    learner.causal_lm.model.register_forward_pre_hook(hook, with_kwargs=True)
+    learner.policy.causal_lm.model.register_forward_pre_hook(hook, with_kwargs=True)
     return seen
 
 
@@ -241,7 +241,7 @@ def test_out_of_memory_with_one_row_per_micro_batch_says_what_to_change(model_di
 def test_kernels_auto_is_none_on_the_cpu_and_liger_says_why_it_cannot_run(model_dir: Path
                                                                           ) -> None:
     learner = Learner(config(model_dir, micro_batch_tokens=4096))
-    assert learner.kernels == "none"
+    assert learner.policy.kernels == "none"
     metrics = learner.update(batch())
     assert metrics["kernels"] == "none" and metrics["liger_kernels"] == []
     with pytest.raises(UbError, match=r"^learner.kernels is liger, but the learner runs on "
@@ -301,7 +301,7 @@ def recording_liger(monkeypatch: pytest.MonkeyPatch) -> list[dict]:
 
 def test_liger_patches_the_base_model_before_lora_wraps_it_and_the_learner_records_it(
         model_dir: Path, recording_liger: list[dict]) -> None:
-    """``learner.kernels: auto`` where Liger runs: its patch function gets the loaded model
+    """``learner.policy.kernels: auto`` where Liger runs: its patch function gets the loaded model
     with no LoRA layer yet and ub's settings (body kernels on, loss kernels off); PEFT then
     wraps the projections the patched MLP calls, so the update runs the patched modules and
     trains their LoRA weights; each update's metrics name the kernels (the round manifest and
@@ -309,10 +309,10 @@ def test_liger_patches_the_base_model_before_lora_wraps_it_and_the_learner_recor
     from ub.learner.kernels import LIGER_SETTINGS, apply_kernels
 
     learner = Learner(config(model_dir, micro_batch_tokens=4096))
-    assert learner.kernels == "liger"
+    assert learner.policy.kernels == "liger"
     (call,) = recording_liger
     assert call["settings"] == LIGER_SETTINGS and call["lora_layers"] == 0
-    mlp = learner.causal_lm.model.layers[0].mlp
+    mlp = learner.policy.causal_lm.model.layers[0].mlp
     assert all(isinstance(getattr(mlp, name).lora_A, torch.nn.ModuleDict)
                for name in ("gate_proj", "up_proj", "down_proj"))
 
@@ -326,7 +326,7 @@ def test_liger_patches_the_base_model_before_lora_wraps_it_and_the_learner_recor
     assert before and all(not torch.equal(after[name], value) for name, value in before.items())
 
     with pytest.raises(UbError, match="before PEFT wraps it"):
-        apply_kernels("liger", learner.causal_lm)
+        apply_kernels("liger", learner.policy.causal_lm)
     assert len(recording_liger) == 1
 
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from ub.learner import Learner, LearnerConfig, TokenBatch, TrainBatch
+from ub.batch import Batch
+from ub.learner import Learner, LearnerConfig, TokenBatch
 from ub.learner.memory import saved_bytes
 from ub.learner.output_layer import chunk_tokens, chunked_token_logprobs
 from ub.learner.testing import QWEN3_VOCAB, build_qwen3, synthetic_batch
@@ -95,11 +96,11 @@ def config(model: Path, **overrides) -> LearnerConfig:
     return LearnerConfig(**{**settings, **overrides})
 
 
-def reference_gradients(learner: Learner, batch: TrainBatch, kl_coef: float
+def reference_gradients(learner: Learner, batch: Batch, kl_coef: float
                         ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The update's token logprobs and LoRA gradients the plain way: the model's full logits,
     log_softmax over the vocabulary, the algorithm's loss on those logprobs, one backward."""
-    model, temperature = learner.model, learner.config.temperature
+    model, temperature = learner.policy.model, learner.config.temperature
     input_ids, scored = batch.input_ids, batch.completion_mask[:, 1:] > 0
     targets = input_ids[:, 1:][scored]
     logprobs, _ = plain_logprobs(model(input_ids=input_ids[:, :-1]).logits[scored], targets,
@@ -116,7 +117,7 @@ def reference_gradients(learner: Learner, batch: TrainBatch, kl_coef: float
                                      targets, temperature)
         d = base - logprobs
         loss = loss + kl_coef * (torch.exp(d) - d - 1).sum() / normalizer
-    for p in learner.params.values():
+    for p in learner.policy.params.values():
         p.grad = None
     loss.backward()
     return logprobs.detach(), learner.lora_gradients()
@@ -127,7 +128,7 @@ def test_learner_gradients_match_the_plain_output_layer(big_vocab_model: Path, a
                                                         kl_coef: float) -> None:
     learner = Learner(config(big_vocab_model, algorithm=algorithm, kl_coef=kl_coef))
     with torch.no_grad():  # a non-zero adapter, so that the KL term and PPO's ratio move
-        for name, p in learner.params.items():
+        for name, p in learner.policy.params.items():
             p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(
                 len(name))))
     batch = synthetic_batch(12, QWEN3_VOCAB, seed=3, prompt_lengths=(4, 30),

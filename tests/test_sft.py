@@ -41,12 +41,11 @@ def shards(tmp_path_factory, tiny_model):
 def _selected_batch(root: Path, sft: SftConfig):
     import torch
 
-    from ub.batch import collate
-    from ub.learner.batching import TrainBatch
+    from ub.batch import Batch, collate
 
     rows = select_decisions(root, sft)
     t = collate(rows, 0, None)
-    return TrainBatch(t.input_ids, t.completion_mask, t.behaviour_logprobs,
+    return Batch(t.input_ids, t.completion_mask, t.behaviour_logprobs,
                       torch.ones(rows.num_rows), t.lengths)
 
 

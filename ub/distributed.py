@@ -15,12 +15,14 @@ the tests run it, with 2 processes). Without a group everything here is the iden
 from __future__ import annotations
 
 import datetime
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 
 from ub.errors import UbError
 
+T = TypeVar("T")
 _JOINED: tuple[int, int] | None = None  # (rank, world) of the group this module created
 
 
@@ -97,3 +99,30 @@ def gather(value: Any) -> list[Any]:
     out: list[Any] = [None] * dist.get_world_size()
     dist.all_gather_object(out, value)
     return out
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """This process's place among the learner ranks, as an update uses it: its share of the
+    micro-batches, the gradients summed over the ranks, the figures of every rank. One rank
+    (the default) makes each of these the identity."""
+
+    rank: int = 0
+    world: int = 1
+
+    @classmethod
+    def current(cls) -> Ranks:
+        rank, world = rank_and_world()
+        return cls(rank, world)
+
+    def share(self, items: list[T]) -> list[T]:
+        """This rank's items: every ``world``-th, from its own index."""
+        return items[self.rank::self.world]
+
+    def sum_gradients(self, params: list[torch.nn.Parameter]) -> None:
+        if self.world > 1:
+            sum_gradients(params)
+
+    def gather(self, value: T) -> list[T]:
+        """Every rank's ``value``, in rank order."""
+        return [value] if self.world == 1 else gather(value)

@@ -85,9 +85,8 @@ def train_sft(root: str | Path, config: SftConfig, learner_config: Any,
     """Fine-tune a fresh adapter (or ``learner_config.init_adapter``) on the selected
     decisions and write it as checkpoint ``out_checkpoint``. Returns the metrics. The learner
     comes from ``worker`` (``None``: one loaded for this call)."""
-    from ub.batch import collate
+    from ub.batch import Batch, collate
     from ub.learner import Learner
-    from ub.learner.batching import TrainBatch
 
     out = Path(out_checkpoint)
     if out.exists() and not overwrite:
@@ -95,9 +94,9 @@ def train_sft(root: str | Path, config: SftConfig, learner_config: Any,
     learner_config = learner_config.replace(algorithm="sft", algorithm_params={})
     rows = select_decisions(Path(root), config)
     tensors = collate(rows, 0, config.max_train_len)
-    everything = TrainBatch(input_ids=tensors.input_ids, completion_mask=tensors.completion_mask,
-                            behaviour_logprobs=tensors.behaviour_logprobs,
-                            advantages=torch.ones(rows.num_rows), lengths=tensors.lengths)
+    everything = Batch(input_ids=tensors.input_ids, completion_mask=tensors.completion_mask,
+                       behaviour_logprobs=tensors.behaviour_logprobs,
+                       advantages=torch.ones(rows.num_rows), lengths=tensors.lengths)
     everything.validate()
     learner = Learner(learner_config) if worker is None else worker.learner(learner_config)
     learner.start(None)

@@ -60,41 +60,103 @@ class BatchStats:
 
 @dataclass
 class Batch:
-    """A training batch: tensors, the rows they came from, stats and the reward state.
+    """A training batch: tensors, the rows they came from, stats and the reward state. The one
+    type a batch has from here to the learner (which cuts it with :meth:`select`); the
+    algorithms see its micro-batches' tokens as :class:`ub.learner.TokenBatch`.
 
     Tensors (``B`` rows, ``T`` = longest sequence after truncation):
 
     - ``input_ids`` (B, T) int64: prompt then completion token ids, right-padded with
       ``pad_token_id``;
-    - ``attention_mask`` (B, T) int64: 1 on real tokens;
     - ``completion_mask`` (B, T) float32: 1 on completion tokens only (what the loss trains on);
     - ``behaviour_logprobs`` (B, T) float32: at completion positions, the sampling logprob of
       the token *at that position* (``input_ids[b, t]``), 0 elsewhere; a learner that scores
       token ``t`` with the logits at ``t - 1`` compares them directly;
-    - ``advantages`` (B,) float32: one per sequence;
+    - ``advantages`` (B,) float32: one per sequence (an algorithm with a value baseline reads
+      them as returns);
     - ``lengths`` (B,) int64: real tokens per row.
 
     ``rows`` has one row per batch row, same order: identifiers (``game_id``, ``turn``, ``seat``,
     ``round``, ``shard``, ``env_id``, ...) and ``raw_reward``, ``final_reward``, ``reward``,
     ``advantage``. ``final_state`` is the final-rewards state after ``last_round``;
     ``final_state_by_round[r]`` the state after round ``r`` (persist the one of the round before
-    the next window's first round; see ``docs/rewards.md``).
+    the next window's first round; see ``docs/rewards.md``). A batch made in memory (a test, a
+    benchmark) may leave them empty.
+
+    The learner fills in, for one update: ``old_logprobs`` (B, T), like ``behaviour_logprobs``
+    but its own at the weights an update of several steps started from (the algorithms'
+    importance weights and trust region use them), and, for an algorithm with a value
+    baseline, ``values`` (B,), its estimate of each row's return at the update's start;
+    that algorithm's ``prepare`` sets ``returns`` (B,), the value head's targets.
     """
 
     input_ids: torch.Tensor
-    attention_mask: torch.Tensor
     completion_mask: torch.Tensor
     behaviour_logprobs: torch.Tensor
     advantages: torch.Tensor
     lengths: torch.Tensor
-    rows: pa.Table
-    stats: BatchStats
-    final_state: dict[str, Any]
-    final_state_by_round: dict[int, dict[str, Any]]
-    sql: str
+    rows: pa.Table | None = None
+    stats: BatchStats = field(default_factory=BatchStats)
+    final_state: dict[str, Any] = field(default_factory=dict)
+    final_state_by_round: dict[int, dict[str, Any]] = field(default_factory=dict)
+    sql: str = ""
+    old_logprobs: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+    returns: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        """(B, T) int64: 1 on real tokens."""
+        import torch
+
+        return (torch.arange(self.input_ids.shape[1])[None, :] < self.lengths[:, None]).long()
+
+    def validate(self) -> None:
+        """Raise :class:`UbError` for an empty batch or tensors of inconsistent shapes."""
+        rows = len(self)
+        if rows == 0:
+            raise UbError("the training batch is empty: there are no decisions to train on")
+        shape = tuple(self.input_ids.shape)
+        for name in ("completion_mask", "behaviour_logprobs"):
+            if tuple(getattr(self, name).shape) != shape:
+                raise UbError(f"batch {name} has shape {tuple(getattr(self, name).shape)}, "
+                              f"input_ids has {shape}: the batch is inconsistent")
+        for name in ("advantages", "lengths"):
+            if tuple(getattr(self, name).shape) != (rows,):
+                raise UbError(f"batch {name} has shape {tuple(getattr(self, name).shape)}, "
+                              f"expected ({rows},): one value per row")
+        if float(self.completion_mask.sum()) == 0:
+            raise UbError(f"the training batch ({rows} rows) has no completion tokens: every "
+                          "completion was cut by max_train_len? raise it")
+        if bool(self.completion_mask[:, 0].any()):
+            # Token t is scored by the logits at t - 1: a completion needs a prompt before it.
+            raise UbError("a batch row starts with a completion token: every row needs at "
+                          "least one prompt token")
+
+    def select(self, rows: list[int]) -> Batch:
+        """The given rows, in that order, trimmed to their longest row."""
+        import torch
+
+        index = torch.tensor(rows, dtype=torch.int64)
+        width = int(self.lengths[index].max())
+
+        def by_row(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[index]
+
+        def by_token(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t[index, :width]
+
+        return dataclasses.replace(
+            self, input_ids=self.input_ids[index, :width],
+            completion_mask=self.completion_mask[index, :width],
+            behaviour_logprobs=self.behaviour_logprobs[index, :width],
+            advantages=self.advantages[index], lengths=self.lengths[index],
+            rows=None if self.rows is None else self.rows.take(pa.array(rows, pa.int64())),
+            old_logprobs=by_token(self.old_logprobs), values=by_row(self.values),
+            returns=by_row(self.returns))
 
 
 @dataclass
@@ -196,8 +258,8 @@ def assemble_batch(root: Path, config: BatchConfig,
     import torch
 
     return Batch(
-        input_ids=tensors.input_ids, attention_mask=tensors.attention_mask,
-        completion_mask=tensors.completion_mask, behaviour_logprobs=tensors.behaviour_logprobs,
+        input_ids=tensors.input_ids, completion_mask=tensors.completion_mask,
+        behaviour_logprobs=tensors.behaviour_logprobs,
         advantages=torch.from_numpy(advantage.astype(np.float32)), lengths=tensors.lengths,
         rows=rows.drop_columns(TOKEN_COLUMNS), stats=stats, final_state=selection.final_state,
         final_state_by_round=selection.final_state_by_round, sql=selection.sql,

@@ -1,13 +1,15 @@
 """The learner: LoRA policy-gradient updates on stored token ids, and their checkpoints.
 
 Entry points: :func:`learn_step` (assemble a batch from shards, update, write a checkpoint),
-:func:`learn_on_batch`, :func:`write_initial_checkpoint` (:mod:`ub.learner.entry`), and the
-:class:`Learner` class they use. Algorithms are pluggable (:mod:`ub.learner.algorithms`);
+:func:`learn_on_batch`, :func:`write_initial_checkpoint` (:mod:`ub.learner.entry`), the
+:class:`Learner` class they use, and the update it runs, :func:`ub.learner.update.update`
+(one function to read top to bottom). Algorithms are pluggable (:mod:`ub.learner.algorithms`);
 checkpoints are described in :mod:`ub.learner.checkpoint`. Importing this package loads no
 model.
 """
 
 from ub.learner.algorithms import (
+    A2C,
     ALGORITHMS,
     PPO,
     Algorithm,
@@ -18,7 +20,7 @@ from ub.learner.algorithms import (
     register_algorithm,
 )
 from ub.learner.base_identity import model_identity
-from ub.learner.batching import TrainBatch, plan_micro_batches
+from ub.learner.batching import plan_micro_batches
 from ub.learner.checkpoint import (
     CheckpointState,
     is_checkpoint,
@@ -34,9 +36,12 @@ from ub.learner.entry import (
     learn_step,
     write_initial_checkpoint,
 )
-from ub.learner.learner import Learner, NonFiniteError
+from ub.learner.learner import Learner
+from ub.learner.update import NonFiniteError
+from ub.learner.value import ValueBaseline, gae
 
 __all__ = [
+    "A2C",
     "ALGORITHMS",
     "PPO",
     "Algorithm",
@@ -48,8 +53,9 @@ __all__ = [
     "NonFiniteError",
     "Reinforce",
     "TokenBatch",
-    "TrainBatch",
+    "ValueBaseline",
     "algorithm_names",
+    "gae",
     "is_checkpoint",
     "latest_checkpoint",
     "learn_on_batch",

@@ -26,16 +26,20 @@ weight is 1 and nothing changes.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import random
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from ub.components import is_import_path, load_class, public_name
 from ub.errors import UbError
-from ub.learner.batching import TrainBatch
+from ub.learner.value import gae
+
+if TYPE_CHECKING:
+    from ub.batch import Batch
 
 
 @dataclass
@@ -79,9 +83,12 @@ class Algorithm:
     # True: an update of several optimizer steps scores the batch once more at its start, for
     # TokenBatch.old_logprobs (one step reads them from its own forward pass).
     needs_old_logprobs: bool = False
+    # True: the learner keeps a value head (ub.learner.value), fills Batch.values before
+    # prepare() and trains the head towards Batch.returns, which prepare() sets.
+    needs_values: ClassVar[bool] = False
 
-    def prepare(self, batch: TrainBatch, rng: random.Random) -> TrainBatch:
-        """Called once per update with the whole batch, before micro-batching.
+    def prepare(self, batch: Batch, rng: random.Random) -> Batch:
+        """Called once per update with the whole batch, before minibatches and micro-batches.
 
         Return the batch to train on (e.g. with transformed advantages). ``rng`` is the
         learner's Python RNG, saved in checkpoints: use it (not ``random``) for any
@@ -281,3 +288,82 @@ class Sft(Algorithm):
     def loss(self, tokens: TokenBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         nll = -tokens.logprobs.sum()
         return nll / tokens.normalizer, {"nll": nll.detach()}
+
+
+# --------------------------------------------------------------------------------------------
+# A2C: REINFORCE less a learned value (ub.learner.value)
+# --------------------------------------------------------------------------------------------
+
+
+@register_algorithm
+class A2C(Reinforce):
+    """Advantage actor-critic: REINFORCE on ``return - value``, with the value head trained
+    towards the return by mean squared error (:class:`ub.learner.value.ValueBaseline`).
+
+    The batch's ``advantages`` are read as the decisions' returns: give the batch no
+    normalizing sampling transform (``normalize_per_env`` would hand the head a moving target).
+    ``prepare`` sets the advantage ``A = G - V(s)`` (``V`` at the update's start) or, with
+    ``gae_lambda < 1``, GAE over each seat's decisions where the batch holds all of them
+    (``seat_moves_after`` counts down to 0; other seats keep ``G - V``), with the per-decision
+    reward ``r_t = G_t - gamma * G_{t+1}`` (the last decision's: its return). ``gamma`` must
+    then be the batch's ``discount`` (1 without one).
+
+    :param value_coef: weight of the value loss in the adapter's gradient (0: the head learns
+        on the policy's features, which the value loss leaves alone).
+    :param value_learning_rate: the head's AdamW step size.
+    :param gae_lambda: GAE's lambda in [0, 1]; 1: the return less the value.
+    :param gamma: the discount between a seat's decisions, for GAE.
+    :param normalize: standardize the advantages over the batch.
+    :param tis_cap: as :class:`Reinforce`'s.
+    """
+
+    name = "a2c"
+    needs_values = True
+
+    def __init__(self, value_coef: float = 0.0, value_learning_rate: float = 1e-3,
+                 gae_lambda: float = 1.0, gamma: float = 1.0, normalize: bool = False,
+                 tis_cap: float | None = DEFAULT_TIS_CAP) -> None:
+        super().__init__(tis_cap)
+        if not value_coef >= 0:
+            raise ValueError(f"value_coef must be >= 0, got {value_coef}")
+        if not value_learning_rate > 0:
+            raise ValueError(f"value_learning_rate must be > 0, got {value_learning_rate}")
+        if not 0 <= gae_lambda <= 1:
+            raise ValueError(f"gae_lambda must be in [0, 1], got {gae_lambda}")
+        if not 0 < gamma <= 1:
+            raise ValueError(f"gamma must be in (0, 1], got {gamma}")
+        self.value_coef = value_coef
+        self.value_learning_rate = value_learning_rate
+        self.gae_lambda = gae_lambda
+        self.gamma = gamma
+        self.normalize = normalize
+
+    def prepare(self, batch: Batch, rng: random.Random) -> Batch:
+        assert batch.values is not None, "the learner fills Batch.values for a2c"
+        returns = batch.advantages.float()
+        advantages = returns - batch.values
+        if self.gae_lambda < 1 and batch.rows is not None:
+            advantages = self._gae(batch, returns, advantages)
+        if self.normalize and len(advantages) > 1:
+            advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        return dataclasses.replace(batch, advantages=advantages, returns=returns)
+
+    def _gae(self, batch: Batch, returns: torch.Tensor, advantages: torch.Tensor
+             ) -> torch.Tensor:
+        assert batch.rows is not None and batch.values is not None
+        columns = batch.rows.select(["game_id", "seat", "turn", "seat_moves_after"]).to_pydict()
+        seats: dict[tuple[Any, Any], list[int]] = {}
+        for i, key in enumerate(zip(columns["game_id"], columns["seat"], strict=True)):
+            seats.setdefault(key, []).append(i)
+        out = advantages.clone()
+        for rows in seats.values():
+            rows.sort(key=lambda i: columns["turn"][i])
+            if [columns["seat_moves_after"][i] for i in rows] != list(range(len(rows) - 1,
+                                                                           -1, -1)):
+                continue  # not the seat's whole game: G - V
+            g = [float(returns[i]) for i in rows]
+            rewards = [g[t] - self.gamma * g[t + 1] for t in range(len(g) - 1)] + [g[-1]]
+            estimates = gae(rewards, [float(batch.values[i]) for i in rows], self.gamma,
+                            self.gae_lambda)
+            out[rows] = torch.tensor(estimates, dtype=out.dtype)
+        return out

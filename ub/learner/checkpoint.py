@@ -50,6 +50,7 @@ ADAPTER_CONFIG = "adapter_config.json"
 MODEL_CARD = "README.md"  # written by PEFT's save_pretrained
 OPTIMIZER_STATE = "optimizer.safetensors"
 RNG_STATE = "rng.safetensors"
+VALUE_HEAD_FILE = "value_head.safetensors"  # a value baseline's head (ub.learner.value)
 METRICS = "metrics.json"
 # Files a complete checkpoint must have (the manifest lists them with sizes and hashes).
 REQUIRED_FILES = (ADAPTER_WEIGHTS, ADAPTER_CONFIG, OPTIMIZER_STATE, RNG_STATE, METRICS)
@@ -74,6 +75,8 @@ class CheckpointState:
     :param python_rng: the learner's ``random.Random`` state, as JSON lists.
     :param learner_config: :meth:`LearnerConfig.to_dict` of the learner that wrote it.
     :param metrics: the update's metrics (JSON-able).
+    :param value_head: a value baseline's head (:mod:`ub.learner.value`), saved as
+        ``value_head.safetensors``; empty: none.
     """
 
     update: int
@@ -85,6 +88,7 @@ class CheckpointState:
     python_rng: list[Any] = field(default_factory=list)
     learner_config: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
+    value_head: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def sha256_file(path: Path) -> str:
@@ -160,6 +164,8 @@ def read_checkpoint(path: str | os.PathLike[str]) -> CheckpointState:
         python_rng=list(manifest.get("python_rng", [])),
         learner_config=dict(manifest.get("learner_config", {})),
         metrics=read_metrics(ckpt),
+        value_head=_load_safetensors(ckpt / VALUE_HEAD_FILE, ckpt)
+        if VALUE_HEAD_FILE in manifest.get("files", {}) else {},
     )
 
 

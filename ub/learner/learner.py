@@ -2,84 +2,58 @@
 
     learner = Learner(LearnerConfig(base_model="runs/x/base"))   # loads the base model once
     learner.start("runs/x/checkpoints/update-000003")              # or None: a cold start
-    metrics = learner.update(batch)                                # one optimizer step
+    metrics = learner.update(batch)                                # one update
     learner.save("runs/x/checkpoints/update-000004", metrics)
 
-or, in one call that also assembles the batch and reuses a committed output,
-:func:`ub.learner.entry.learn_step`. What one update does, in order:
-
-1. ``algorithm.prepare`` sees the whole batch (it may transform advantages).
-2. Rows without completion tokens, and (for losses linear in the advantage) rows whose advantage
-   is 0, are left out: they carry no gradient.
-3. The rest is cut into micro-batches of similar length (:func:`plan_micro_batches`); each is
-   trimmed to its longest row. A row is never split: with ``micro_batch_tokens: auto`` one
-   longer than the learner's memory holds is refused before the update (a one-line
-   :class:`UbError` naming ``batch.max_train_len``).
-4. Per micro-batch: the model scores every completion token ``t`` with the logits at ``t - 1``
-   (``log_softmax(logits / temperature)`` in float32, the distribution the token was sampled
-   from); the algorithm's loss (a token sum over the constant ``B * L``) is back-propagated,
-   so gradients accumulate to exactly the full-batch gradient.
-5. The global gradient norm is clipped and AdamW steps. A non-finite loss or gradient stops the
-   update with :class:`UbError` before any weight changes.
+A :class:`Learner` is made of plain parts: the :class:`~ub.learner.policy.Policy` (the base
+model with its adapter, and how it scores tokens), AdamW, the algorithm (built once, and again
+only when its settings change), a :class:`~ub.learner.memory.MicroBatchBudget`, a
+:class:`~ub.learner.value.ValueBaseline` for an algorithm that wants one, and the training
+state a checkpoint holds (update index, RNG streams). The update itself is one function,
+:func:`ub.learner.update.update`; :meth:`Learner.update` wraps it: rows too long for memory
+are refused before it, an out-of-memory error retries it at half the micro-batch, and any
+failure (a non-finite loss or gradient included) leaves the learner as it was.
 
 The base model stays loaded across updates (a process keeps its learner in a
 :class:`ub.run.worker.Worker`); each :meth:`Learner.start` only swaps the small LoRA and
-optimizer state.
-
-The class is built in layers, one file each: :class:`~ub.learner.model.LearnerModel` (the model
-and its settings), :class:`~ub.learner.state.LearnerState` (start and save), and here the update
-itself. The entry points that write checkpoints are :mod:`ub.learner.entry`.
+optimizer state. The entry points that write checkpoints are :mod:`ub.learner.entry`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
-import dataclasses
 import logging
 import math
+import random
 import resource
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ub.distributed import gather, rank_and_world, sum_gradients
+from ub.distributed import Ranks
 from ub.errors import UbError
-from ub.faults import fault_point
-from ub.learner.algorithms import TokenBatch
-from ub.learner.batching import TrainBatch, plan_micro_batches
+from ub.learner.algorithms import Algorithm, make_algorithm
+from ub.learner.base_identity import check_compatible
+from ub.learner.checkpoint import VALUE_HEAD_FILE, CheckpointState, read_adapter, read_checkpoint
+from ub.learner.checkpoint_writer import write_checkpoint
 from ub.learner.config import LearnerConfig
-from ub.learner.model import (
-    ADAPTER_NAME,
-    PLAIN_LM_HEAD_MODELS,
-    resolve_attention,
-    resolve_device,
-    resolve_dtype,
-)
-from ub.learner.state import LearnerState
+from ub.learner.memory import MicroBatchBudget
+from ub.learner.policy import ADAPTER_NAME, Policy
+from ub.learner.update import NonFiniteError, update
+from ub.learner.value import ValueBaseline
+from ub.model.lora import LoraSettings
+
+if TYPE_CHECKING:
+    from ub.batch import Batch
 
 log = logging.getLogger("ub.learner.learner")
 
 
-@dataclass
-class _Tally:
-    """An update's statistics over its micro-batches. They stay on the device until the end:
-    one host sync per update, not per micro-batch (which matters on a GPU)."""
-
-    diff_max: torch.Tensor
-    losses: list[torch.Tensor] = field(default_factory=list)
-    totals: dict[str, torch.Tensor] = field(default_factory=dict)
-    tokens: int = 0
-    padded: int = 0
-
-
-class NonFiniteError(UbError):
-    """The loss or the gradient of an update is NaN or infinite (nothing was changed)."""
-
-
-class Learner(LearnerState):
+class Learner:
     """A PEFT LoRA policy on a base model loaded once, with its AdamW state and RNG streams.
 
     :param config: see :class:`LearnerConfig`. The model fields (``base_model``, ``dtype``,
@@ -91,279 +65,72 @@ class Learner(LearnerState):
     """
 
     def __init__(self, config: LearnerConfig) -> None:
-        super().__init__(config)
+        self.policy = Policy(config)
+        self.budget = MicroBatchBudget(self.policy.measure_memory)
+        self.config = config
+        self.algorithm: Algorithm = make_algorithm(config.algorithm, config.algorithm_params)
+        self.value: ValueBaseline | None = None
+        self.optimizer: torch.optim.AdamW | None = None
+        self.update_index = 0
+        self.source: str | None = None  # the checkpoint or adapter the state came from
+        self.last_metrics: dict[str, Any] = {}
+        self._torch_rng: dict[str, torch.Tensor] = {}
+        self.py_rng = random.Random(config.seed)
+        self.configure(config)
         self.start(None)
 
-    # -- the update -------------------------------------------------------------------------
+    # -- configuration -----------------------------------------------------------------------
 
-    def accumulate_gradients(self, batch: Any) -> dict[str, Any]:
-        """Zero the gradients, then forward and backward the whole batch, micro-batch by
-        micro-batch: afterwards each LoRA parameter's ``.grad`` is the full-batch gradient.
-        No optimizer step, and the learner's RNG streams do not advance (a diagnostic: see
-        :meth:`lora_gradients`). Returns the loss and token statistics.
+    def same_model(self, config: LearnerConfig) -> bool:
+        """True if ``config`` runs on this learner's loaded model (see :meth:`configure`)."""
+        return self.policy.same_model(config)
 
-        :raises UbError: an empty batch, a row longer than the learner's memory holds, or a
-            non-finite loss (:class:`NonFiniteError`; the gradients are then zeroed).
-        """
-        py_state = self.py_rng.getstate()
-        try:
-            with self._own_rng():
-                self._refuse_rows_too_long(TrainBatch.from_batch(batch))
-                return self._accumulate_fitting(batch)
-        finally:
-            self.py_rng.setstate(py_state)
+    def configure(self, config: LearnerConfig) -> None:
+        """Apply a new config that keeps the model (algorithm, optimizer settings, batching,
+        dropout, ...). The optimizer state and the adapter weights are kept; the algorithm is
+        built again only if its name or parameters changed."""
+        self.policy.configure(config)
+        old, self.config = self.config, config
+        if (config.algorithm, config.algorithm_params) != (old.algorithm,
+                                                           old.algorithm_params):
+            self.algorithm = make_algorithm(config.algorithm, config.algorithm_params)
+        if self.algorithm.needs_values != (self.value is not None):
+            self.value = self._new_value_baseline()
+        self.budget.configure(config.micro_batch_tokens, config.gradient_checkpointing,
+                              config.device_share)
+        if self.optimizer is not None:
+            for group in self.optimizer.param_groups:
+                group.update(self._optimizer_settings())
 
-    def _accumulate(self, batch: Any) -> dict[str, Any]:
-        config = self.config
-        batch = TrainBatch.from_batch(batch)
-        batch.validate()
-        # A shallow copy: prepare() may replace tensors without touching the caller's batch.
-        batch = self.algorithm.prepare(dataclasses.replace(batch), self.py_rng)
-        rows_total = len(batch)
-        # Dr. GRPO: a constant normalizer over the FULL batch, so micro-batch losses add up to
-        # the batch loss whatever the grouping.
-        normalizer = float(rows_total * config.length_normalizer)
+    def _new_value_baseline(self) -> ValueBaseline | None:
+        if not self.algorithm.needs_values:
+            return None
+        return ValueBaseline(self.policy.hidden_size, self.policy.device,
+                             learning_rate=getattr(self.algorithm, "value_learning_rate", 1e-3),
+                             value_coef=getattr(self.algorithm, "value_coef", 0.0))
 
-        rows = self._rows_to_train(batch)
-        lengths = batch.lengths.tolist()
-        groups = plan_micro_batches([lengths[r] for r in rows], self.micro_batch_tokens(),
-                                    config.micro_batch_size)
+    def _optimizer_settings(self) -> dict[str, Any]:
+        c = self.config
+        return {"lr": c.learning_rate, "betas": tuple(c.betas), "eps": c.adam_eps,
+                "weight_decay": c.weight_decay}
 
-        self.model.train()
-        for p in self.params.values():
-            p.grad = None
-        tally = _Tally(diff_max=torch.zeros((), device=self.device))
-        # Data-parallel (ub.distributed): this rank's share of the micro-batches.
-        rank, world = rank_and_world()
-        for group in groups[rank::world]:
-            self._backward(batch, [rows[i] for i in group], normalizer, tally)
+    def _new_optimizer(self) -> torch.optim.AdamW:
+        return torch.optim.AdamW(list(self.policy.params.values()), **self._optimizer_settings())
 
-        if world > 1:  # every rank gets every rank's figures (and checks the same losses)
-            losses, totals, diff_max, tokens, padded = _merge_ranks(
-                tally.losses, tally.totals, tally.diff_max, tally.tokens, tally.padded)
-            tally = _Tally(diff_max, losses, totals, tokens, padded)
-        losses, totals, tokens, padded = tally.losses, tally.totals, tally.tokens, tally.padded
-        if losses:
-            per_micro_batch = torch.stack(losses).cpu()
-            bad = torch.nonzero(~torch.isfinite(per_micro_batch)).flatten().tolist()
-            if bad:
-                for p in self.params.values():
-                    p.grad = None
-                raise NonFiniteError(self._non_finite_message(
-                    f"the loss is {per_micro_batch[bad[0]].item()} in micro-batch {bad[0] + 1} "
-                    f"of {len(groups)}", batch))
-        for p in self.params.values():  # rows all skipped: a zero gradient, still a step
-            if p.grad is None:
-                p.grad = torch.zeros_like(p)
-        if world > 1:
-            sum_gradients(list(self.params.values()))
-        sums_host = {k: float(v) for k, v in totals.items()}
-        completion_tokens = int(sums_host.pop("completion_tokens", 0))
-        metrics: dict[str, Any] = {"loss": float(per_micro_batch.sum()) if losses else 0.0}
-        metrics.update({k: v if _is_max(k) else v / completion_tokens if completion_tokens
-                        else 0.0 for k, v in sums_host.items()})
-        metrics.update(
-            logprob_abs_diff_max=float(tally.diff_max),
-            rows=rows_total,
-            rows_trained=len(rows),
-            completion_tokens=completion_tokens,
-            tokens=tokens,
-            padded_tokens=padded,
-            padding_fraction=1.0 - tokens / padded if padded else 0.0,
-            micro_batches=len(groups),
-            micro_batch_tokens=self._micro_batch_tokens,
-            normalizer=normalizer,
-        )
-        return metrics
+    # -- the update ---------------------------------------------------------------------------
 
-    def _rows_to_train(self, batch: TrainBatch) -> list[int]:
-        """The rows an update trains: those with completion tokens and, for a loss linear in
-        the advantage, a nonzero advantage (the others carry no gradient)."""
-        has_tokens = batch.completion_mask[:, 1:].sum(1) > 0
-        # A KL penalty or an entropy bonus trains every row: a zero advantage still has a
-        # divergence to pay or an entropy to keep.
-        if not (self.algorithm.needs_zero_advantage_rows or self.config.kl_coef
-                or self.config.entropy_coef):
-            has_tokens &= batch.advantages != 0
-        return torch.nonzero(has_tokens).flatten().tolist()
-
-    def _with_old_logprobs(self, batch: TrainBatch) -> TrainBatch:
-        """``batch`` with ``old_logprobs``: the learner's logprob of each completion token at
-        the weights the update starts from. An update of several optimizer steps measures its
-        later steps' trust region and importance weights against them (its first step, and a
-        one-step update, read them from their own forward pass). No gradient, no dropout; on
-        data-parallel ranks each scores a share of the rows and they exchange them."""
-        rank, world = rank_and_world()
-        rows = self._rows_to_train(batch)
-        old = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-        mine = rows[rank::world]
-        parts: list[tuple[list[int], torch.Tensor]] = []
-        if mine:
-            part = batch.select(mine)
-            # A no-grad pass holds far less than a training micro-batch: that many tokens fit.
-            budget = self.micro_batch_tokens() or part.input_ids.numel()
-            per_pass = max(1, budget // int(part.lengths.max()))
-            parts.append((mine, self.token_logprobs(part, micro_batch_size=per_pass)))
-        if world > 1:
-            parts = [p for rank_parts in gather(parts) for p in rank_parts]
-        for part_rows, values in parts:
-            old[part_rows, :values.shape[1]] = values
-        return dataclasses.replace(batch, old_logprobs=old)
-
-    def _accumulate_fitting(self, batch: Any) -> dict[str, Any]:
-        """:meth:`_accumulate`; after an out-of-memory error, again at half the micro-batch
-        (the same gradient up to float summation order: the loss's normaliser is the batch's),
-        until it fits or a micro-batch holds one row. The smaller size stays for later
-        updates."""
-        while True:
-            torch_rng, py_rng = self._capture_rng(), self.py_rng.getstate()
-            try:
-                return self._accumulate(batch)
-            except torch.OutOfMemoryError as e:
-                message = " ".join(str(e).split())[:200]
-            # (outside the except block: the error's frames, and the tensors they hold, are gone)
-            for p in self.params.values():
-                p.grad = None
-            if self.device.type == "cuda":
-                torch.cuda.empty_cache()
-            self._set_rng(torch_rng)
-            self.py_rng.setstate(py_rng)
-            self._halve_micro_batch(TrainBatch.from_batch(batch), message)
-
-    def _halve_micro_batch(self, batch: TrainBatch, message: str) -> None:
-        longest = int(batch.lengths.max())
-        old = self._micro_batch_tokens
-        if old is None:  # no limit: the whole batch was one micro-batch
-            old = longest * len(batch)
-        new = old // 2
-        advice = ("set learner.gradient_checkpointing: true, lower engine.gpu_memory_utilization "
-                  "or shorten sampling.max_tokens")
-        if rank_and_world()[1] > 1:  # every rank must cut the batch the same way
-            raise UbError(f"update {self.update_index + 1}: out of memory at "
-                          f"micro_batch_tokens={old} on a data-parallel rank ({message}): set "
-                          f"learner.micro_batch_tokens below {old}, or {advice}")
-        if old <= longest:
-            raise UbError(f"update {self.update_index + 1}: out of memory with one row per "
-                          f"micro-batch (the longest has {longest} tokens; {message}): {advice}")
-        log.warning("learner: out of memory at micro_batch_tokens=%d in update %d; retrying "
-                    "it at %d", old, self.update_index + 1, new)
-        self._micro_batch_tokens, self._micro_batch_sized = new, True
-
-    def micro_batch_tokens(self) -> int | None:
-        """The micro-batch token budget updates use: ``learner.micro_batch_tokens``, with
-        ``auto`` sized from the memory the learner has (:mod:`ub.learner.memory`, measured once
-        while the settings it depends on stay the same), and halved after an out-of-memory
-        error."""
-        if not self._micro_batch_sized:
-            fit = self._memory_fit = self._measure_memory()
-            self._micro_batch_tokens = fit.micro_batch_tokens
-            self._micro_batch_sized = True
-            log.info("learner: micro_batch_tokens auto -> %d (%.1f GiB for activations at "
-                     "%.2f MiB/token; rows up to %d tokens)", self._micro_batch_tokens,
-                     fit.budget_bytes / 2**30, fit.bytes_per_token / 2**20, fit.longest_row)
-        return self._micro_batch_tokens
-
-    def _refuse_rows_too_long(self, batch: TrainBatch) -> None:
-        """A row is never split across micro-batches, so one whose activations alone do not fit
-        the memory ``auto`` measured would run out of memory inside the update (on a GPU
-        beside a sleeping engine, after the engine's memory went to it): refused before any
-        pass, with the setting that bounds it. A given ``micro_batch_tokens`` is trusted: a
-        longer row gets a micro-batch of its own."""
-        batch.validate()
-        self.micro_batch_tokens()
-        fit = self._memory_fit
-        trained = batch.completion_mask[:, 1:].sum(1) > 0
-        if fit is None or not bool(trained.any()):
-            return
-        longest = int(batch.lengths[trained].max())
-        if longest <= fit.longest_row:
-            return
-        advice = "" if self.config.gradient_checkpointing else \
-            ", or learner.gradient_checkpointing: true"
-        if self.config.device_share is not None:
-            advice += ", or lower engine.gpu_memory_utilization"
-        raise UbError(
-            f"update {self.update_index + 1}: a row of {longest:,} tokens does not fit the "
-            f"learner's memory in one micro-batch ({fit.budget_bytes / 2**30:.1f} GiB for "
-            f"activations at {fit.bytes_per_token / 2**20:.2f} MiB/token hold rows of up to "
-            f"{fit.longest_row:,} tokens): set batch.max_train_len (ub learn: "
-            f"--max-train-len) to at most {fit.longest_row:,}{advice}")
-
-    def _backward(self, batch: TrainBatch, batch_rows: list[int], normalizer: float,
-                  tally: _Tally) -> None:
-        """Forward and backward the micro-batch of rows ``batch_rows`` (the gradients add up
-        in the parameters' ``.grad``); its statistics go to ``tally``."""
-        mb = batch.select(batch_rows)
-        input_ids = mb.input_ids.to(self.device)
-        scored = mb.completion_mask[:, 1:].to(self.device) > 0
-        logprobs, entropy = self._score(input_ids, scored)
-        assert entropy is not None  # asked for by default
-        row_ids = torch.tensor(batch_rows, device=self.device)[:, None].expand_as(scored)
-        token_batch = TokenBatch(
-            logprobs=logprobs,
-            behaviour_logprobs=mb.behaviour_logprobs[:, 1:].to(self.device)[scored].float(),
-            advantages=mb.advantages.to(self.device)[:, None].expand_as(scored)[scored].float(),
-            rows=row_ids[scored],
-            normalizer=normalizer,
-            old_logprobs=None if mb.old_logprobs is None
-            else mb.old_logprobs[:, 1:].to(self.device)[scored].float(),
-        )
-        loss, stats = self.algorithm.loss(token_batch)
-        if self.config.entropy_coef:
-            loss = loss - self.config.entropy_coef * entropy.sum() / normalizer
-        if self.config.kl_coef:
-            kl = self._kl_to_base(input_ids, scored, logprobs)
-            loss = loss + self.config.kl_coef * kl.sum() / normalizer
-            stats = {**stats, "kl_to_base": kl.detach().sum()}
-        # A NaN loss only spoils the gradients, which are dropped before any step.
-        loss.backward()
-        fault_point("learn.mid-update")
-
-        # Bookkeeping: token sums, divided by the token count at the end.
-        tally.losses.append(loss.detach())
-        tally.tokens += int(mb.lengths.sum())
-        tally.padded += int(mb.input_ids.numel())
-        with torch.no_grad():
-            # k3 estimate of KL(start || current), start the policy the update began from (the
-            # learner's scores where it made them first, else the sampler's): unbiased, >= 0;
-            # target_kl reads it.
-            moved = logprobs - (token_batch.behaviour_logprobs if token_batch.old_logprobs is None
-                                else token_batch.old_logprobs)
-            sums = {
-                "logprob_mean": logprobs.detach().sum(),
-                "behaviour_logprob_mean": token_batch.behaviour_logprobs.sum(),
-                "entropy_mean": entropy.sum(),
-                "approx_kl": (moved.exp() - 1 - moved).sum(),
-                "completion_tokens": scored.sum(),
-                **stats,
-            }
-            for key, value in sums.items():
-                _add_statistic(tally.totals, key, value.detach().double())
-            tally.diff_max = torch.maximum(
-                tally.diff_max, (logprobs.detach() - token_batch.behaviour_logprobs).abs().max())
-
-    def _kl_to_base(self, input_ids: torch.Tensor, scored: torch.Tensor,
-                    logprobs: torch.Tensor) -> torch.Tensor:
-        """Per scored token, GRPO's k3 term ``exp(d) - d - 1`` with ``d = logp_base - logp``
-        (the base model: the adapter switched off). Its mean estimates KL(current || base) on
-        on-policy tokens; as a loss its gradient is, in expectation, that of KL(base ||
-        current), which charges the policy for dropping what the base model plays."""
-        with torch.no_grad(), self.model.disable_adapter():
-            base_logprobs, _ = self._score(input_ids, scored, with_entropy=False)
-        d = base_logprobs - logprobs
-        return torch.exp(d) - d - 1
-
-    def update(self, batch: Any) -> dict[str, Any]:
-        """One update on ``batch`` (a :class:`ub.batch.Batch` or :class:`TrainBatch`):
-        ``minibatches * epochs`` optimizer steps (one by default), then one checkpoint's worth.
+    def update(self, batch: Batch) -> dict[str, Any]:
+        """One update on ``batch``: ``minibatches * epochs`` optimizer steps (one by default)
+        by :func:`ub.learner.update.update`, then one checkpoint's worth.
 
         :returns: the update's metrics (JSON-able): ``loss``, ``grad_norm`` (before clipping),
             token means (``logprob_mean``, ``behaviour_logprob_mean``, ``entropy_mean`` and the
             algorithm's, e.g. PPO's ``ratio_mean``, ``clip_fraction``, ``approx_kl``, and the
             truncated importance weights' ``tis_ratio_mean``, ``tis_capped_fraction``),
-            maxima (``tis_ratio_max``, ``logprob_abs_diff_max``), counts and timings. With
-            several steps, float figures are means over the steps (maxima their maximum, plus
-            ``grad_norm_max``) and counts are sums.
+            maxima (``tis_ratio_max``, ``logprob_abs_diff_max``), a value head's ``value_mse``
+            and ``value_mean`` (row means), counts and timings. With several steps, float
+            figures are means over the steps (maxima their maximum, plus ``grad_norm_max``)
+            and counts are sums.
         :raises UbError: empty batch; a row longer than the learner's memory holds in one
             micro-batch (before any pass); :class:`NonFiniteError` for a NaN/inf loss or gradient,
             in which case nothing changed (weights, optimizer, RNG streams, update index), even
@@ -371,114 +138,98 @@ class Learner(LearnerState):
         """
         assert self.optimizer is not None
         started = time.perf_counter()
-        if self.device.type == "cuda":
-            torch.cuda.reset_peak_memory_stats(self.device)
-        py_state = self.py_rng.getstate()
-        steps = self.config.minibatches * self.config.epochs
-        # Several steps: keep what the first one changes, so a failed later step undoes all.
-        saved = (self.lora_state(), copy.deepcopy(self.optimizer.state_dict())) \
-            if steps > 1 else None
+        device = self.policy.device
+        if device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(device)
+        batch.validate()
+        saved = self._snapshot()
         try:
-            with self._own_rng():
-                full = TrainBatch.from_batch(batch)
-                self._refuse_rows_too_long(full)
-                if steps > 1 and self.algorithm.needs_old_logprobs:
-                    full = self._with_old_logprobs(full)
-                first = self.update_index * steps  # optimizer steps taken since the cold start
-                per_step, stopped_kl = [], None
-                for k, rows in enumerate(self._minibatch_rows(len(full))):
-                    step_batch = full if rows is None else full.select(rows)
-                    metrics = self._accumulate_fitting(step_batch)
-                    stopped_kl = self._past_target_kl(k, metrics)
-                    if stopped_kl is not None:
-                        break
-                    per_step.append(self._step(metrics, step_batch, first + k))
-                new_rng = self._capture_rng()
+            while True:
+                try:
+                    with self._own_rng():
+                        self._refuse_rows_too_long(batch)
+                        metrics = self._update(batch, self.optimizer)
+                        new_rng = self._capture_rng()
+                    break
+                except torch.OutOfMemoryError as e:
+                    message = " ".join(str(e).split())[:200]
+                # (outside the except block: the error's frames, and the tensors they hold, are
+                # gone) The same gradient at half the micro-batch, up to float summation order:
+                # the loss's normaliser is the batch's.
+                self._restore(saved)
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+                trained = batch.completion_mask[:, 1:].sum(1) > 0
+                self.budget.halve(int(batch.lengths[trained].max()), len(batch),
+                                  self.update_index + 1, message, Ranks.current().world)
+        except NonFiniteError as e:
+            self._restore(saved)
+            raise NonFiniteError(self._non_finite_message(str(e), batch)) from None
         except BaseException:
-            self.py_rng.setstate(py_state)  # a failed update consumes no randomness
-            if saved is not None:
-                with torch.no_grad():
-                    for name, value in saved[0].items():
-                        self.params[name].copy_(value)
-                self.optimizer.load_state_dict(saved[1])
+            self._restore(saved)
             raise
         finally:
             self.optimizer.zero_grad(set_to_none=True)
         self._torch_rng = new_rng
         self.update_index += 1
         seconds = time.perf_counter() - started
-        metrics = _combine_steps(per_step)
         metrics.update(
+            micro_batch_tokens=self.budget.tokens(),
             update=self.update_index,
             algorithm=self.config.algorithm,
-            optimizer_steps=len(per_step),
-            early_stopped=stopped_kl is not None,
-            **({} if stopped_kl is None else {"stopped_at_kl": stopped_kl}),
             seconds=seconds,
             tokens_per_second=metrics["tokens"] / seconds if seconds > 0 else 0.0,
-            kernels=self.kernels,
-            liger_kernels=list(self.liger_kernels),
+            kernels=self.policy.kernels,
+            liger_kernels=list(self.policy.liger_kernels),
             peak_rss_mb=_peak_rss_mb(),
-            **_peak_device_memory(self.device),
+            **_peak_device_memory(device),
         )
         self.last_metrics = metrics
         return metrics
 
-    def _minibatch_rows(self, n: int) -> Iterator[list[int] | None]:
-        """Each step's rows: ``None`` (the whole batch) or a sorted minibatch, epoch by epoch."""
-        m = self.config.minibatches
-        for _ in range(self.config.epochs):
-            if m == 1:
-                yield None
-                continue
-            order = list(range(n))
-            self.py_rng.shuffle(order)  # the saved RNG: a resumed run cuts the same minibatches
-            for k in range(m):
-                rows = sorted(order[k * n // m:(k + 1) * n // m])
-                if rows:
-                    yield rows
+    def _update(self, batch: Batch, optimizer: torch.optim.AdamW | None) -> dict[str, Any]:
+        steps = self.config.minibatches * self.config.epochs
+        return update(self.policy, optimizer, self.algorithm, batch, self.config,
+                      rng=self.py_rng, first_step=self.update_index * steps,
+                      micro_batch_tokens=self.budget.tokens, ranks=Ranks.current(),
+                      value=self.value)
 
-    def _learning_rate(self, step: int) -> float:
-        """The learning rate of optimizer step ``step`` (0-based, since the cold start)."""
-        warmup, decay = self.config.warmup_steps, self.config.decay_steps
-        scale = min(1.0, (step + 1) / warmup) if warmup else 1.0
-        if decay and step >= warmup:
-            done = min(1.0, (step - warmup) / (decay - warmup))
-            scale = 1.0 - (1.0 - self.config.final_lr_fraction) * done
-        return self.config.learning_rate * scale
+    def accumulate_gradients(self, batch: Batch) -> dict[str, Any]:
+        """Zero the gradients, then forward and backward the whole batch (its first step's
+        rows), micro-batch by micro-batch: afterwards each LoRA parameter's ``.grad`` is the
+        full-batch gradient. No optimizer step, and the learner's RNG streams do not advance
+        (a diagnostic: see :meth:`lora_gradients`). Returns the loss and token statistics.
 
-    def _past_target_kl(self, k: int, metrics: dict[str, Any]) -> float | None:
-        """The ``approx_kl`` of the update's step ``k`` (0-based) if it passes
-        ``target_kl``: the update stops before taking that step. The first step always goes
-        (its policy is the one the update started from)."""
-        target, kl = self.config.target_kl, metrics.get("approx_kl")
-        if k == 0 or target is None or kl is None or kl <= target:
-            return None
-        log.info("learner: update %d stops after %d of %d optimizer steps: approx_kl %.4f > "
-                 "target_kl %g", self.update_index + 1, k,
-                 self.config.minibatches * self.config.epochs, kl, target)
-        return float(kl)
+        :raises UbError: an empty batch, a row longer than the learner's memory holds, or a
+            non-finite loss (:class:`NonFiniteError`; the gradients are then zeroed).
+        """
+        batch.validate()
+        py_state = self.py_rng.getstate()
+        try:
+            with self._own_rng():
+                self._refuse_rows_too_long(batch)
+                return self._update(batch, None)
+        except NonFiniteError as e:
+            raise NonFiniteError(self._non_finite_message(str(e), batch)) from None
+        finally:
+            self.py_rng.setstate(py_state)
 
-    def _step(self, metrics: dict[str, Any], batch: TrainBatch, step: int) -> dict[str, Any]:
-        """Clip the gradients :meth:`_accumulate_fitting` left for ``batch`` (``metrics``) and
-        take optimizer step number ``step``."""
-        max_norm = self.config.max_grad_norm
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(
-            list(self.params.values()), max_norm if max_norm is not None else math.inf))
-        if not math.isfinite(grad_norm):
-            raise NonFiniteError(self._non_finite_message(
-                f"the gradient norm is {grad_norm}", batch))
-        learning_rate = self._learning_rate(step)
-        assert self.optimizer is not None
-        for group in self.optimizer.param_groups:
-            group["lr"] = learning_rate
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        metrics.update(grad_norm=grad_norm, learning_rate=learning_rate,
-                       grad_clipped=max_norm is not None and grad_norm > max_norm)
-        return metrics
+    def micro_batch_tokens(self) -> int | None:
+        """The micro-batch token budget updates use (:class:`MicroBatchBudget`)."""
+        return self.budget.tokens()
 
-    def _non_finite_message(self, what: str, batch: TrainBatch) -> str:
+    def _refuse_rows_too_long(self, batch: Batch) -> None:
+        trained = batch.completion_mask[:, 1:].sum(1) > 0
+        if not bool(trained.any()):
+            return
+        advice = "" if self.config.gradient_checkpointing else \
+            ", or learner.gradient_checkpointing: true"
+        if self.config.device_share is not None:
+            advice += ", or lower engine.gpu_memory_utilization"
+        self.budget.refuse_rows_too_long(int(batch.lengths[trained].max()),
+                                         self.update_index + 1, advice)
+
+    def _non_finite_message(self, what: str, batch: Batch) -> str:
         hint = ("the batch has NaN/inf advantages: check the reward transforms"
                 if not bool(torch.isfinite(batch.advantages).all()) else
                 "lower learning_rate or max_grad_norm, or check the batch's advantages")
@@ -486,75 +237,237 @@ class Learner(LearnerState):
                 f"changing anything (nothing written, the last good state is "
                 f"{self.source or 'the cold start'}): {hint}")
 
+    def _snapshot(self) -> tuple[Any, ...]:
+        """What an update changes, to put back if it fails."""
+        assert self.optimizer is not None
+        value = None if self.value is None else (
+            self.value.weights(), copy.deepcopy(self.value.optimizer.state_dict()))
+        return (self.lora_state(), copy.deepcopy(self.optimizer.state_dict()), value,
+                self.py_rng.getstate())
+
+    def _restore(self, saved: tuple[Any, ...]) -> None:
+        weights, optimizer_state, value, py_state = saved
+        assert self.optimizer is not None
+        with torch.no_grad():
+            for name, tensor in weights.items():
+                self.policy.params[name].copy_(tensor)
+        self.optimizer.load_state_dict(optimizer_state)
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.value is not None and value is not None:
+            self.value.load_weights(value[0], "the update's snapshot")
+            self.value.optimizer.load_state_dict(value[1])
+            self.value.optimizer.zero_grad(set_to_none=True)
+        self.py_rng.setstate(py_state)
+
+    # -- reading the policy -------------------------------------------------------------------
+
+    def token_logprobs(self, batch: Batch, micro_batch_size: int = 16) -> torch.Tensor:
+        """(B, T) logprobs of each completion token under the current policy (0 elsewhere),
+        aligned with ``batch.behaviour_logprobs``; no gradient, no state change."""
+        return self.policy.score_batch(batch, micro_batch_size)[0]
+
+    def values(self, batch: Batch, micro_batch_size: int = 16) -> torch.Tensor:
+        """(B,) the value head's estimates of the rows' returns (a value baseline only)."""
+        if self.value is None:
+            raise UbError(f"algorithm {self.config.algorithm!r} has no value head")
+        values = self.policy.score_batch(batch, micro_batch_size, self.value.head)[1]
+        assert values is not None
+        return values
+
     def lora_gradients(self) -> dict[str, torch.Tensor]:
         """Copies of the current ``.grad`` of each LoRA parameter (for tests and debugging)."""
-        return {name: p.grad.detach().clone() for name, p in self.params.items()
+        return {name: p.grad.detach().clone() for name, p in self.policy.params.items()
                 if p.grad is not None}
 
     def lora_state(self) -> dict[str, torch.Tensor]:
         """Copies of the LoRA weights, by parameter name."""
-        return {name: p.detach().clone() for name, p in self.params.items()}
+        return {name: p.detach().clone() for name, p in self.policy.params.items()}
 
+    # -- the training state: start and save ---------------------------------------------------
 
-# --------------------------------------------------------------------------------------------
-# Helpers
-# --------------------------------------------------------------------------------------------
+    def start(self, checkpoint: str | Path | None = None) -> None:
+        """Load the state to train from.
 
+        :param checkpoint: a ub checkpoint folder (adapter, optimizer and RNG state, update
+            index: training continues exactly); ``None``: a cold start from
+            ``config.init_adapter`` or, without one, a fresh adapter, with a new optimizer and
+            RNG streams seeded by ``config.seed``.
+        :raises UbError: a checkpoint of another base model or LoRA shape, a missing or
+            damaged file (named).
+        """
+        if checkpoint is None:
+            self._cold_start()
+            return
+        where = f"checkpoint {checkpoint}"
+        state = read_checkpoint(checkpoint)
+        check_compatible(where, state.base_model, state.lora, self.policy.base_identity,
+                         self.config.lora)
+        if state.base_model.get("path") != self.policy.base_identity["path"]:
+            log.warning("%s was trained on %s, same config as %s: loading it", where,
+                        state.base_model.get("path"), self.policy.base_identity["path"])
+        _, weights = read_adapter(checkpoint)
+        self._load_adapter_weights(weights, where)
+        self.optimizer = self._new_optimizer()
+        self.value = self._new_value_baseline()
+        if self.value is not None:
+            if not state.value_head:
+                raise UbError(f"{where} has no value head ({VALUE_HEAD_FILE}): it was trained "
+                              f"by {state.learner_config.get('algorithm')!r}, not an algorithm "
+                              "with a value baseline; start a2c from its adapter instead "
+                              "(learner.init_adapter)")
+            self.value.load_weights(state.value_head, where)
+        self._load_optimizer_state(state.optimizer, where)
+        self._torch_rng = {k: v.clone() for k, v in state.rng.items()}
+        self.py_rng = _python_rng(state.python_rng, where)
+        self.update_index = state.update
+        self.source = str(checkpoint)
+        self.last_metrics = state.metrics
 
-def _combine_steps(per_step: list[dict[str, Any]]) -> dict[str, Any]:
-    """One update's metrics from its steps': the step's own with one step; else float means,
-    int sums, ``grad_norm_max`` and ``grad_clipped`` if any step was clipped.
-
-    A step whose rows were all skipped (every advantage zero) has no token means: a figure is
-    combined over the steps that report it.
-    """
-    if len(per_step) == 1:
-        return dict(per_step[0])
-    out: dict[str, Any] = {}
-    keys = dict.fromkeys(key for m in per_step for key in m)  # first-seen order, for the JSON
-    for key in keys:
-        values = [m[key] for m in per_step if key in m]
-        value = values[0]
-        if isinstance(value, bool):
-            out[key] = any(values)
-        elif isinstance(value, float) and _is_max(key):
-            out[key] = max(values)
-        elif isinstance(value, int):
-            out[key] = sum(values)
-        elif isinstance(value, float):
-            out[key] = sum(values) / len(values)
+    def _cold_start(self) -> None:
+        config = self.config
+        if config.init_adapter is not None:
+            adapter_config, weights = read_adapter(config.init_adapter)
+            where = f"init adapter {config.init_adapter}"
+            check_compatible(where, self.policy.base_identity, _lora_of(adapter_config),
+                             self.policy.base_identity, config.lora)
+            self._load_adapter_weights(weights, where)
         else:
-            out[key] = value
-    out["grad_norm_max"] = max(m["grad_norm"] for m in per_step)
-    return out
+            # PEFT's default LoRA initialisation (A ~ kaiming uniform, B = 0), from our seed.
+            generator = torch.Generator().manual_seed(config.seed)
+            with torch.no_grad():
+                for name, p in self.policy.params.items():
+                    if ".lora_A." in name:
+                        w = torch.empty(p.shape, dtype=torch.float32)
+                        torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5), generator=generator)
+                        p.copy_(w)
+                    else:
+                        p.zero_()
+        self.optimizer = self._new_optimizer()
+        self.value = self._new_value_baseline()
+        self._torch_rng = {"torch_cpu": torch.Generator().manual_seed(config.seed).get_state()}
+        if self.policy.device.type == "cuda":
+            with torch.random.fork_rng(devices=self.policy.rng_devices()), torch.cuda.device(
+                    self.policy.device):
+                torch.cuda.manual_seed(config.seed)
+                self._torch_rng["torch_cuda"] = torch.cuda.get_rng_state(self.policy.device)
+        self.py_rng = random.Random(config.seed)
+        self.update_index = 0
+        self.source = config.init_adapter
+        self.last_metrics = {}
+
+    def save(self, out_dir: str | Path, metrics: Mapping[str, Any] | None = None, *,
+             overwrite: bool = False) -> Path:
+        """Write the current state as a checkpoint folder (atomically); return its path.
+
+        :param metrics: stored as ``metrics.json`` (default: the last update's metrics).
+        :param overwrite: replace an existing folder (otherwise it is an error).
+        """
+        state = CheckpointState(
+            update=self.update_index,
+            base_model=self.policy.base_identity,
+            lora=self.config.lora,
+            optimizer=self._optimizer_tensors(),
+            optimizer_settings={"name": "adamw", **self._optimizer_settings()},
+            rng=self._torch_rng,
+            python_rng=_python_rng_json(self.py_rng),
+            # The base model by its portable name, not this machine's path to it: a run's
+            # checkpoints are the same bytes wherever it runs or resumes.
+            learner_config={**self.config.to_dict(),
+                            "base_model": self.policy.base_identity["path"]},
+            metrics=dict(self.last_metrics if metrics is None else metrics),
+            value_head={} if self.value is None else self.value.weights(),
+        )
+
+        def write_adapter(folder: Path) -> None:
+            self.policy.model.save_pretrained(str(folder), safe_serialization=True)
+
+        return write_checkpoint(out_dir, state, write_adapter, overwrite=overwrite)
+
+    def _load_adapter_weights(self, weights: Mapping[str, torch.Tensor], where: str) -> None:
+        """Copy PEFT-format adapter tensors into the LoRA parameters, checking names/shapes."""
+        expected = {_file_key(name): name for name in self.policy.params}
+        missing = sorted(set(expected) - set(weights))
+        extra = sorted(set(weights) - set(expected))
+        if missing or extra:
+            example = (missing or extra)[0]
+            raise UbError(f"{where} does not fit the learner's LoRA modules ({len(missing)} "
+                          f"missing, {len(extra)} unexpected tensors, e.g. {example}): it was "
+                          "trained with other target modules or on another model")
+        for key, name in expected.items():
+            if tuple(weights[key].shape) != tuple(self.policy.params[name].shape):
+                raise UbError(f"{where}: {key} has shape {tuple(weights[key].shape)}, the "
+                              f"learner expects {tuple(self.policy.params[name].shape)}: it was "
+                              "trained on another base model or LoRA rank")
+        with torch.no_grad():
+            for key, name in expected.items():
+                self.policy.params[name].copy_(weights[key])
+
+    def _trained_params(self) -> Iterator[tuple[str, torch.nn.Parameter, torch.optim.AdamW]]:
+        """Every trained parameter by its saved name, with the optimizer that steps it."""
+        assert self.optimizer is not None
+        for name, p in self.policy.params.items():
+            yield name, p, self.optimizer
+        if self.value is not None:
+            for name, p in self.value.params().items():
+                yield name, p, self.value.optimizer
+
+    def _optimizer_tensors(self) -> dict[str, torch.Tensor]:
+        tensors: dict[str, torch.Tensor] = {}
+        for name, p, optimizer in self._trained_params():
+            state = optimizer.state.get(p, {})
+            for key in ("step", "exp_avg", "exp_avg_sq"):
+                if key in state:
+                    tensors[f"{key}/{name}"] = state[key]
+        return tensors
+
+    def _load_optimizer_state(self, tensors: Mapping[str, torch.Tensor], where: str) -> None:
+        names = set()
+        for name, p, optimizer in self._trained_params():
+            names.add(name)
+            keys = [f"{k}/{name}" for k in ("step", "exp_avg", "exp_avg_sq")]
+            present = [k in tensors for k in keys]
+            if not any(present):
+                continue  # no update yet: AdamW initialises the state at its first step
+            if not all(present):
+                raise UbError(f"{where}: optimizer.safetensors has a partial state for {name}: "
+                              "the checkpoint is damaged")
+            step, exp_avg, exp_avg_sq = (tensors[k] for k in keys)
+            if exp_avg.shape != p.shape:
+                raise UbError(f"{where}: optimizer state of {name} has shape "
+                              f"{tuple(exp_avg.shape)}, the parameter {tuple(p.shape)}")
+            # AdamW keeps a float32 CPU step tensor (non-capturable) and moments like the param.
+            optimizer.state[p] = {
+                "step": step.clone(),
+                "exp_avg": exp_avg.to(p.device, p.dtype).clone(),
+                "exp_avg_sq": exp_avg_sq.to(p.device, p.dtype).clone(),
+            }
+        unknown = {k.split("/", 1)[1] for k in tensors} - names
+        if unknown:
+            raise UbError(f"{where}: optimizer.safetensors has state for unknown parameters "
+                          f"(e.g. {sorted(unknown)[0]})")
+
+    # -- RNG streams ------------------------------------------------------------------------
+
+    def _capture_rng(self) -> dict[str, torch.Tensor]:
+        states = {"torch_cpu": torch.get_rng_state()}
+        if self.policy.device.type == "cuda":
+            states["torch_cuda"] = torch.cuda.get_rng_state(self.policy.device)
+        return states
+
+    @contextlib.contextmanager
+    def _own_rng(self) -> Iterator[None]:
+        """Run the block on the learner's torch RNG streams, leaving the process's untouched."""
+        with torch.random.fork_rng(devices=self.policy.rng_devices()):
+            self._set_rng(self._torch_rng)
+            yield
+
+    def _set_rng(self, states: Mapping[str, torch.Tensor]) -> None:
+        """Put the process's torch RNG streams at ``states`` (as :meth:`_capture_rng` took)."""
+        torch.set_rng_state(states["torch_cpu"])
+        if "torch_cuda" in states and self.policy.device.type == "cuda":
+            torch.cuda.set_rng_state(states["torch_cuda"], self.policy.device)
 
 
-def _merge_ranks(losses: list[torch.Tensor], totals: dict[str, torch.Tensor],
-                 diff_max: torch.Tensor, tokens: int, padded: int) -> tuple[Any, ...]:
-    """The update's statistics over all ranks' micro-batches (in rank order)."""
-    parts = gather((torch.stack(losses).cpu().tolist() if losses else [],
-                    {k: float(v) for k, v in totals.items()}, float(diff_max), tokens, padded))
-    merged: dict[str, torch.Tensor] = {}
-    for _, sums, _, _, _ in parts:
-        for key, value in sums.items():
-            _add_statistic(merged, key, torch.tensor(value, dtype=torch.float64))
-    return ([torch.tensor(x) for part in parts for x in part[0]], merged,
-            torch.tensor(max(part[2] for part in parts)), sum(part[3] for part in parts),
-            sum(part[4] for part in parts))
-
-
-
-def _is_max(key: str) -> bool:
-    """An algorithm's statistic that is a maximum over tokens (and micro-batches, ranks and
-    steps), not a sum to be divided by the token count."""
-    return key.endswith("_max")
-
-
-def _add_statistic(totals: dict[str, torch.Tensor], key: str, value: torch.Tensor) -> None:
-    """Fold ``value`` into ``totals[key]``: the larger for a maximum, else the sum."""
-    known = totals.get(key)
-    totals[key] = value if known is None else (
-        torch.maximum(known, value) if _is_max(key) else known + value)
 
 
 def _peak_rss_mb() -> float:
@@ -569,12 +482,39 @@ def _peak_device_memory(device: torch.device) -> dict[str, float]:
     return {"peak_gpu_gib": torch.cuda.max_memory_allocated(device) / 2**30}
 
 
-__all__ = [
-    "ADAPTER_NAME",
-    "PLAIN_LM_HEAD_MODELS",
-    "Learner",
-    "NonFiniteError",
-    "resolve_attention",
-    "resolve_device",
-    "resolve_dtype",
-]
+def _lora_of(adapter_config: Mapping[str, Any]) -> LoraSettings:
+    """The LoRA settings a PEFT adapter_config.json describes.
+
+    Not validated: they describe a file to compare with the learner's settings
+    (:func:`~ub.learner.base_identity.check_compatible` names what differs), and PEFT writes
+    what the section would refuse (no targets, a regex)."""
+    targets = adapter_config.get("target_modules") or []
+    if isinstance(targets, str):  # PEFT allows a regex string; compare it verbatim
+        targets = [targets]
+    return LoraSettings.model_construct(rank=int(adapter_config.get("r", 8)),
+                                        alpha=adapter_config.get("lora_alpha", 8),
+                                        dropout=float(adapter_config.get("lora_dropout", 0.0)),
+                                        target_modules=list(targets))
+
+
+def _file_key(param_name: str) -> str:
+    """A LoRA parameter name as PEFT saves it (without the adapter name)."""
+    return param_name.replace(f".{ADAPTER_NAME}.", ".")
+
+
+def _python_rng_json(rng: random.Random) -> list[Any]:
+    version, internal, gauss_next = rng.getstate()
+    return [version, list(internal), gauss_next]
+
+
+def _python_rng(state: list[Any], where: str) -> random.Random:
+    rng = random.Random()
+    try:
+        version, internal, gauss_next = state
+        rng.setstate((version, tuple(internal), gauss_next))
+    except (TypeError, ValueError) as e:
+        raise UbError(f"{where}: the python_rng state in ub_checkpoint.json is damaged") from e
+    return rng
+
+
+__all__ = ["Learner", "NonFiniteError"]

@@ -23,11 +23,16 @@ update retries it at half the micro-batch (:class:`ub.learner.Learner`).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
+
+from ub.errors import UbError
+
+log = logging.getLogger("ub.learner.learner")
 
 CPU_MICRO_BATCH_TOKENS = 4096
 """On a CPU, 2,048-4,096 tokens per micro-batch is also the fastest (bench/learner.py)."""
@@ -153,3 +158,76 @@ def device_budget(device: torch.device, own_bytes: int, device_share: float | No
     import psutil
 
     return psutil.virtual_memory().available / 2, CPU_MICRO_BATCH_TOKENS
+
+
+class MicroBatchBudget:
+    """The micro-batch token budget updates use: ``learner.micro_batch_tokens``, with ``auto``
+    measured on the policy once (while the settings it depends on stay the same), and halved
+    after an out-of-memory error (the smaller size stays for later updates).
+
+    :param measure: measures what the learner's memory holds (``Policy.measure_memory``).
+    """
+
+    def __init__(self, measure: Callable[[], MemoryFit]) -> None:
+        self._measure = measure
+        self._sizing: tuple[Any, ...] | None = None
+        self._tokens: int | None = None
+        self._sized = False
+        self.fit: MemoryFit | None = None  # (auto: what the memory holds)
+
+    def configure(self, setting: int | str | None, gradient_checkpointing: bool,
+                  device_share: float | None) -> None:
+        """Apply the settings; a change of any of them forgets what was measured or halved."""
+        sizing = (setting, gradient_checkpointing, device_share)
+        if sizing != self._sizing:
+            self._sizing = sizing
+            self._tokens = setting if isinstance(setting, int) else None
+            self._sized = setting != "auto"
+            self.fit = None
+
+    def tokens(self) -> int | None:
+        """The budget (``None``: no limit)."""
+        if not self._sized:
+            fit = self.fit = self._measure()
+            self._tokens = fit.micro_batch_tokens
+            self._sized = True
+            log.info("learner: micro_batch_tokens auto -> %d (%.1f GiB for activations at "
+                     "%.2f MiB/token; rows up to %d tokens)", self._tokens,
+                     fit.budget_bytes / 2**30, fit.bytes_per_token / 2**20, fit.longest_row)
+        return self._tokens
+
+    def refuse_rows_too_long(self, longest: int, update: int, advice: str) -> None:
+        """A row is never split across micro-batches, so one whose activations alone do not
+        fit the memory ``auto`` measured would run out of memory inside the update (on a GPU
+        beside a sleeping engine, after the engine's memory went to it): refused before any
+        pass, with the setting that bounds it. A given ``micro_batch_tokens`` is trusted: a
+        longer row gets a micro-batch of its own."""
+        self.tokens()
+        fit = self.fit
+        if fit is None or longest <= fit.longest_row:
+            return
+        raise UbError(
+            f"update {update}: a row of {longest:,} tokens does not fit the learner's memory "
+            f"in one micro-batch ({fit.budget_bytes / 2**30:.1f} GiB for activations at "
+            f"{fit.bytes_per_token / 2**20:.2f} MiB/token hold rows of up to "
+            f"{fit.longest_row:,} tokens): set batch.max_train_len (ub learn: "
+            f"--max-train-len) to at most {fit.longest_row:,}{advice}")
+
+    def halve(self, longest: int, rows: int, update: int, message: str, world: int) -> None:
+        """After running out of memory in update ``update``: half the budget, or a one-line
+        :class:`UbError` where there is nothing left to halve."""
+        old = self._tokens
+        if old is None:  # no limit: the whole batch was one micro-batch
+            old = longest * rows
+        advice = ("set learner.gradient_checkpointing: true, lower engine.gpu_memory_utilization "
+                  "or shorten sampling.max_tokens")
+        if world > 1:  # every rank must cut the batch the same way
+            raise UbError(f"update {update}: out of memory at micro_batch_tokens={old} on a "
+                          f"data-parallel rank ({message}): set learner.micro_batch_tokens "
+                          f"below {old}, or {advice}")
+        if old <= longest:
+            raise UbError(f"update {update}: out of memory with one row per micro-batch (the "
+                          f"longest has {longest} tokens; {message}): {advice}")
+        log.warning("learner: out of memory at micro_batch_tokens=%d in update %d; retrying "
+                    "it at %d", old, update, old // 2)
+        self._tokens, self._sized = old // 2, True

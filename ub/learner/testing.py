@@ -2,7 +2,7 @@
 
 :func:`build_random_model` writes a random-init Qwen3 model with a locally trained byte-level BPE
 tokenizer: vLLM, transformers and PEFT load it like any hub checkpoint. :func:`synthetic_batch`
-makes a :class:`~ub.learner.batching.TrainBatch` of random token ids with variable prompt and
+makes a :class:`~ub.batch.Batch` of random token ids with variable prompt and
 completion lengths, for tests that need a real forward pass but no real games.
 """
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ub.learner.batching import TrainBatch
+from ub.batch import Batch
 
 
 def build_random_model(path: str | Path, hidden_size: int = 128, num_layers: int = 2,
@@ -108,7 +108,7 @@ def build_qwen3(path: str | Path, *, vocab_size: int = QWEN3_VOCAB, hidden_size:
 def synthetic_batch(num_rows: int, vocab_size: int, *, seed: int = 0,
                     prompt_lengths: tuple[int, int] = (4, 40),
                     completion_lengths: tuple[int, int] = (1, 12),
-                    pad_token_id: int = 0) -> TrainBatch:
+                    pad_token_id: int = 0) -> Batch:
     """Random right-padded sequences: a prompt, then a completion with made-up sampling logprobs.
 
     :param num_rows: sequences in the batch.
@@ -137,8 +137,8 @@ def synthetic_batch(num_rows: int, vocab_size: int, *, seed: int = 0,
             [-rng.uniform(0.05, 6.0) for _ in completion])
     advantages = torch.tensor([rng.gauss(0.0, 1.0) for _ in rows])
     lengths = torch.tensor([len(p) + len(c) for p, c in rows], dtype=torch.int64)
-    return TrainBatch(input_ids=input_ids, completion_mask=completion_mask,
-                      behaviour_logprobs=behaviour, advantages=advantages, lengths=lengths)
+    return Batch(input_ids=input_ids, completion_mask=completion_mask,
+                 behaviour_logprobs=behaviour, advantages=advantages, lengths=lengths)
 
 
 def data_parallel_updates(rank: int, world: int, address: str, model_dir: str | Path,

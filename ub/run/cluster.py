@@ -65,7 +65,9 @@ def on_learners(run: Any, step: Callable[..., T], *args: Any, worker: Worker) ->
     collectives), each with its own worker; rank 0's result, or here (with ``worker``)
     without a cluster."""
     workers = run.config.cluster.learner_workers
-    if run.config.cluster.address is None or workers == 1:
+    if run.config.cluster.address is None:
+        return step(*args, worker=worker)
+    if workers == 1:
         return on_worker(run, "learner", 0, step, *args, worker=worker)
     import ray
 

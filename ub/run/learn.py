@@ -27,7 +27,7 @@ def initial_checkpoint(run: Run, *, worker: Worker) -> str:
 
     path = run.paths.checkpoint(0)
     fetch_checkpoint(run.paths, path)  # a resume elsewhere: the run's own start, not a new one
-    write_initial_checkpoint(run.config.learner_config(run.model_folder()), path, worker=worker)
+    write_initial_checkpoint(run.learner_config, path, worker=worker)
     publish_checkpoint(run.paths, path)
     return str(path)
 
@@ -42,7 +42,7 @@ def learn_round(run: Run, round_: int, *, worker: Worker) -> dict[str, Any]:
     """
     from ub.batch import assemble_batch
     from ub.distributed import rank_and_world
-    from ub.learner import learn_on_batch
+    from ub.learner.entry import committed, save_update
 
     config = run.config
     writer = rank_and_world()[0] == 0  # data-parallel ranks: rank 0 writes for all
@@ -68,10 +68,13 @@ def learn_round(run: Run, round_: int, *, worker: Worker) -> dict[str, Any]:
     # Not pipelined, the engine idles while the learner updates: on a GPU it lends the learner
     # its memory (a no-op on the CPU, and where no engine lives in this process).
     lend = config.engine_sleeps_during_updates
+    start, out = paths.checkpoint(round_), paths.checkpoint(round_ + 1)
     with worker.engine_asleep() if lend else contextlib.nullcontext():
-        metrics = learn_on_batch(batch, config.learner_config(run.model_folder()),
-                                 paths.checkpoint(round_), paths.checkpoint(round_ + 1),
-                                 worker=worker)
+        metrics = committed(out, start)  # made before a crash: reused
+        if metrics is None:
+            learner = worker.learner(run.learner_config)
+            learner.start(start)
+            metrics = save_update(learner, learner.update(batch), batch, start, out)
     if writer:
         publish_checkpoint(paths, paths.checkpoint(round_ + 1))
     metrics["assemble_seconds"] = assemble_seconds

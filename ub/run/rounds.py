@@ -28,9 +28,10 @@ The run's base model (resolved, checked, recorded) is :mod:`ub.run.base_model`'s
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -48,6 +49,9 @@ from ub.run.layout import (
 from ub.run.store import publish
 from ub.settings import load_yaml
 
+if TYPE_CHECKING:
+    from ub.learner.config import LearnerConfig
+
 
 @dataclass(frozen=True)
 class Run:
@@ -60,6 +64,17 @@ class Run:
     @property
     def name(self) -> str:
         return self.paths.name
+
+    @functools.cached_property
+    def learner_config(self) -> LearnerConfig:
+        """What this process's learner runs with (:meth:`TrainConfig.learner_config` on
+        :meth:`model_folder`), validated once a process."""
+        return self.config.learner_config(self.model_folder())
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A Ray worker gets the run without this process's learner config: its model folder
+        # may differ.
+        return {k: v for k, v in self.__dict__.items() if k != "learner_config"}
 
     def model_folder(self) -> str:
         """The base model as the folder this process's engine and learner load: a hub model

@@ -1,33 +1,29 @@
-"""The learner's model: a base model loaded once with a PEFT LoRA adapter on it, the settings
-that can change without reloading it (algorithm, optimizer settings, dropout, gradient
-checkpointing), and how it scores completion tokens.
+"""The policy the learner trains: a base model loaded once with a PEFT LoRA adapter on it, the
+settings that can change without reloading it (LoRA dropout, gradient checkpointing), and how
+it scores completion tokens (and, for a value baseline, the state each decision was made in).
 
-:class:`LearnerModel` is the first layer of :class:`ub.learner.learner.Learner`; the state it
-trains from and saves is :mod:`ub.learner.state`, the update :mod:`ub.learner.learner`.
+:class:`Policy` is one part of :class:`ub.learner.Learner`, which adds the optimizer, the
+algorithm and the training state; the update itself is :func:`ub.learner.update.update`.
 """
 
 from __future__ import annotations
 
-import random
 import time
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ub.errors import UbError
-from ub.learner.algorithms import Algorithm, make_algorithm
 from ub.learner.base_identity import model_identity
-from ub.learner.batching import TrainBatch
 from ub.learner.config import LearnerConfig
 from ub.learner.kernels import apply_kernels, resolve_kernels
-from ub.learner.memory import (
-    MemoryFit,
-    activation_bytes_per_token,
-    device_budget,
-    saved_bytes,
-)
+from ub.learner.memory import MemoryFit, activation_bytes_per_token, device_budget, saved_bytes
 from ub.learner.output_layer import chunked_token_logprobs, is_plain_linear
 from ub.model.lora import LoraSettings
+
+if TYPE_CHECKING:
+    from ub.batch import Batch
 
 ADAPTER_NAME = "default"  # PEFT's name for the single adapter
 # Model types whose causal-LM forward is exactly ``lm_head(decoder(x))``: for them only the
@@ -65,12 +61,12 @@ def resolve_attention(name: str, device: torch.device, dtype: torch.dtype) -> st
 
 
 
-class LearnerModel:
+class Policy:
     """A PEFT LoRA model on a base model loaded once, with the learner's settings applied.
 
     :param config: see :class:`LearnerConfig`. The model fields (``base_model``, ``dtype``,
         ``attn_implementation``, ``device``, LoRA rank/alpha/targets) are fixed for the life of
-        the model; the others can change between updates with :meth:`configure`.
+        the policy; the others can change between updates with :meth:`configure`.
     """
 
     def __init__(self, config: LearnerConfig) -> None:
@@ -119,16 +115,9 @@ class LearnerModel:
         self._chunked_head = getattr(self.causal_lm.config, "model_type", "") in \
             PLAIN_LM_HEAD_MODELS and hasattr(self.causal_lm, "model") \
             and is_plain_linear(getattr(self.causal_lm, "lm_head", None))
+        self.hidden_size = int(self.causal_lm.config.hidden_size)
         self.load_seconds = time.perf_counter() - started
-
-        self.algorithm: Algorithm = make_algorithm(config.algorithm, config.algorithm_params)
-        self.optimizer: torch.optim.AdamW | None = None
-        self.update_index = 0
-        self.source: str | None = None  # the checkpoint or adapter the state came from
-        self.last_metrics: dict[str, Any] = {}
-        self._torch_rng: dict[str, torch.Tensor] = {}
-        self.py_rng = random.Random(config.seed)
-        self._apply_settings()
+        self.configure(config)
 
     # -- configuration -----------------------------------------------------------------------
 
@@ -141,27 +130,12 @@ class LearnerModel:
                 and _lora_shape(mine.lora) == _lora_shape(theirs.lora))
 
     def configure(self, config: LearnerConfig) -> None:
-        """Apply a new config that keeps the model (algorithm, optimizer settings, batching,
-        dropout, ...). The optimizer state and the adapter weights are kept."""
+        """Apply a config that keeps the model (dropout, gradient checkpointing, scoring
+        temperature, ...); the adapter weights are kept."""
         if not self.same_model(config):
             raise UbError("the new learner config changes the model (base model, dtype, "
                           "attention, device, kernels or LoRA shape): create a new Learner")
         self.config = config
-        self.algorithm = make_algorithm(config.algorithm, config.algorithm_params)
-        self._apply_settings()
-
-    def _apply_settings(self) -> None:
-        config = self.config
-        # The micro-batch budget: sized on the first update when auto (ub.learner.learner),
-        # and kept (sized, or halved after running out of memory) while what it depends on
-        # stays the same.
-        sizing = (config.micro_batch_tokens, config.gradient_checkpointing, config.device_share)
-        if sizing != getattr(self, "_micro_batch_sizing", None):
-            self._micro_batch_sizing = sizing
-            setting = config.micro_batch_tokens
-            self._micro_batch_tokens: int | None = setting if isinstance(setting, int) else None
-            self._micro_batch_sized = setting != "auto"
-            self._memory_fit: MemoryFit | None = None  # (auto: what the memory holds)
         # LoRA dropout, in place (PEFT makes nn.Identity for p = 0, nn.Dropout otherwise).
         p = config.lora.dropout
         for module in self.model.modules():
@@ -170,9 +144,6 @@ class LearnerModel:
                 dropouts[ADAPTER_NAME] = torch.nn.Dropout(p) if p > 0 else torch.nn.Identity()
         self.model.peft_config[ADAPTER_NAME].lora_dropout = p  # saved in adapter_config.json
         self._set_checkpointing(config.gradient_checkpointing)
-        if self.optimizer is not None:
-            for group in self.optimizer.param_groups:
-                group.update(self._optimizer_settings())
 
     def _set_checkpointing(self, on: bool) -> None:
         if on:
@@ -183,24 +154,18 @@ class LearnerModel:
         elif self.causal_lm.is_gradient_checkpointing:
             self.causal_lm.gradient_checkpointing_disable()
 
-    def _optimizer_settings(self) -> dict[str, Any]:
-        c = self.config
-        return {"lr": c.learning_rate, "betas": tuple(c.betas), "eps": c.adam_eps,
-                "weight_decay": c.weight_decay}
-
-    def _new_optimizer(self) -> torch.optim.AdamW:
-        return torch.optim.AdamW(list(self.params.values()), **self._optimizer_settings())
-
     # -- scoring ------------------------------------------------------------------------------
 
-    def _score(self, input_ids: torch.Tensor, scored: torch.Tensor, with_entropy: bool = True
-               ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logprob and entropy of each scored token, flattened in row-major order.
+    def score(self, input_ids: torch.Tensor, scored: torch.Tensor, *, with_entropy: bool = True,
+              with_states: bool = False) -> Scores:
+        """Logprob (and entropy) of each scored token, flattened in row-major order, and for
+        ``with_states`` the state each row's decision was made in: the last hidden state at
+        the position that scores the row's first completion token (the end of its prompt).
 
         :param input_ids: (b, L) right-padded ids on the model's device.
         :param scored: (b, L - 1) bool: position ``j`` scores token ``input_ids[:, j + 1]``
             with the logits at ``j``.
-        :param with_entropy: False skips the entropy (a pass over the vocabulary): ``None``.
+        :param with_entropy: False skips the entropy (a pass over the vocabulary).
         """
         inputs = input_ids[:, :-1]
         targets = input_ids[:, 1:][scored]
@@ -208,24 +173,29 @@ class LearnerModel:
         # never sees padding; without a mask, attention takes its fast causal path.
         if self._chunked_head:
             hidden = self.causal_lm.model(input_ids=inputs, use_cache=False).last_hidden_state
-            return chunked_token_logprobs(hidden[scored], self.causal_lm.lm_head, targets,
-                                          self.config.temperature, with_entropy=with_entropy)
+            logprobs, entropy = chunked_token_logprobs(
+                hidden[scored], self.causal_lm.lm_head, targets, self.config.temperature,
+                with_entropy=with_entropy)
+            return Scores(logprobs, entropy, _decision_states(hidden, scored)
+                          if with_states else None)
         # Another head (soft-capped or scaled logits, a LoRA on lm_head): the model's own
         # forward, with its (tokens x vocab) logits.
-        logits = self.model(input_ids=inputs, use_cache=False).logits[scored].float()
+        out = self.model(input_ids=inputs, use_cache=False, output_hidden_states=with_states)
+        states = _decision_states(out.hidden_states[-1], scored) if with_states else None
+        logits = out.logits[scored].float()
         if self.config.temperature != 1.0:
             logits = logits / self.config.temperature
-        logprobs = torch.log_softmax(logits, dim=-1)
-        token_logprobs = logprobs.gather(-1, targets[:, None]).squeeze(-1)
+        all_logprobs = torch.log_softmax(logits, dim=-1)
+        token_logprobs = all_logprobs.gather(-1, targets[:, None]).squeeze(-1)
         if not with_entropy:
-            return token_logprobs, None
+            return Scores(token_logprobs, None, states)
         # With its gradient only for an entropy bonus: autograd would otherwise keep a
         # (tokens x vocab) tensor of probabilities for nothing.
         with torch.set_grad_enabled(torch.is_grad_enabled() and bool(self.config.entropy_coef)):
-            entropy = -(logprobs.exp() * logprobs).sum(-1)
-        return token_logprobs, entropy
+            entropy = -(all_logprobs.exp() * all_logprobs).sum(-1)
+        return Scores(token_logprobs, entropy, states)
 
-    def _measure_memory(self) -> MemoryFit:
+    def measure_memory(self) -> MemoryFit:
         """``micro_batch_tokens: auto``: a probe's activation bytes per token against the
         memory this learner has now (:mod:`ub.learner.memory`)."""
         config = self.causal_lm.config
@@ -235,12 +205,12 @@ class LearnerModel:
         scored = torch.ones(1, tokens, dtype=torch.bool, device=self.device)
         weights = [*self.model.parameters(), *self.model.buffers()]
         checkpointing = self.causal_lm.is_gradient_checkpointing
-        with torch.random.fork_rng(devices=self._rng_devices()):  # (LoRA dropout draws)
-            kept = saved_bytes(lambda: self._score(ids, scored), weights)
+        with torch.random.fork_rng(devices=self.rng_devices()):  # (LoRA dropout draws)
+            kept = saved_bytes(lambda: self.score(ids, scored), weights)
             if checkpointing:  # one layer's activations, as the recompute will hold them
                 self._set_checkpointing(False)
                 try:
-                    everything = saved_bytes(lambda: self._score(ids, scored), weights)
+                    everything = saved_bytes(lambda: self.score(ids, scored), weights)
                 finally:
                     self._set_checkpointing(True)
             else:
@@ -252,15 +222,19 @@ class LearnerModel:
         budget, cap = device_budget(self.device, own, self.config.device_share)
         return MemoryFit(budget, per_token, cap)
 
-    def _rng_devices(self) -> list[int]:
+    def rng_devices(self) -> list[int]:
+        """The GPUs whose RNG streams the learner owns (none on the CPU)."""
         return [self.device.index or 0] if self.device.type == "cuda" else []
 
     @torch.no_grad()
-    def token_logprobs(self, batch: Any, micro_batch_size: int = 16) -> torch.Tensor:
+    def score_batch(self, batch: Batch, micro_batch_size: int = 16,
+                    value_head: torch.nn.Module | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """(B, T) logprobs of each completion token under the current policy (0 elsewhere),
-        aligned with ``batch.behaviour_logprobs``; no gradient, no state change."""
-        batch = TrainBatch.from_batch(batch)
+        aligned with ``batch.behaviour_logprobs``, and with ``value_head`` its (B,) values of
+        the rows' states; no gradient, no state change."""
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
+        values = None if value_head is None else torch.zeros(len(batch), dtype=torch.float32)
         was_training = self.model.training
         self.model.eval()
         try:
@@ -270,15 +244,33 @@ class LearnerModel:
                 scored = mb.completion_mask[:, 1:].bool()
                 if not scored.any():
                     continue
-                logp, _ = self._score(mb.input_ids.to(self.device), scored.to(self.device),
-                                      with_entropy=False)
+                scores = self.score(mb.input_ids.to(self.device), scored.to(self.device),
+                                    with_entropy=False, with_states=value_head is not None)
                 width = mb.input_ids.shape[1]
                 block = torch.zeros(len(rows), width - 1)
-                block[scored] = logp.float().cpu()
+                block[scored] = scores.logprobs.float().cpu()
                 out[start:start + len(rows), 1:width] = block
+                if values is not None and value_head is not None:
+                    values[start:start + len(rows)] = value_head(scores.states).float().cpu()
         finally:
             self.model.train(was_training)
-        return out
+        return out, values
+
+
+@dataclass
+class Scores:
+    """What :meth:`Policy.score` returns: ``logprobs`` and ``entropy`` (N,) of the scored
+    tokens (``entropy`` ``None`` unless asked for), ``states`` (b, hidden) of the rows."""
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor | None
+    states: torch.Tensor | None
+
+
+def _decision_states(hidden: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
+    """Each row's hidden state at its first scored position (the prompt's last token)."""
+    first = scored.int().argmax(1)  # (a row without a scored token gives position 0: unused)
+    return hidden[torch.arange(hidden.shape[0], device=hidden.device), first]
 
 
 def _lora_shape(lora: LoraSettings) -> tuple[Any, ...]:
