@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ub.dashboard import render
 from ub.dashboard_state import gather
-from ub.run.views import METRICS_SCHEMA
+from ub.run.folder.views import METRICS_SCHEMA
 
 ENV = "TicTacToe-v0-train"
 ROUND_METRICS = (

@@ -73,7 +73,7 @@ def pick_model(args: argparse.Namespace) -> tuple[Path, str]:
 def make_data(model: Path, data: Path, games: int, max_tokens: int) -> None:
     """(child process) Play games through vLLM and commit them as shard (0, 0) under data."""
     from ub.inference.types import EngineConfig, SamplingConfig
-    from ub.run.worker import Worker
+    from ub.run.processes.worker import Worker
     from ub.vllm_environment import configure_vllm_environment
 
     configure_vllm_environment()

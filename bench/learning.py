@@ -48,7 +48,7 @@ def seat_rows(root: Path, run_name: str, update: int, env: str, opponent: str) -
 
     from ub.actors.names import checkpoint_actor
     from ub.data.shards import ShardId, shard_path
-    from ub.run.layout import RunPaths
+    from ub.run.folder.layout import RunPaths
 
     actor = checkpoint_actor(update)
     folder = shard_path(RunPaths.of(root, run_name).eval_data, "games", ShardId(update, 0)).parent
@@ -90,7 +90,7 @@ def tictactoe_tactics(root: Path, run_name: str, update: int) -> dict[str, float
     )
     from ub.actors.names import checkpoint_actor
     from ub.data.shards import ShardId, shard_path
-    from ub.run.layout import RunPaths
+    from ub.run.folder.layout import RunPaths
 
     actor = checkpoint_actor(update)
     eval_data = RunPaths.of(root, run_name).eval_data
@@ -231,7 +231,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from ub.evaluation import wilson_interval
-    from ub.run.layout import RunPaths, read_json
+    from ub.run.folder.layout import RunPaths, read_json
 
     evals = [tuple(pair.split(":", 1)) for pair in args.evals.split(",")]
     root = Path(args.root or tempfile.mkdtemp(prefix="ub-bench-learning-"))

@@ -33,7 +33,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from ub.inference.types import EngineConfig, GenerationRequest, SamplingConfig
-    from ub.run.worker import Worker
+    from ub.run.processes.worker import Worker
     from ub.vllm_environment import configure_vllm_environment
 
     configure_vllm_environment()

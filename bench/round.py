@@ -39,7 +39,7 @@ def main() -> None:
 
     configure_prefect(root / ".prefect")
     from ub.flows.selfplay import selfplay
-    from ub.run.layout import RunPaths, read_json
+    from ub.run.folder.layout import RunPaths, read_json
 
     started = time.perf_counter()
     selfplay(run_name="bench", config="tiny-cpu", root=str(root), rounds=args.rounds,

@@ -46,7 +46,7 @@ from faults.runs import free_port, ray_head  # noqa: E402
 
 
 def _run(root: Path, address: str, workers: int, cpus: int, args: argparse.Namespace) -> dict:
-    from ub.run.layout import RunPaths, read_json
+    from ub.run.folder.layout import RunPaths, read_json
 
     name = f"workers-{workers}"
     overrides = [f"rollout.games_per_round={args.games}", "rollout.shards=2", "eval.every=0",
@@ -97,7 +97,7 @@ def _learner(world: int, threads: int, root: Path, args: argparse.Namespace) -> 
 def _components(root: Path) -> dict:
     """Adapter hot-load, shard write and run-store rates, in this process."""
     from ub.inference.types import EngineConfig, GenerationRequest, SamplingConfig
-    from ub.run.worker import Worker
+    from ub.run.processes.worker import Worker
     from ub.vllm_environment import configure_vllm_environment
 
     configure_vllm_environment()
@@ -109,8 +109,8 @@ def _components(root: Path) -> dict:
     from ub.model.lora import LoraSettings, new_adapter
     from ub.model.tiny import build_tiny_model
     from ub.rollout import assign_games, play_games
-    from ub.run.layout import RunPaths
-    from ub.run.store import RunStore, fetch_checkpoint, publish, publish_checkpoint
+    from ub.run.folder.layout import RunPaths
+    from ub.run.folder.store import RunStore, fetch_checkpoint, publish, publish_checkpoint
 
     model = build_tiny_model()
     config = EngineConfig(model=str(model), max_lora_rank=64, max_loras=2)

@@ -43,8 +43,8 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ub.run.config import read_config_data
-from ub.run.layout import RunPaths, read_json
+from ub.run.config.load import read_config_data
+from ub.run.folder.layout import RunPaths, read_json
 
 
 def _tree(pid: int) -> tuple[float, int]:
@@ -72,9 +72,9 @@ def adapter_churn(root: Path, every: int = 10) -> dict:
     """One greedy request through each checkpoint of the soak run in turn, in this process."""
     from ub.inference.engine import VLLMEngine
     from ub.inference.types import GenerationRequest
-    from ub.run.base_model import resolve_base_model
-    from ub.run.play import rollout_sampling, run_engine_config
-    from ub.run.rounds import Run, resolve_run_config
+    from ub.run.config.base_model import resolve_base_model
+    from ub.run.steps.play import rollout_sampling, run_engine_config
+    from ub.run.steps.rounds import Run, resolve_run_config
     from ub.vllm_environment import configure_vllm_environment
 
     paths = RunPaths.of(root, "soak")

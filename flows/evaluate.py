@@ -17,12 +17,12 @@ from ub.errors import UbError
 from ub.evaluation import EvalRow
 from ub.flows.prefect_logs import ub_logs_to_prefect
 from ub.learner.checkpoint import latest_checkpoint
-from ub.run.base_model import resolve_base_model
-from ub.run.layout import RunPaths, checkpoint_name
-from ub.run.lock import RunLock
-from ub.run.logs import run_logs
-from ub.run.rounds import Run, resolve_run_config
-from ub.run.store import fetch_checkpoint, sync
+from ub.run.config.base_model import resolve_base_model
+from ub.run.folder.layout import RunPaths, checkpoint_name
+from ub.run.folder.lock import RunLock
+from ub.run.folder.logs import run_logs
+from ub.run.folder.store import fetch_checkpoint, sync
+from ub.run.steps.rounds import Run, resolve_run_config
 from ub.tasks import evaluate
 from ub.tasks.track import artifact_key
 

@@ -27,7 +27,8 @@ def configure_prefect(home: Path, *, console_level: str = "CRITICAL") -> None:
         # task-run chatter and failure tracebacks stay in its UI and database (an unexpected
         # exception still prints its traceback when it reaches the command).
         "PREFECT_LOGGING_LEVEL": console_level,
-        # ub's component loggers (ub.run.logs) also go to Prefect's run logs, not the console.
+        # ub's component loggers (ub.run.folder.logs) also go to Prefect's run logs, not the
+        # console.
         "PREFECT_LOGGING_EXTRA_LOGGERS": "ub",
         "PREFECT_LOGGING_HANDLERS_CONSOLE_LEVEL": console_level,
     }

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ub.errors import UbError
-from ub.run.rounds import Run
+from ub.run.steps.rounds import Run
 
 log = logging.getLogger("ub.flow")
 
@@ -16,7 +16,7 @@ log = logging.getLogger("ub.flow")
 @contextmanager
 def cluster_tasks(run: Run) -> Iterator[None]:
     """With ``cluster.address`` set: the flow's submitted tasks go through prefect-ray's
-    ``RayTaskRunner`` and the run's Ray workers start (see :mod:`ub.run.cluster`).
+    ``RayTaskRunner`` and the run's Ray workers start (see :mod:`ub.run.processes.cluster`).
 
     The address is in the run's config, which the flow reads only once it runs, so the flow
     swaps its task runner here rather than at decoration. The tasks themselves ask Ray for no
@@ -35,7 +35,7 @@ def cluster_tasks(run: Run) -> Iterator[None]:
     from prefect_ray import RayTaskRunner
     from prefect_ray.context import remote_options
 
-    from ub.run.cluster import (
+    from ub.run.processes.cluster import (
         alive_nodes,
         check_api_shared,
         connect_error,

@@ -6,7 +6,7 @@ due, ratings absorb the round's games, and the round manifest commits it. Starti
 on the same run continues after the last committed round.
 
 On a Ray cluster the same tasks run through prefect-ray (:mod:`ub.flows.ray_runner`); the steps
-themselves are the library's (:mod:`ub.run.rounds` names their modules; through :mod:`tasks`).
+themselves are the library's (:mod:`ub.run.steps.rounds` names their modules; through :mod:`tasks`).
 """
 
 from __future__ import annotations
@@ -26,18 +26,18 @@ from ub.flows.prefect_env import current_api_url
 from ub.flows.prefect_logs import ub_logs_to_prefect
 from ub.flows.ray_runner import cluster_tasks
 from ub.flows.server_watch import ServerWatch, grace_seconds, stop_process
-from ub.run.base_model import resolve_base_model
-from ub.run.evaluate import eval_due
-from ub.run.layout import RunPaths, remove_orphans
-from ub.run.lock import RunLock
-from ub.run.logs import run_logs
-from ub.run.manifest import GcClock, round_manifest, timed
-from ub.run.play import ShardResult
-from ub.run.preflight import RunRequest, RunStart, preflight
-from ub.run.progress import Progress
-from ub.run.rounds import Run, save_run_config
-from ub.run.store import publish, sync
-from ub.run.tracking import finish_wandb, wandb_run_id
+from ub.run.checks.preflight import RunRequest, RunStart, preflight
+from ub.run.config.base_model import resolve_base_model
+from ub.run.folder.layout import RunPaths, remove_orphans
+from ub.run.folder.lock import RunLock
+from ub.run.folder.logs import run_logs
+from ub.run.folder.store import publish, sync
+from ub.run.steps.evaluate import eval_due
+from ub.run.steps.manifest import GcClock, round_manifest, timed
+from ub.run.steps.play import ShardResult
+from ub.run.steps.progress import Progress
+from ub.run.steps.rounds import Run, save_run_config
+from ub.run.steps.tracking import finish_wandb, wandb_run_id
 from ub.tasks import (
     commit,
     evaluate,
@@ -87,7 +87,7 @@ def selfplay(run_name: str, config: str | None = None, root: str = "runs",
     """Train run ``run_name`` under ``root`` until ``rounds`` rounds are committed.
 
     Starting the flow again on the same run continues after its last committed round. Its
-    preflight (:func:`ub.run.preflight.preflight`, ``ub train``'s own) first refuses, with
+    preflight (:func:`ub.run.checks.preflight.preflight`, ``ub train``'s own) first refuses, with
     one line and before the run writes a file, whatever would make the run fail.
 
     Args:
@@ -171,7 +171,7 @@ def _train(start: RunStart, quiet: bool, lock: RunLock, gc_clock: GcClock) -> di
 
 def _rounds(run: Run, quiet: bool, lock: RunLock, gc_clock: GcClock) -> dict[str, Any]:
     """From the first uncommitted round to the last: play, learn, evaluate when due, rate,
-    track, commit (the manifest, :func:`ub.run.manifest.round_manifest`, written last)."""
+    track, commit (the manifest, :func:`ub.run.steps.manifest.round_manifest`, written last)."""
     paths, train_config = run.paths, run.config
     progress = Progress(run, quiet=quiet)
     if lock.recovered_from:

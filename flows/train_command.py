@@ -13,10 +13,10 @@ from typing import TYPE_CHECKING
 
 from ub.cli.args import round_number
 from ub.errors import UbError
-from ub.run.gpu_plan import DEFAULT_GPU_GIB
+from ub.run.checks.gpu_plan import DEFAULT_GPU_GIB
 
 if TYPE_CHECKING:
-    from ub.run.preflight import RunRequest
+    from ub.run.checks.preflight import RunRequest
 
 
 def add_parser(sub) -> None:
@@ -48,9 +48,9 @@ def add_parser(sub) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from ub.flows.prefect_env import configure_prefect
     from ub.flows.server_watch import grace_seconds, require_server
-    from ub.run.config import config_run_name
-    from ub.run.layout import RunPaths
-    from ub.run.preflight import preflight
+    from ub.run.checks.preflight import preflight
+    from ub.run.config.load import config_run_name
+    from ub.run.folder.layout import RunPaths
 
     if args.resume and args.config:
         raise UbError("give a CONFIG to start (or continue) a run, or --resume NAME to continue "
@@ -81,7 +81,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _request(args: argparse.Namespace, name: str) -> RunRequest:
     """The run ``ub train`` asks for: CONFIG starts it (or must match it), ``--resume`` takes
     its own config, and neither takes its own or, for a new run, tiny-cpu's."""
-    from ub.run.preflight import RunRequest
+    from ub.run.checks.preflight import RunRequest
 
     return RunRequest(name, str(args.root), config=args.config, overrides=tuple(args.set),
                       rounds=args.rounds, ray_address=args.ray,
@@ -91,9 +91,15 @@ def _request(args: argparse.Namespace, name: str) -> RunRequest:
 def _dry_run(args: argparse.Namespace, paths) -> int:
     """``ub train ... --dry-run``: the run it would start and its GPU plan; writes nothing
     (no catch-up of a store run, no lock, no Prefect), and exits 2 when the plan cannot fit."""
-    from ub.run.gpu_plan import cannot_fit, describe, plan_gpus, plan_model_config, shape_line
-    from ub.run.preflight import requested_config
-    from ub.run.rounds import resolve_run_config
+    from ub.run.checks.gpu_plan import (
+        cannot_fit,
+        describe,
+        plan_gpus,
+        plan_model_config,
+        shape_line,
+    )
+    from ub.run.checks.preflight import requested_config
+    from ub.run.steps.rounds import resolve_run_config
 
     config = requested_config(paths, _request(args, paths.name))[0]
     resolved = resolve_run_config(paths, config, rounds=args.rounds, ray_address=args.ray)[0]
@@ -123,7 +129,7 @@ def _dry_run(args: argparse.Namespace, paths) -> int:
 
 def _gpu_gib(asked: float | None) -> tuple[float, str]:
     """The GPU memory to plan for, and where the figure comes from."""
-    from ub.run.gpu_plan import this_machines_gpu
+    from ub.run.checks.gpu_plan import this_machines_gpu
 
     if asked is not None:
         return asked, "--gpu-memory"

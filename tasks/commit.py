@@ -8,7 +8,7 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NONE
 
-from ub.run.rounds import Run, commit_round
+from ub.run.steps.rounds import Run, commit_round
 
 
 @task(name="commit", cache_policy=NONE, task_run_name="commit r{round_}")

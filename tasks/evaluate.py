@@ -7,10 +7,10 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NONE
 
-from ub.run.cluster import on_worker
-from ub.run.evaluate import evaluate_checkpoint
-from ub.run.rounds import Run
-from ub.run.worker import process_worker
+from ub.run.processes.cluster import on_worker
+from ub.run.processes.worker import process_worker
+from ub.run.steps.evaluate import evaluate_checkpoint
+from ub.run.steps.rounds import Run
 
 
 @task(name="evaluate", retries=1, retry_delay_seconds=2, cache_policy=NONE,

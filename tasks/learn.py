@@ -7,10 +7,10 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NONE
 
-from ub.run.cluster import on_learners, on_worker
-from ub.run.learn import initial_checkpoint, learn_round
-from ub.run.rounds import Run
-from ub.run.worker import process_worker
+from ub.run.processes.cluster import on_learners, on_worker
+from ub.run.processes.worker import process_worker
+from ub.run.steps.learn import initial_checkpoint, learn_round
+from ub.run.steps.rounds import Run
 
 
 @task(name="start-checkpoint", cache_policy=NONE)

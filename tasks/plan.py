@@ -5,8 +5,8 @@ from __future__ import annotations
 from prefect import task
 from prefect.cache_policies import NONE
 
-from ub.run.plan import PlannedGame, plan_round
-from ub.run.rounds import Run
+from ub.run.steps.plan import PlannedGame, plan_round
+from ub.run.steps.rounds import Run
 
 
 @task(name="plan", cache_policy=NONE, task_run_name="plan r{round_}")

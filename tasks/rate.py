@@ -7,8 +7,8 @@ from typing import Any
 from prefect import task
 from prefect.cache_policies import NONE
 
-from ub.run.rate import rate_round
-from ub.run.rounds import Run
+from ub.run.steps.rate import rate_round
+from ub.run.steps.rounds import Run
 
 
 @task(name="rate", cache_policy=NONE, task_run_name="rate r{round_}")

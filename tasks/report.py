@@ -9,7 +9,7 @@ from prefect.artifacts import create_link_artifact
 from prefect.cache_policies import NONE
 
 from ub.errors import UbError
-from ub.run.rounds import Run
+from ub.run.steps.rounds import Run
 from ub.tasks.track import artifact_key
 
 log = logging.getLogger("ub.flow")

@@ -9,9 +9,9 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NONE
 
-from ub.run.progress import round_summary_markdown
-from ub.run.rounds import Run
-from ub.run.tracking import log_wandb, round_metrics, write_metrics
+from ub.run.steps.progress import round_summary_markdown
+from ub.run.steps.rounds import Run
+from ub.run.steps.tracking import log_wandb, round_metrics, write_metrics
 
 
 def artifact_key(run: Run, what: str) -> str:

@@ -101,7 +101,7 @@ def tiny_adapters(tiny_model, tmp_path_factory):
 def engine(tiny_model):
     """The process's vLLM engine on the tiny model (started once, shared by tests)."""
     from ub.inference.types import EngineConfig, SamplingConfig
-    from ub.run.worker import process_worker
+    from ub.run.processes.worker import process_worker
 
     # The CLI's default engine settings, so in-process `ub play` tests reuse this engine.
     return process_worker().engine(EngineConfig(model=str(tiny_model)),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ub.actors.names import checkpoint_actor, checkpoint_update, is_model_actor
-from ub.run.layout import checkpoint_name
+from ub.run.folder.layout import checkpoint_name
 
 
 @pytest.mark.parametrize(("name", "model"), [

@@ -41,7 +41,7 @@ from ub.learner.checkpoint import (
 from ub.learner.checkpoint_writer import write_checkpoint
 from ub.learner.testing import build_random_model, synthetic_batch
 from ub.model.lora import LoraSettings, new_adapter
-from ub.run.worker import process_worker
+from ub.run.processes.worker import process_worker
 
 LORA = LoraSettings(rank=8, alpha=16, dropout=0.0)
 VOCAB = 500  # token ids of synthetic batches stay below the models' vocabulary

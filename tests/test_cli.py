@@ -69,9 +69,9 @@ def bad(tiny_adapters, tmp_path_factory) -> Path:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from ub.run.config import load_config
-    from ub.run.layout import RunPaths
-    from ub.run.rounds import open_run
+    from ub.run.config.load import load_config
+    from ub.run.folder.layout import RunPaths
+    from ub.run.steps.rounds import open_run
 
     root = tmp_path_factory.mktemp("bad")
     (root / "latin1.yaml").write_bytes(b"seed: 1  # caf\xe9\n")
@@ -410,15 +410,15 @@ def test_the_installed_command_prints_everything_and_exits_with_its_code(capsys,
 
 
 def test_train_refuses_a_run_held_by_a_live_process(capsys, tmp_path):
-    from ub.run.config import load_config
-    from ub.run.layout import RunPaths
-    from ub.run.rounds import open_run
+    from ub.run.config.load import load_config
+    from ub.run.folder.layout import RunPaths
+    from ub.run.steps.rounds import open_run
 
     paths = RunPaths.of(tmp_path, "busy")
     open_run(paths, load_config("tiny-cpu"))
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from pathlib import Path; "
-         "from ub.run.lock import RunLock; RunLock(Path(sys.argv[1])).acquire(); "
+         "from ub.run.folder.lock import RunLock; RunLock(Path(sys.argv[1])).acquire(); "
          "print('held', flush=True); time.sleep(600)", str(paths.lock)],
         stdout=subprocess.PIPE, text=True)
     try:
@@ -431,9 +431,9 @@ def test_train_refuses_a_run_held_by_a_live_process(capsys, tmp_path):
 
 
 def test_train_refuses_another_config_on_an_existing_run(capsys, tmp_path):
-    from ub.run.config import load_config
-    from ub.run.layout import RunPaths
-    from ub.run.rounds import open_run
+    from ub.run.config.load import load_config
+    from ub.run.folder.layout import RunPaths
+    from ub.run.steps.rounds import open_run
 
     open_run(RunPaths.of(tmp_path, "exp"), load_config("tiny-cpu"))
     code, _, err = run(capsys, "train", "tiny-cpu", "--run", "exp", "--root", str(tmp_path),
@@ -452,7 +452,7 @@ def test_ub_learn_takes_a_runs_own_config_yaml_as_the_run_learns(tmp_path: Path)
     import yaml
 
     from ub.cli.learn import learner_config
-    from ub.run.config import load_config
+    from ub.run.config.load import load_config
 
     stored = load_config("tiny-cpu", ["seed=7"])
     path = tmp_path / "config.yaml"
@@ -472,9 +472,9 @@ def test_a_preset_names_its_run_after_itself(capsys, tmp_path):
     """``qwen3-1.7b-simpletak`` names its run so, not ``qwen3-1`` (its dots are no suffix), so
     the run it started is the one ``ub train --resume qwen3-1.7b-simpletak`` finds; a YAML
     file still names its run after the file."""
-    from ub.run.config import config_run_name, load_config
-    from ub.run.layout import RunPaths
-    from ub.run.rounds import open_run
+    from ub.run.config.load import config_run_name, load_config
+    from ub.run.folder.layout import RunPaths
+    from ub.run.steps.rounds import open_run
 
     assert config_run_name("qwen3-1.7b-simpletak") == "qwen3-1.7b-simpletak"
     assert config_run_name(str(tmp_path / "my.exp.yaml")) == "my.exp"

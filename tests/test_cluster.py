@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from ub.errors import UbError
-from ub.run.cluster import check_api_shared, check_fits, claim_cores
-from ub.run.config import WorkerResources, validate_config
-from ub.run.layout import RunPaths
-from ub.run.rounds import resolve_run_config
+from ub.run.config.load import WorkerResources, validate_config
+from ub.run.folder.layout import RunPaths
+from ub.run.processes.cluster import check_api_shared, check_fits, claim_cores
+from ub.run.steps.rounds import resolve_run_config
 
 ONE_GPU = WorkerResources(num_cpus=1, num_gpus=1)
 ROLES = [("rollout", 0, ONE_GPU), ("rollout", 1, ONE_GPU), ("learner", 0, ONE_GPU)]
@@ -69,7 +69,7 @@ def _roles(cluster) -> list:
 def test_the_gpu_presets_and_the_documented_example_fit_the_documented_node(preset):
     """`ub train PRESET --ray HEAD:6379` on the node docs/scaling.md starts: one GPU per
     engine and for the learner, within the node's CPUs; the documented config too."""
-    from ub.run.config import load_config
+    from ub.run.config.load import load_config
 
     node, example = _example("scaling.md")
     config = load_config(preset)
@@ -90,8 +90,8 @@ def test_a_gpu_cluster_refuses_the_cpu_settings_before_any_worker_starts(tmp_pat
     # which every later `ray start` on this machine then requires (tests/faults/test_ray.py).
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
 
-    from ub.run.cluster import start_workers
-    from ub.run.rounds import Run
+    from ub.run.processes.cluster import start_workers
+    from ub.run.steps.rounds import Run
 
     config = validate_config({"envs": [{"env_id": "TicTacToe-v0-train"}],
                               "cluster": {"address": "auto"}})
@@ -149,7 +149,7 @@ def test_a_loopback_prefect_api_is_refused_on_several_nodes(api_url, nodes, refu
 
 
 def test_workers_get_the_settings_they_need_and_nothing_else(monkeypatch):
-    from ub.run.cluster import ray_init_kwargs
+    from ub.run.processes.cluster import ray_init_kwargs
 
     monkeypatch.setenv("AWS_PROFILE", "ub-runs")  # the run store's credentials
     monkeypatch.setenv("UB_WORK_DIR", "/scratch/ub")

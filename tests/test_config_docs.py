@@ -7,8 +7,7 @@ import yaml
 
 from ub.errors import UbError
 from ub.flows.cli import main
-from ub.run.config import load_config, preset_names, validate_config
-from ub.run.config_docs import (
+from ub.run.config.docs import (
     DOC,
     REGENERATE,
     command_settings,
@@ -18,6 +17,7 @@ from ub.run.config_docs import (
     show,
     type_text,
 )
+from ub.run.config.load import load_config, preset_names, validate_config
 from ub.settings import load_yaml
 
 

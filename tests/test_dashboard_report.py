@@ -17,7 +17,7 @@ from servers import prefect_test_server
 from ub.dashboard import sparkline
 from ub.dashboard_state import gather
 from ub.errors import UbError
-from ub.run.layout import RunPaths
+from ub.run.folder.layout import RunPaths
 
 CONFIG = {
     "seed": 3, "rounds": 2, "model": {"base": "tiny"},
@@ -123,10 +123,10 @@ def test_a_collapsing_env_is_flagged_with_its_numbers(run_dir, tmp_path, capsys)
     rate passed ``tracking.alert_invalid_move_rate`` or whose sampled entropy fell below
     ``tracking.alert_entropy`` in the last round, with the numbers the steps hold; none for a
     healthy run."""
-    from ub.run.config import load_config
-    from ub.run.layout import read_json
-    from ub.run.progress import Progress
-    from ub.run.rounds import Run
+    from ub.run.config.load import load_config
+    from ub.run.folder.layout import read_json
+    from ub.run.steps.progress import Progress
+    from ub.run.steps.rounds import Run
 
     health = _last_round_health(run_dir)
     assert set(health) == {"TicTacToe-v0-train", "Nim-v0-train"}
@@ -208,7 +208,7 @@ def test_report_writes_real_plots_and_one_page(run_dir, tmp_path, capsys):
     page = (out / "report.html").read_text()
     assert page.count('src="data:image/png;base64,') == len(pngs)
     # The numbers are on the page: the learning curve with its intervals, and the settings.
-    from ub.run.views import RunViews
+    from ub.run.folder.views import RunViews
 
     for row in RunViews(run_dir).evals().to_pylist():
         assert (f"<td>{100 * row['win_rate']:.1f}% [{100 * row['win_low']:.1f}%, "
@@ -226,7 +226,7 @@ def test_report_plots_put_each_quantity_on_its_own_labelled_axis(run_dir, tmp_pa
     import matplotlib.pyplot as plt
 
     from ub.report import SIZE, _learner, _match_matrix, _response_length
-    from ub.run.views import RunViews
+    from ub.run.folder.views import RunViews
 
     views = RunViews(run_dir)
     t = {name: table.to_pylist() for name, table in views.tables().items()}
@@ -269,7 +269,7 @@ def test_bad_runs_are_clear(run_dir, tmp_path, capsys):
 
 
 def test_a_running_run_shows_its_newest_log_line(run_dir, tmp_path):
-    from ub.run.lock import RunLock
+    from ub.run.folder.lock import RunLock
 
     copy = tmp_path / "live"
     shutil.copytree(run_dir, copy)

@@ -377,7 +377,7 @@ def test_doctor_names_the_schema_versions_of_a_runs_rounds(versioned_roots, tmp_
     import shutil
 
     from ub.flows.cli import main
-    from ub.run.doctor import examine
+    from ub.run.checks.doctor import examine
 
     run = tmp_path / "run"
     shutil.copytree(versioned_roots["mixed"], run)

@@ -36,7 +36,7 @@ def test_the_nightly_training_deployment_continues_a_named_run():
     train = next(d for d in DEPLOYMENTS if d["entrypoint"].endswith(":selfplay"))
     params = train["parameters"]
     assert params["run_name"] and params["add_rounds"] >= 1
-    from ub.run.config import load_config
+    from ub.run.config.load import load_config
 
     load_config(params["config"])  # the preset exists and validates
 

@@ -41,7 +41,7 @@ from ub.errors import UbError
 from ub.inference.handle import EngineHandle
 from ub.inference.types import SamplingConfig
 from ub.inference.watch import EngineDied
-from ub.run.worker import process_worker
+from ub.run.processes.worker import process_worker
 from ub.vllm_environment import configure_vllm_environment
 
 SEPARATE_PROCESS = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1"}

@@ -105,7 +105,7 @@ def test_an_eval_env_not_trained_on_is_prompted_as_the_run_trains(engine):
     """The qwen3 preset trains SimpleTak in the qwen3-zs format (answers in \\boxed{}) and
     evaluates on KuhnPoker too: KuhnPoker games ask in the same format and read the same
     answer, not the plain template's brackets, which the policy never learned."""
-    from ub.run.config import game_specs, load_config
+    from ub.run.config.load import game_specs, load_config
 
     config = load_config("qwen3-1.7b-simpletak")
     specs = {s.env_id: s for s in game_specs(config, config.eval.envs)}
@@ -124,7 +124,7 @@ def test_an_eval_env_not_trained_on_is_prompted_as_the_run_trains(engine):
 
 def test_an_eval_env_entry_gives_its_own_format_and_mixed_formats_must():
     from ub.errors import UbError
-    from ub.run.config import game_specs, load_config, validate_config
+    from ub.run.config.load import game_specs, load_config, validate_config
 
     own = load_config("qwen3-1.7b-simpletak", [
         "eval.envs=[SimpleTak-v0-train, {env_id: KuhnPoker-v0-train, template: plain}]"])

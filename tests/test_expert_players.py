@@ -154,7 +154,7 @@ def test_kuhn_expert_plays_real_games_legally():
 
 def test_expert_refuses_games_it_cannot_play(tmp_path, capsys):
     from ub.flows.cli import main
-    from ub.run.config import validate_config
+    from ub.run.config.load import validate_config
 
     assert main(["play", "--env", "SimpleTak-v0-train", "--players", "expert,random",
                  "--out", str(tmp_path / "x")]) == 2

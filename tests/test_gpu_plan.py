@@ -1,5 +1,5 @@
 """``ub train CONFIG --dry-run``: a run's GPU memory plan from the base model's config.json
-alone (:mod:`ub.run.gpu_plan`), on the Qwen3 config.json files of ``bench/qwen3-shapes``
+alone (:mod:`ub.run.checks.gpu_plan`), on the Qwen3 config.json files of ``bench/qwen3-shapes``
 (the published shapes, no weights, no tokenizer)."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import pytest
 
 from ub.flows.cli import main
 from ub.learner.testing import QWEN3_SHAPES, QWEN3_VOCAB
-from ub.run.config import load_config
-from ub.run.gpu_plan import ENGINE_ALONE_UTILIZATION, GIB, ModelShape, plan_gpus
+from ub.run.checks.gpu_plan import ENGINE_ALONE_UTILIZATION, GIB, ModelShape, plan_gpus
+from ub.run.config.load import load_config
 
 SHAPES = Path(__file__).resolve().parents[1] / "bench" / "qwen3-shapes"
 QWEN3_1_7B = json.loads((SHAPES / "Qwen3-1.7B-Base" / "config.json").read_text())
@@ -188,9 +188,9 @@ def test_an_engine_that_never_sleeps_starts_without_the_sleep_allocator(tmp_path
     """vLLM's sleep mode only where the engine sleeps: on one GPU beside a learner of the
     same process, rounds not pipelined. On a Ray worker or beside a pipelined learner the
     engine never sleeps, whatever engine.sleep_mode says."""
-    from ub.run.layout import RunPaths
-    from ub.run.play import run_engine_config
-    from ub.run.rounds import Run
+    from ub.run.folder.layout import RunPaths
+    from ub.run.steps.play import run_engine_config
+    from ub.run.steps.rounds import Run
 
     folder = str(SHAPES / "Qwen3-1.7B-Base")
 

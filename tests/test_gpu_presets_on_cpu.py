@@ -22,14 +22,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from ub.learner.testing import build_qwen3
-from ub.run.base_model import resolve_base_model
-from ub.run.config import load_config
-from ub.run.layout import RunPaths
-from ub.run.learn import initial_checkpoint, learn_round
-from ub.run.plan import plan_round
-from ub.run.play import rollout_shard
-from ub.run.rounds import Run, open_run
-from ub.run.worker import Worker
+from ub.run.config.base_model import resolve_base_model
+from ub.run.config.load import load_config
+from ub.run.folder.layout import RunPaths
+from ub.run.processes.worker import Worker
+from ub.run.steps.learn import initial_checkpoint, learn_round
+from ub.run.steps.plan import plan_round
+from ub.run.steps.play import rollout_shard
+from ub.run.steps.rounds import Run, open_run
 
 GPU_PRESETS = ("qwen3-1.7b-simpletak", "spiral-kuhn")
 QWEN3_VOCAB = 151_936

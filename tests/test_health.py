@@ -1,8 +1,9 @@
-"""Collapse warnings (ub.run.health): which envs a round's metrics flag, and the line's numbers."""
+"""Collapse warnings (ub.run.steps.health): which envs a round's metrics flag, and the line's
+numbers."""
 
 from __future__ import annotations
 
-from ub.run.health import env_alerts
+from ub.run.steps.health import env_alerts
 
 
 def metrics(**per_env: tuple[float, float]) -> dict[str, float]:

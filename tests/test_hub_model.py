@@ -25,10 +25,10 @@ import json, sys
 from ub.errors import UbError
 from ub.vllm_environment import set_env_defaults
 set_env_defaults({"HF_HUB_OFFLINE": "1"}, replace_ours=False)
-from ub.run.config import validate_config
-from ub.run.layout import RunPaths
-from ub.run.play import run_engine_config
-from ub.run.rounds import Run
+from ub.run.config.load import validate_config
+from ub.run.folder.layout import RunPaths
+from ub.run.steps.play import run_engine_config
+from ub.run.steps.rounds import Run
 config = validate_config({"model": {"base": sys.argv[1]},
                           "envs": [{"env_id": "TicTacToe-v0-train"}]})
 run = Run(RunPaths(sys.argv[2]), config, sys.argv[1])
@@ -64,7 +64,7 @@ def test_a_hub_model_is_fetched_once_with_what_vllm_and_the_learner_read(served,
     from ub.learner import Learner, LearnerConfig
     from ub.learner.base_identity import model_identity
     from ub.model.lora import LoraSettings
-    from ub.run.worker import process_worker
+    from ub.run.processes.worker import process_worker
 
     with stub_hub(served, REPO) as (endpoint, requests):
         got = fetch(tmp_path, endpoint)

@@ -33,7 +33,7 @@ from ub.learner.testing import build_random_model, synthetic_batch
 from ub.learner.update import scored_at_start
 from ub.model.lora import LoraSettings
 from ub.rollout import assign_games, play_games
-from ub.run.worker import process_worker
+from ub.run.processes.worker import process_worker
 from ub.vllm_environment import configure_vllm_environment
 
 GAMES = (GameSpec("TicTacToe-v0-train"), GameSpec("Nim-v0-train"))

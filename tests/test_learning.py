@@ -23,7 +23,7 @@ from servers import prefect_test_server
 
 from ub.actors.names import checkpoint_actor
 from ub.data.shards import ShardId, shard_path
-from ub.run.layout import RunPaths, read_json
+from ub.run.folder.layout import RunPaths, read_json
 
 ROUNDS = 4
 EVAL_GAMES = 300

@@ -57,8 +57,8 @@ def test_every_number_parsed_from_text_is_finite(tmp_path):
     from ub.actors.hosted import parse_hosted
     from ub.cli.args import yaml_section
     from ub.model.tiny.config import TinyModelConfig
-    from ub.run.cluster import check_reachable
-    from ub.run.config import load_config
+    from ub.run.config.load import load_config
+    from ub.run.processes.cluster import check_reachable
     from ub.settings import apply_overrides
 
     with pytest.raises(UbError, match=r"option timeout: Input should be a finite number"):

@@ -20,9 +20,9 @@ import yaml
 from ub.data.sql import query
 from ub.errors import UbError
 from ub.learner.algorithms import algorithm_class
-from ub.run.config import validate_config
-from ub.run.layout import RunPaths, read_json
-from ub.run.rounds import resolve_run_config
+from ub.run.config.load import validate_config
+from ub.run.folder.layout import RunPaths, read_json
+from ub.run.steps.rounds import resolve_run_config
 
 HERE = Path(__file__).resolve().parent
 ALGORITHM = "own_components:AsymmetricClip"
@@ -124,7 +124,7 @@ def test_a_resume_takes_the_same_classes_and_refuses_others(run):
 
 
 def test_a_resume_says_when_the_code_of_ones_own_component_changed(run, tmp_path):
-    from ub.run.preflight import RunRequest, preflight
+    from ub.run.checks.preflight import RunRequest, preflight
 
     # The config keeps the import path only: a resume trains with the module as it is now,
     # which the run's log says when the module is not what the last round recorded.

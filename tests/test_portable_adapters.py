@@ -211,9 +211,9 @@ def test_a_run_refuses_another_tiny_build(tmp_path: Path, machine_a: dict,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     """The run records its tiny build at start; after a recipe change `ub train --resume` and
     `ub eval` refuse with one line naming both builds, before anything is built or loaded."""
-    from ub.run.config import load_config
-    from ub.run.layout import RunPaths
-    from ub.run.rounds import open_run, resolve_run_config
+    from ub.run.config.load import load_config
+    from ub.run.folder.layout import RunPaths
+    from ub.run.steps.rounds import open_run, resolve_run_config
 
     root = tmp_path / "runs"
     paths = RunPaths.of(root, "old")
@@ -268,7 +268,7 @@ def test_ub_play_finds_the_base_of_a_copied_checkpoint(machine_a: dict, tiny_mod
         assert code == 0, capsys.readouterr().err
     finally:
         gone.rename(a_base)
-    from ub.run.worker import process_worker
+    from ub.run.processes.worker import process_worker
 
     # The engine ran this machine's build (the tiny_model fixture's cache), not A's folder.
     assert process_worker()._engine.config.model == str(tiny_model)

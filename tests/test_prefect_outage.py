@@ -21,7 +21,7 @@ import yaml
 from servers import free_port, wait_for
 
 from ub.data.sql import query
-from ub.run.layout import RunPaths
+from ub.run.folder.layout import RunPaths
 
 PREFECT = [sys.executable, "-m", "prefect"]
 UB = [sys.executable, "-m", "ub.flows.cli"]

@@ -1,7 +1,7 @@
-"""A run's preflight (:mod:`ub.run.preflight`), which ``ub train``, the ``selfplay`` flow (so a
-deployment and its schedule) and ``ub train --ray`` all make: each refusal is one line and
-leaves the disk as it found it; a run that passes gets its config resolved once. (A deployment
-run refused by it on a real Prefect server: tests/test_prefect_server.py.)"""
+"""A run's preflight (:mod:`ub.run.checks.preflight`), which ``ub train``, the ``selfplay`` flow
+(so a deployment and its schedule) and ``ub train --ray`` all make: each refusal is one line
+and leaves the disk as it found it; a run that passes gets its config resolved once. (A
+deployment run refused by it on a real Prefect server: tests/test_prefect_server.py.)"""
 
 from __future__ import annotations
 
@@ -15,12 +15,12 @@ import pytest
 from test_gpu_plan import QWEN3_1_7B
 
 from ub.errors import UbError
-from ub.run import gpu_plan
-from ub.run.config import load_config
-from ub.run.layout import RunPaths
-from ub.run.lock import RunLock
-from ub.run.preflight import RunRequest, RunStart, preflight
-from ub.run.rounds import open_run
+from ub.run.checks import gpu_plan
+from ub.run.checks.preflight import RunRequest, RunStart, preflight
+from ub.run.config.load import load_config
+from ub.run.folder.layout import RunPaths
+from ub.run.folder.lock import RunLock
+from ub.run.steps.rounds import open_run
 
 
 def files_under(root: Path) -> list[str]:
@@ -157,7 +157,8 @@ def test_a_dead_holders_lock_record_stays_for_the_run_that_recovers_it(existing)
     still finds the dead holder's record (the flow notes that it recovered its lock)."""
     holder = subprocess.run(
         [sys.executable, "-c", "import os, sys; from pathlib import Path; "
-         "from ub.run.lock import RunLock; RunLock(Path(sys.argv[1])).acquire(); os._exit(0)",
+         "from ub.run.folder.lock import RunLock; RunLock(Path(sys.argv[1])).acquire(); "
+         "os._exit(0)",
          str(existing.lock)], timeout=60)
     assert holder.returncode == 0
     preflight(RunRequest("exp", str(existing.root.parent)))

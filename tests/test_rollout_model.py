@@ -140,7 +140,7 @@ def test_a_completion_ends_at_its_formats_end_of_turn(tiny_model, tmp_path):
     format's end of turn too: each move ends there, stored with it."""
     from ub.games.templates import get_template
     from ub.inference.types import GenerationRequest, SamplingConfig
-    from ub.run.worker import process_worker
+    from ub.run.processes.worker import process_worker
 
     folder = _with_swapped_end_tokens(Path(tiny_model), tmp_path / "model")
     sampling = SamplingConfig(temperature=1.0, max_tokens=16)

@@ -10,13 +10,13 @@ import time
 
 import pytest
 
-from ub.run.layout import RunPaths, check_run_name, remove_orphans
-from ub.run.lock import RunLock, RunLocked
+from ub.run.folder.layout import RunPaths, check_run_name, remove_orphans
+from ub.run.folder.lock import RunLock, RunLocked
 
 HOLD = """
 import sys, time
 from pathlib import Path
-from ub.run.lock import RunLock
+from ub.run.folder.lock import RunLock
 RunLock(Path(sys.argv[1])).acquire()
 print("held", flush=True)
 time.sleep(600)

@@ -24,7 +24,7 @@ from processes import as_from_a_terminal, descendants
 from servers import free_port
 
 from ub.flows.cli import main
-from ub.run.layout import RunPaths
+from ub.run.folder.layout import RunPaths
 
 RUN = "srv"
 CONFIG = {
@@ -50,14 +50,14 @@ READY_S = 300
 def served_run(tiny_model, tmp_path_factory) -> RunPaths:
     """Round 0 of a run, played, learned and evaluated (checkpoints 0 and 1, greedy) by ub's
     own steps in this process; the engine is shut down afterwards (one vLLM at a time)."""
-    from ub.run.base_model import resolve_base_model
-    from ub.run.config import validate_config
-    from ub.run.evaluate import evaluate_checkpoint
-    from ub.run.learn import initial_checkpoint, learn_round
-    from ub.run.plan import plan_round
-    from ub.run.play import rollout_shard
-    from ub.run.rounds import Run, open_run
-    from ub.run.worker import process_worker
+    from ub.run.config.base_model import resolve_base_model
+    from ub.run.config.load import validate_config
+    from ub.run.processes.worker import process_worker
+    from ub.run.steps.evaluate import evaluate_checkpoint
+    from ub.run.steps.learn import initial_checkpoint, learn_round
+    from ub.run.steps.plan import plan_round
+    from ub.run.steps.play import rollout_shard
+    from ub.run.steps.rounds import Run, open_run
 
     paths = RunPaths.of(tmp_path_factory.mktemp("runs"), RUN)
     config = validate_config(CONFIG, "test_serve")

@@ -13,7 +13,7 @@ from ub.games.specs import GameSpec
 from ub.learner import LearnerConfig
 from ub.model.lora import LoraSettings
 from ub.rollout import assign_games, play_games
-from ub.run.worker import process_worker
+from ub.run.processes.worker import process_worker
 from ub.sft import SftConfig, select_decisions, train_sft
 
 

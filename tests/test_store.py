@@ -21,8 +21,8 @@ from ub.learner.checkpoint import (
 )
 from ub.learner.checkpoint_writer import write_checkpoint
 from ub.model.lora import LoraSettings
-from ub.run.layout import RunPaths, write_json_atomic
-from ub.run.store import (
+from ub.run.folder.layout import RunPaths, write_json_atomic
+from ub.run.folder.store import (
     RunStore,
     fetch_checkpoint,
     fetch_missing,
@@ -31,7 +31,7 @@ from ub.run.store import (
     publish_checkpoint,
     sync,
 )
-from ub.run.urls import is_url, working_copy
+from ub.run.folder.urls import is_url, working_copy
 
 
 @pytest.fixture()

@@ -7,7 +7,7 @@ import yaml
 
 from ub.batch import BatchConfig
 from ub.errors import UbError
-from ub.run.config import PRESETS_DIR, load_config, preset_names, validate_config
+from ub.run.config.load import PRESETS_DIR, load_config, preset_names, validate_config
 from ub.settings import apply_overrides
 
 MINIMAL = {"envs": [{"env_id": "TicTacToe-v0-train"}]}
@@ -153,7 +153,7 @@ def test_a_setting_is_checked_against_what_it_feeds(change, message):
 def test_the_base_model_bounds_the_context_and_the_pad_id(tmp_path):
     """The engine's context and the batch's pad id against the model's config.json (vLLM
     refused the first at its start, the learner's embedding the second mid-round)."""
-    from ub.run.base_model import check_fits_base_model
+    from ub.run.config.base_model import check_fits_base_model
 
     model = tmp_path / "model"
     model.mkdir()
@@ -195,7 +195,7 @@ def test_bad_override_syntax():
 
 
 def test_stop_strings_reach_training_and_evaluation_sampling():
-    from ub.run.play import rollout_sampling
+    from ub.run.steps.play import rollout_sampling
 
     config = load_config("tiny-cpu", ["sampling.stop=[']', ';']", "eval.temperature=0"])
     train, evaluation = rollout_sampling(config), rollout_sampling(config, evaluation=True)
@@ -247,7 +247,7 @@ def test_the_library_takes_the_sections_themselves():
     from ub.learner.config import LearnerSection
     from ub.model.lora import LoraSettings
     from ub.pool import OpponentConfig, RatingConfig
-    from ub.run.config import TrainConfig
+    from ub.run.config.load import TrainConfig
 
     taken = {"engine": EngineSection, "sampling": SamplingConfig, "opponents": OpponentConfig,
              "rating": RatingConfig, "batch": BatchConfig, "learner": LearnerSection}
@@ -258,7 +258,7 @@ def test_the_library_takes_the_sections_themselves():
     assert set(EngineConfig.model_fields) - set(EngineSection.model_fields) == {
         "model", "enable_lora", "seed"}
     from ub.games.specs import GameSpec
-    from ub.run.schema import EnvSection
+    from ub.run.config.schema import EnvSection
 
     assert TrainConfig.model_fields["envs"].annotation == list[EnvSection]
     assert set(EnvSection.model_fields) - set(GameSpec.model_fields) == {"weight"}

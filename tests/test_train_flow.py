@@ -19,7 +19,7 @@ from servers import prefect_test_server
 from ub.data.shards import committed_shards
 from ub.data.sql import query
 from ub.learner.checkpoint import is_checkpoint
-from ub.run.layout import RunPaths, find_orphans
+from ub.run.folder.layout import RunPaths, find_orphans
 
 # Small enough for the test suite, big enough to exercise every step: two envs, two rounds,
 # evaluation of the first and last checkpoints.
@@ -123,8 +123,8 @@ def test_two_rounds_commit_shards_checkpoints_ratings_and_evals(reference_run):
         logs / "eval.log").read_text()
     assert "ratings after round 1" in (logs / "pool.log").read_text()
     # Ratings are a function of the games: a rebuild from the shards equals each snapshot.
-    from ub.run.rate import rebuild_ratings
-    from ub.run.rounds import Run, resolve_run_config
+    from ub.run.steps.rate import rebuild_ratings
+    from ub.run.steps.rounds import Run, resolve_run_config
 
     run = Run(paths, resolve_run_config(paths, None)[0], "unused")
     for round_ in (0, 1):
@@ -268,7 +268,7 @@ def test_the_flow_takes_ub_trains_preflight_and_resolves_the_config_once(referen
     (none); without the handover it does."""
     from ub.errors import UbError
     from ub.flows.selfplay import preflighted, selfplay
-    from ub.run.preflight import RunRequest, preflight
+    from ub.run.checks.preflight import RunRequest, preflight
 
     root, missing = str(reference_run.root.parent), str(tmp_path / "no-such.yaml")
     start = preflight(RunRequest("ref", root))
@@ -313,7 +313,7 @@ def test_documented_queries_and_run_views_describe_the_run(reference_run, capsys
     import duckdb
 
     from ub.flows.cli import main
-    from ub.run.views import RunViews
+    from ub.run.folder.views import RunViews
 
     root = reference_run.root
     blocks = re.findall(r"```sql\n(.*?)```", SQL_DOC.read_text(), re.S)
@@ -365,8 +365,8 @@ def test_wandb_offline_files_plot_evals_by_checkpoint_under_the_runs_own_id(
     """W&B's offline files, as `wandb sync` would upload them: the run id made when the run
     started (not its name), kept by a resumed process; round figures against `round`, each
     evaluation against the `checkpoint` it measured (checkpoint 2 was evaluated in round 1)."""
-    from ub.run.rounds import Run, resolve_run_config
-    from ub.run.tracking import finish_wandb, log_wandb, round_metrics
+    from ub.run.steps.rounds import Run, resolve_run_config
+    from ub.run.steps.tracking import finish_wandb, log_wandb, round_metrics
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     copy = RunPaths.of(tmp_path, "ref")
@@ -438,8 +438,8 @@ def _wandb_records(path: Path) -> list:
 
 def test_another_config_on_an_existing_run_is_refused(reference_run, tmp_path):
     from ub.errors import UbError
-    from ub.run.config import validate_config
-    from ub.run.rounds import resolve_run_config
+    from ub.run.config.load import validate_config
+    from ub.run.steps.rounds import resolve_run_config
 
     changed = validate_config({**TEST_CONFIG, "seed": 8})
     with pytest.raises(UbError, match=r"another config: seed \(7 in the run, 8 now\)"):
@@ -557,7 +557,7 @@ FREE_CHANGES = {
 
 
 def test_every_execution_setting_is_free_and_every_other_is_locked():
-    from ub.run.config import validate_config
+    from ub.run.config.load import validate_config
 
     config = validate_config(TEST_CONFIG)
     free = config.execution_settings()
@@ -702,11 +702,11 @@ def test_a_round_left_unfinished_keeps_its_shards_when_resumed_with_others(
     round: round 1 is finished in the one shard it started with (no game played twice or
     never), the next round would be split in 3."""
     from ub.flows.selfplay import selfplay
-    from ub.run.base_model import resolve_base_model
-    from ub.run.plan import plan_round, round_shards
-    from ub.run.play import rollout_shard
-    from ub.run.rounds import Run, resolve_run_config
-    from ub.run.worker import process_worker
+    from ub.run.config.base_model import resolve_base_model
+    from ub.run.processes.worker import process_worker
+    from ub.run.steps.plan import plan_round, round_shards
+    from ub.run.steps.play import rollout_shard
+    from ub.run.steps.rounds import Run, resolve_run_config
 
     copy = RunPaths.of(tmp_path, "ref")
     shutil.copytree(first_round_run.root, copy.root)

@@ -26,11 +26,11 @@ from ub.inference.handle import EngineHandle
 from ub.inference.patches import vllm_engine_args
 from ub.inference.types import EngineConfig, GenerationRequest, SamplingConfig
 from ub.inference.validation import validate_adapter_dir
-from ub.run.config import load_config, preset_names
-from ub.run.layout import RunPaths
-from ub.run.play import run_engine_config
-from ub.run.rounds import Run
-from ub.run.worker import Worker, process_worker
+from ub.run.config.load import load_config, preset_names
+from ub.run.folder.layout import RunPaths
+from ub.run.processes.worker import Worker, process_worker
+from ub.run.steps.play import run_engine_config
+from ub.run.steps.rounds import Run
 from ub.serve import cli_flags
 from ub.vllm_environment import configure_vllm_environment
 
@@ -262,7 +262,7 @@ def test_kv_cache_capacity_is_known_and_checked_against_the_run(engine: EngineHa
     """vLLM sizes its KV cache at the start (on the CPU from kv_cache_gib: 0.25 GiB of float32
     K and V for 2 layers of 2 KV heads of dim 32 is 262,144 tokens); a run whose concurrent
     completions may need more is told what to change."""
-    from ub.run.play import kv_cache_problem
+    from ub.run.steps.play import kv_cache_problem
     from ub.vllm_environment import SET_BY_UB
 
     capacity = engine.engine.kv_cache_tokens
@@ -634,7 +634,7 @@ def test_vllm_records_reach_the_runs_engine_log(model_dir: Path, tmp_path: Path)
 
     import vllm.logger
 
-    from ub.run.logs import run_logs
+    from ub.run.folder.logs import run_logs
 
     vllm.logger._last_configured_logging_config = None  # as in a fresh process
     worker = process_worker()

@@ -17,7 +17,7 @@ from ub.learner import LearnerConfig
 from ub.learner.memory import device_budget
 from ub.learner.testing import build_qwen3
 from ub.model.lora import LoraSettings
-from ub.run.worker import Worker
+from ub.run.processes.worker import Worker
 
 GIB = 2**30
 CUDA = torch.device("cuda", 0)

@@ -12,10 +12,10 @@ from pathlib import Path
 from typing import Any
 
 from ub.errors import UbError
-from ub.run.health import env_alerts
-from ub.run.lock import holder
-from ub.run.schema import TrackingSection
-from ub.run.views import RunViews, is_run
+from ub.run.config.schema import TrackingSection
+from ub.run.folder.lock import holder
+from ub.run.folder.views import RunViews, is_run
+from ub.run.steps.health import env_alerts
 
 
 @dataclass
@@ -155,7 +155,7 @@ def _rounds_setting(config: dict[str, Any]) -> int | None:
 
 
 def _alerts(config: dict[str, Any], collection: list[dict[str, Any]]) -> list[str]:
-    """The last round's collapse warnings (:func:`ub.run.health.env_alerts`), at the run's
+    """The last round's collapse warnings (:func:`ub.run.steps.health.env_alerts`), at the run's
     thresholds (the defaults where its config does not say)."""
     if not collection:
         return []

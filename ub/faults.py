@@ -20,7 +20,7 @@ file not), ``learn.mid-update`` (after a micro-batch's backward pass), ``learn.a
 (final-reward state saved, update not done), ``checkpoint.before-rename`` (checkpoint files
 written, folder not renamed into place), ``rate.before-snapshot`` (ratings computed, snapshot
 not written), ``round.before-commit`` (everything of the round done but its manifest),
-``store.put`` (before a file is published to a run's store, :mod:`ub.run.store`).
+``store.put`` (before a file is published to a run's store, :mod:`ub.run.folder.store`).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """``ub report RUN``: static plots of a run (PNG) and one self-contained HTML page.
 
-Plots, each from the run's tables (:mod:`ub.run.views`): the learning curve against each fixed
-opponent with 95% Wilson bands; TrueSkill ratings (each checkpoint's latest mu ± sigma, and mu
+Plots, each from the run's tables (:mod:`ub.run.folder.views`): the learning curve against each
+fixed opponent with 95% Wilson bands; TrueSkill ratings (each checkpoint's latest mu ± sigma, and mu
 over rounds); the match matrix (score of row vs column); invalid-move and format rates and
 the policy's entropy, per env; response length and truncation; the learner's loss, gradient
 norm and clip fraction (one panel each: they differ by orders of magnitude); throughput and the
@@ -21,7 +21,7 @@ from typing import Any
 
 from ub.actors.names import checkpoint_update
 from ub.errors import UbError
-from ub.run.views import RunViews, is_run
+from ub.run.folder.views import RunViews, is_run
 
 SIZE = (8, 4.5)
 """A plot's size in inches (at 100 dpi: 800 x 450 pixels)."""

@@ -89,10 +89,10 @@ def plan_server(run_dir: Path, checkpoint: str | None = None, *, host: str = "12
         port: the port to listen on (it must be free).
     """
     from ub.learner.checkpoint import is_checkpoint
-    from ub.run.base_model import resolve_base_model
-    from ub.run.layout import RunPaths, checkpoint_name
-    from ub.run.play import run_engine_config
-    from ub.run.rounds import Run, resolve_run_config
+    from ub.run.config.base_model import resolve_base_model
+    from ub.run.folder.layout import RunPaths, checkpoint_name
+    from ub.run.steps.play import run_engine_config
+    from ub.run.steps.rounds import Run, resolve_run_config
 
     paths = RunPaths(Path(run_dir).absolute())
     config = resolve_run_config(paths, None)[0]

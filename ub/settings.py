@@ -1,7 +1,7 @@
 """What every settings section of ub shares: the :class:`Section` base and its error format.
 
 A section (``batch``, ``learner``, ``opponents``, ``rating``, the run's own in
-:mod:`ub.run.schema`) is one pydantic model, declared once, in the package that uses it
+:mod:`ub.run.config.schema`) is one pydantic model, declared once, in the package that uses it
 (:class:`ub.batch.BatchConfig`, :class:`ub.learner.LearnerSection`, ...): each field's type,
 default, range (``Field(gt=0)``) and one line of meaning live there and nowhere else, so
 ``docs/config.md``, ``ub config show`` and the error a user sees come from the same place. The
@@ -36,7 +36,7 @@ EXECUTION: dict[str, Any] = {"execution": True}
 kernels, where it runs), not what it computes: the run's data does not depend on it beyond
 float summation order, so it may change when a run resumes; each round's manifest records the
 values it ran with. Every other field is locked at the run's start
-(:meth:`ub.run.schema.TrainConfig.training_settings`)."""
+(:meth:`ub.run.config.schema.TrainConfig.training_settings`)."""
 
 
 def is_execution(info: Any) -> bool:
@@ -49,7 +49,7 @@ def names_components(kind: str) -> dict[str, Any]:
     """``json_schema_extra`` of a field that names components of ``kind`` (``algorithm``, or a
     reward stage: ``final``, ``step``, ``sampling``): docs/config.md and ``ub config show``
     list the registered names after its description, read from the registry itself
-    (:func:`ub.run.config_docs.registered_names`), so no description lists them by hand."""
+    (:func:`ub.run.config.docs.registered_names`), so no description lists them by hand."""
     return {"components": kind}
 
 

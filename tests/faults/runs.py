@@ -102,10 +102,10 @@ def differences(run: Path, reference: Path) -> list[str]:
     """How the run at ``run`` differs from ``reference`` (same name, seed and config) in what
     a reader or a resume relies on; empty when it is whole and identical."""
     from ub.learner.checkpoint import read_adapter, read_checkpoint
-    from ub.run.doctor import examine
-    from ub.run.layout import RunPaths
-    from ub.run.rate import rebuild_ratings
-    from ub.run.rounds import Run, resolve_run_config
+    from ub.run.checks.doctor import examine
+    from ub.run.folder.layout import RunPaths
+    from ub.run.steps.rate import rebuild_ratings
+    from ub.run.steps.rounds import Run, resolve_run_config
 
     found = []
     paths, ref = RunPaths(run), RunPaths(reference)

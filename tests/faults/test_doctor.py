@@ -11,7 +11,7 @@ import pytest
 from faults.runs import differences, train
 from ub.data.schema import SCHEMA_VERSION
 from ub.flows.cli import main
-from ub.run.layout import check_run_format
+from ub.run.folder.layout import check_run_format
 
 
 def _copy(reference, tmp_path):
@@ -58,7 +58,7 @@ def test_a_format_1_run_still_reads_and_says_its_format(reference, fault_config,
 
 
 def test_a_live_runs_temporary_files_are_work_in_progress(reference, tmp_path, capsys):
-    from ub.run.lock import RunLock
+    from ub.run.folder.lock import RunLock
 
     run = _copy(reference, tmp_path)
     (run / "steps" / ".shard-0000.parquet.tmp-99-0123abcd").write_bytes(b"being written")

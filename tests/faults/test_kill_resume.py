@@ -13,7 +13,7 @@ import time
 import yaml
 
 from faults.runs import CONFIG, KILL_POINTS, differences, plan_faults, table_rows, train
-from ub.run.layout import RunPaths
+from ub.run.folder.layout import RunPaths
 
 
 def test_killed_at_random_points_and_resumed_loses_nothing(reference, fault_config,
@@ -65,7 +65,7 @@ def test_a_killed_engine_process_is_replaced_and_its_shard_replayed(prefect_api,
     next round runs on the new engine: every round is committed with every game once, and
     ``ub doctor`` finds nothing. (Two rounds, no evaluation: each engine start of the separate
     process costs ~25 s here.)"""
-    from ub.run.doctor import examine
+    from ub.run.checks.doctor import examine
 
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump({**CONFIG, "eval": {"every": 0}}))

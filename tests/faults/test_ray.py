@@ -13,7 +13,7 @@ import yaml
 from safetensors.torch import load_file
 
 from faults.runs import CONFIG, differences, free_port, ray_head, table_rows, train
-from ub.run.doctor import examine
+from ub.run.checks.doctor import examine
 
 
 @pytest.fixture(scope="module")

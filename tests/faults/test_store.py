@@ -9,8 +9,8 @@ import subprocess
 import sys
 
 from faults.runs import differences, train
-from ub.run.layout import RunPaths
-from ub.run.store import RunStore, fetch_checkpoint, sync
+from ub.run.folder.layout import RunPaths
+from ub.run.folder.store import RunStore, fetch_checkpoint, sync
 
 
 def test_a_run_in_a_store_resumes_on_another_machine_and_loses_nothing(

@@ -100,7 +100,7 @@ def add_checkpoint_io(parser: argparse.ArgumentParser) -> None:
 
 
 def game_count(text: str) -> int:
-    from ub.run.config import MAX_GAMES
+    from ub.run.config.load import MAX_GAMES
 
     value = positive_int(text)
     if value > MAX_GAMES:
@@ -127,7 +127,7 @@ def yaml_document(path_text: str | None) -> dict:
         return {}
     import yaml
 
-    from ub.run.config import read_text
+    from ub.run.config.load import read_text
     from ub.settings import load_yaml
 
     path = Path(path_text)
@@ -155,8 +155,8 @@ def run_dir(args: argparse.Namespace) -> Path:
     """A run given by name under ``--root``, or, without ``--root``, as a path to its folder
     (else by name under ``runs``). An explicit ``--root`` always wins: ``ROOT/NAME``, even
     where a folder ``NAME`` exists in the working directory."""
-    from ub.run.layout import RunPaths, check_run_name
-    from ub.run.urls import is_url
+    from ub.run.folder.layout import RunPaths, check_run_name
+    from ub.run.folder.urls import is_url
 
     if args.root is None:
         if Path(args.run).is_dir():

@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    from ub.run.config_docs import load_any, show
+    from ub.run.config.docs import load_any, show
 
     config, label = load_any(args.what, args.overrides)
     print(show(config, label), end="")

@@ -18,8 +18,8 @@ def add_parser(sub) -> None:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    from ub.run.doctor import examine, repair
-    from ub.run.lock import RunLock, holder
+    from ub.run.checks.doctor import examine, repair
+    from ub.run.folder.lock import RunLock, holder
 
     root = run_dir(args)
     if not args.repair:

@@ -9,8 +9,8 @@ from ub.cli.args import game_count, non_negative_int
 from ub.errors import UbError
 
 if TYPE_CHECKING:
-    from ub.run.layout import RunPaths
-    from ub.run.rounds import Run
+    from ub.run.folder.layout import RunPaths
+    from ub.run.steps.rounds import Run
 
 
 def add_parser(sub) -> None:
@@ -30,11 +30,11 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from ub.run.evaluate import evaluate_checkpoint
-    from ub.run.layout import RunPaths, checkpoint_name
-    from ub.run.lock import RunLock, removed_if_refused
-    from ub.run.progress import baseline_cell, eval_cell
-    from ub.run.worker import process_worker
+    from ub.run.folder.layout import RunPaths, checkpoint_name
+    from ub.run.folder.lock import RunLock, removed_if_refused
+    from ub.run.processes.worker import process_worker
+    from ub.run.steps.evaluate import evaluate_checkpoint
+    from ub.run.steps.progress import baseline_cell, eval_cell
 
     paths = RunPaths.of(args.root, args.run)
     # Everything that can be refused is refused before the lock and the engine (an eval that
@@ -65,11 +65,11 @@ def _checked(args: argparse.Namespace, paths: RunPaths
     each checked (the envs started with the seats the evaluation gives them)."""
     from ub.games.specs import check_env
     from ub.learner.checkpoint import latest_checkpoint, read_adapter
-    from ub.run.base_model import resolve_base_model
-    from ub.run.config import game_specs
-    from ub.run.plan import actor_spec
-    from ub.run.rounds import Run, resolve_run_config
-    from ub.run.store import catch_up, fetch_checkpoint
+    from ub.run.config.base_model import resolve_base_model
+    from ub.run.config.load import game_specs
+    from ub.run.folder.store import catch_up, fetch_checkpoint
+    from ub.run.steps.plan import actor_spec
+    from ub.run.steps.rounds import Run, resolve_run_config
 
     catch_up(paths)
     config, _ = resolve_run_config(paths, None)

@@ -100,7 +100,7 @@ def run_level_learner_defaults(path_text: str | None) -> dict:
     if "seed" not in whole and "sampling" not in whole:
         return {}
     from ub.inference.types import SamplingConfig
-    from ub.run.schema import run_learner_defaults
+    from ub.run.config.schema import run_learner_defaults
     from ub.seeding import DEFAULT_SEED
 
     try:

@@ -91,7 +91,7 @@ def cmd_play(args: argparse.Namespace) -> int:
 
 def _engine_from_args(args: argparse.Namespace, adapters: list[str] | None = None):
     from ub.inference.types import EngineConfig, SamplingConfig
-    from ub.run.worker import process_worker
+    from ub.run.processes.worker import process_worker
     from ub.vllm_environment import configure_vllm_environment
 
     configure_vllm_environment()

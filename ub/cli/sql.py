@@ -20,8 +20,8 @@ def add_parser(sub) -> None:
 
 def cmd_sql(args: argparse.Namespace) -> int:
     from ub.data.sql import connect, run_sql, table_dataset
-    from ub.run.urls import is_url
-    from ub.run.views import RunViews, is_run
+    from ub.run.folder.urls import is_url
+    from ub.run.folder.views import RunViews, is_run
 
     if is_url(args.root):
         con, names = _connect_store(args.root)
@@ -58,8 +58,8 @@ def _connect_store(url: str):
 
     from ub.data.schema import TABLES
     from ub.data.sql import connect_tables
-    from ub.run.store import RunStore
-    from ub.run.views import RunViews
+    from ub.run.folder.store import RunStore
+    from ub.run.folder.views import RunViews
 
     store = RunStore(url.rstrip("/"))
     if not store.files("games") and not store.files("rounds"):

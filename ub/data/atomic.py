@@ -1,7 +1,7 @@
 """Atomic file writes: a temporary name in the same folder, fsync, rename, fsync the folder.
 
 A reader sees the whole file or nothing; a writer killed midway leaves only a hidden
-``.NAME.tmp-PID-XXXXXXXX`` file, which ``ub.run.layout.remove_orphans`` clears (and
+``.NAME.tmp-PID-XXXXXXXX`` file, which ``ub.run.folder.layout.remove_orphans`` clears (and
 ``ub doctor`` reports).
 """
 

@@ -130,7 +130,7 @@ class VLLMEngine:
 
     Args:
         config: how to start vLLM (one start per engine; a process keeps its engine in a
-            :class:`ub.run.worker.Worker`).
+            :class:`ub.run.processes.worker.Worker`).
         sampling: the default sampling for requests that carry no ``sampling`` of their own;
             ``None``: every request must carry its own. An engine shared by several callers
             has none: each caller's default rides on its own
@@ -219,7 +219,7 @@ class VLLMEngine:
     def death(self) -> str | None:
         """Why the engine is dead (its separate process exited or stopped answering), or
         ``None``. A dead engine raises :class:`~ub.inference.watch.EngineDied` on any use;
-        close it and start another (:class:`ub.run.worker.Worker` does)."""
+        close it and start another (:class:`ub.run.processes.worker.Worker` does)."""
         if self._closed:
             return None
         if self._watch is not None and self._watch.dead:

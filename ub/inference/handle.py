@@ -1,7 +1,7 @@
 """A caller's handle on a shared engine: the engine, plus that caller's default sampling.
 
-A process keeps one vLLM engine across rounds (:class:`ub.run.worker.Worker`), and its callers
-sample differently (training games, greedy evaluation, ``ub play``). Each gets an
+A process keeps one vLLM engine across rounds (:class:`ub.run.processes.worker.Worker`), and its
+callers sample differently (training games, greedy evaluation, ``ub play``). Each gets an
 :class:`EngineHandle` carrying its own default, filled into the requests that carry none; the
 shared engine has no default of its own, so one caller's sampling never leaks into another's.
 """

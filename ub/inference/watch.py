@@ -7,8 +7,8 @@ the client dead and stops its reader thread, but wakes neither: a step or call i
 forever. :class:`EngineWatch` waits on the processes instead and, when one exits or a call has
 had no answer for ``stall_seconds``, records why and calls ``wake`` with an
 :class:`EngineDied` (the engine puts it where the waiter waits). The engine is then closed and
-replaced (:class:`ub.run.worker.Worker`); the shard it was playing is replayed
-(:func:`ub.run.play.play_shard`), with the same seeds, so nothing is lost or played twice.
+replaced (:class:`ub.run.processes.worker.Worker`); the shard it was playing is replayed
+(:func:`ub.run.steps.play.play_shard`), with the same seeds, so nothing is lost or played twice.
 """
 
 from __future__ import annotations

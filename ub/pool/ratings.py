@@ -1,7 +1,7 @@
 """TrueSkill ratings of the pool: the learner's checkpoints and the fixed opponents.
 
 Ratings are a pure function of the ``games`` records processed in a fixed order, so they can
-always be rebuilt from the data (``ub.run.rate.rebuild_ratings``); a JSON snapshot per round
+always be rebuilt from the data (``ub.run.steps.rate.rebuild_ratings``); a JSON snapshot per round
 (:meth:`RatingTable.snapshot`) makes resuming cheap and equals the rebuild exactly.
 
 Rules:

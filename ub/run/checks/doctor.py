@@ -30,7 +30,7 @@ from ub.components import import_problem, own_components
 from ub.data.schema import SCHEMA_VERSION, TABLES
 from ub.data.shards import ShardId, check_shard_schema, committed_shards, round_ranges, shard_path
 from ub.errors import UbError
-from ub.run.layout import (
+from ub.run.folder.layout import (
     ORPHAN,
     RUN_FORMAT,
     RUN_FORMATS,
@@ -38,7 +38,7 @@ from ub.run.layout import (
     check_run_format,
     find_orphans,
 )
-from ub.run.views import METRICS_SCHEMA, _numbered, is_run
+from ub.run.folder.views import METRICS_SCHEMA, _numbered, is_run
 
 
 @dataclass(frozen=True)
@@ -68,7 +68,7 @@ class Examination:
     rounds: list[int]
     findings: list[Finding]
     run_format: int = RUN_FORMAT
-    """The run directory's format (:data:`ub.run.layout.RUN_FORMATS`)."""
+    """The run directory's format (:data:`ub.run.folder.layout.RUN_FORMATS`)."""
     schema_versions: dict[int, list[int]] = field(default_factory=dict)
     """The committed rounds whose shards are of each data schema version (``ub.data.schema``)."""
     notes: list[str] = field(default_factory=list)
@@ -217,7 +217,7 @@ def examine(root: Path, *, live: bool = False) -> Examination:
     findings: list[Finding] = []
     notes: list[str] = []
     try:
-        from ub.run.config import read_text, validate_config
+        from ub.run.config.load import read_text, validate_config
         from ub.settings import load_yaml
 
         data = load_yaml(read_text(paths.config, "run config"))
@@ -315,8 +315,8 @@ def _round_files(paths: RunPaths) -> list[tuple[Path, int]]:
 
 
 def _rewrite_metrics(paths: RunPaths, round_: int) -> None:
-    from ub.run.rounds import Run, read_manifest, resolve_run_config
-    from ub.run.tracking import round_metrics, write_metrics
+    from ub.run.steps.rounds import Run, read_manifest, resolve_run_config
+    from ub.run.steps.tracking import round_metrics, write_metrics
 
     run = Run(paths, resolve_run_config(paths, None)[0], "doctor")
     manifest = read_manifest(run, round_)

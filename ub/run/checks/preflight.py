@@ -5,7 +5,7 @@ in a second), the ``selfplay`` flow when a Prefect deployment or its schedule ru
 ``ub train --ray``. It resolves the run's config once (:class:`RunStart` carries it to the
 flow) and checks, in this order: the run store answers (a store run's working copy catches up
 first), the config loads and matches the run's own, the base model can load and bounds the
-settings, the run's GPU plan fits (:func:`ub.run.gpu_plan.check_run_fits_gpu`), the Ray
+settings, the run's GPU plan fits (:func:`ub.run.checks.gpu_plan.check_run_fits_gpu`), the Ray
 cluster and hosted opponents answer, the committed rounds' manifests read, no live process
 holds the run, and its folder can be created. A refusal is one :class:`~ub.errors.UbError`
 line and leaves nothing behind: no run folder, no checkpoint 0, no logs.
@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ub.errors import UbError
-from ub.run.config import TrainConfig
-from ub.run.layout import RunPaths
+from ub.run.config.load import TrainConfig
+from ub.run.folder.layout import RunPaths
 
 
 @dataclass(frozen=True)
@@ -58,12 +58,12 @@ class RunStart:
 def preflight(request: RunRequest) -> RunStart:
     """Refuse what would fail, then return the run as it will start (see the module)."""
     from ub.data.atomic import check_can_create
-    from ub.run.base_model import check_base_model, check_fits_base_model
-    from ub.run.gpu_plan import check_run_fits_gpu
-    from ub.run.lock import check_not_held, removed_if_refused
-    from ub.run.manifest import changed_sources
-    from ub.run.rounds import resolve_run_config
-    from ub.run.store import catch_up
+    from ub.run.checks.gpu_plan import check_run_fits_gpu
+    from ub.run.config.base_model import check_base_model, check_fits_base_model
+    from ub.run.folder.lock import check_not_held, removed_if_refused
+    from ub.run.folder.store import catch_up
+    from ub.run.steps.manifest import changed_sources
+    from ub.run.steps.rounds import resolve_run_config
 
     paths = RunPaths.of(request.root, request.name)
     # A store run's working copy that catch_up made goes again if the run is refused.
@@ -90,7 +90,7 @@ def requested_config(paths: RunPaths, request: RunRequest) -> tuple[TrainConfig 
     """The config the request gives the run (``None``: the run's own) and a note when the
     given one is set aside; nothing is checked against the run yet. (A store run may exist
     only in the store: the preflight reads this after its catch-up.)"""
-    from ub.run.config import load_config
+    from ub.run.config.load import load_config
 
     exists = paths.config.exists()
     if request.config is not None and request.keep_run_config and exists:
@@ -110,7 +110,7 @@ def requested_config(paths: RunPaths, request: RunRequest) -> tuple[TrainConfig 
 def check_services(config: TrainConfig) -> None:
     """The Ray cluster and hosted opponents a run needs answer, before the run writes."""
     if config.cluster.address is not None:
-        from ub.run.cluster import check_reachable
+        from ub.run.processes.cluster import check_reachable
 
         check_reachable(config.cluster.address)
     from ub.actors.spec import parse_actor
@@ -126,7 +126,7 @@ def check_services(config: TrainConfig) -> None:
 def check_manifests(paths: RunPaths) -> None:
     """Every committed round's manifest reads: a damaged one is refused here, naming the file
     and `ub doctor`, rather than once Prefect and the run's logs have started."""
-    from ub.run.layout import read_json
+    from ub.run.folder.layout import read_json
 
     paths.next_round()  # (refuses a gap in the rounds)
     for round_ in paths.committed_rounds():

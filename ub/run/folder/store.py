@@ -37,7 +37,7 @@ from typing import Any
 from ub.data.atomic import write_atomic
 from ub.errors import UbError
 from ub.faults import fault_point
-from ub.run.layout import RunPaths
+from ub.run.folder.layout import RunPaths
 
 # What a run's durable copy holds (the rest, a lock, logs, reports, is the working copy's).
 DURABLE = ("config.yaml", "ub-run.json", "steps", "games", "eval", "checkpoints", "state",
@@ -361,7 +361,7 @@ def check_store(paths: RunPaths) -> None:
 def catch_up(paths: RunPaths) -> None:
     """A run in a store (``--root s3://...``): bring this machine's copy up to date first."""
     if paths.store:
-        from ub.run.lock import RunLock
+        from ub.run.folder.lock import RunLock
 
         check_store(paths)  # (before the lock creates the working copy)
         with RunLock(paths.lock):

@@ -5,12 +5,12 @@ path; ``--set key.sub=value`` overrides single fields (the value is parsed as YA
 ``--set rollout.games_per_round=64`` is an int). Every field is checked before any work starts:
 a bad value names its field and what is allowed, in one line.
 
-The schema is :class:`ub.run.schema.TrainConfig`: the run's own sections, and those declared in
-the packages that use them, which the library takes as they are (``batch`` is
+The schema is :class:`ub.run.config.schema.TrainConfig`: the run's own sections, and those
+declared in the packages that use them, which the library takes as they are (``batch`` is
 :class:`ub.batch.BatchConfig`, ``opponents`` :class:`ub.pool.OpponentConfig`, ...; ``learner``
 becomes :class:`ub.learner.LearnerConfig` with the base model). ``docs/config.md`` lists every
 key and ``ub config show`` prints a resolved config with each key's meaning
-(:mod:`ub.run.config_docs`). This module adds the checks across sections and against what the
+(:mod:`ub.run.config.docs`). This module adds the checks across sections and against what the
 settings feed. The games a config plays are :func:`game_specs`.
 """
 
@@ -27,7 +27,7 @@ from ub.errors import UbError
 from ub.games.specs import GameSpec
 from ub.inference.types import SamplingConfig
 from ub.numbers import first_non_finite
-from ub.run.schema import (  # re-exported: the schema's names are imported from here too
+from ub.run.config.schema import (  # re-exported: the schema's names are imported from here too
     MAX_GAMES,
     ClusterSection,
     EngineSection,
@@ -49,7 +49,7 @@ __all__ = ["MAX_GAMES", "ClusterSection", "EngineSection", "EnvSection", "EvalSe
            "config_run_name", "game_specs", "load_config", "preset_names",
            "read_config_data", "read_text", "validate_config"]
 
-PRESETS_DIR = Path(__file__).resolve().parent.parent / "presets"
+PRESETS_DIR = Path(__file__).resolve().parents[2] / "presets"
 
 
 def read_text(path: Path, what: str) -> str:

@@ -37,10 +37,10 @@ import pyarrow as pa
 
 from ub.data.atomic import write_atomic
 from ub.data.shards import round_dir
-from ub.run.layout import RunPaths, mark_run_format, read_json, write_json_atomic
-from ub.run.rounds import Run
-from ub.run.store import fetch_round, publish
-from ub.run.views import METRICS_SCHEMA
+from ub.run.folder.layout import RunPaths, mark_run_format, read_json, write_json_atomic
+from ub.run.folder.store import fetch_round, publish
+from ub.run.folder.views import METRICS_SCHEMA
+from ub.run.steps.rounds import Run
 
 
 def _collection(run: Run, round_: int) -> dict[str, float]:

@@ -29,7 +29,7 @@ def env_alerts(metrics: Mapping[str, float], invalid_move_rate: float,
     ``invalid_move_rate``, or whose sampled entropy (nats per completion token) is below
     ``entropy`` (0: never), with its numbers; ``[]`` for a healthy round.
 
-    :param metrics: a round's tracked metrics (:func:`ub.run.tracking.round_metrics`).
+    :param metrics: a round's tracked metrics (:func:`ub.run.steps.tracking.round_metrics`).
     """
     lines = []
     for env, m in sorted(per_env(metrics).items()):

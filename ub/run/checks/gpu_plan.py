@@ -132,7 +132,7 @@ class EnginePlan:
     @property
     def demand_tokens(self) -> int:
         """Completion tokens of the sequences in flight, before their prompts (as the run's
-        own check at the engine's start: :func:`ub.run.play.kv_cache_problem`)."""
+        own check at the engine's start: :func:`ub.run.steps.play.kv_cache_problem`)."""
         return self.sequences * self.max_tokens
 
 
@@ -176,7 +176,7 @@ class GpuPlan:
 
 def plan_gpus(config: Any, model_config: dict[str, Any], gpu_gib: float,
               source: str = "config.json") -> GpuPlan:
-    """The plan of run ``config`` (a :class:`ub.run.config.TrainConfig`) on GPUs of
+    """The plan of run ``config`` (a :class:`ub.run.config.load.TrainConfig`) on GPUs of
     ``gpu_gib`` GiB, from the base model's ``config.json`` mapping."""
     if gpu_gib <= 0:
         raise UbError(f"--gpu-memory must be > 0 GiB, got {gpu_gib:g}")
@@ -201,7 +201,8 @@ def plan_gpus(config: Any, model_config: dict[str, Any], gpu_gib: float,
         longest_row=min(max_train, e.max_model_len) if max_train else e.max_model_len)
     own = plan.weights_gib + plan.lora_gib
     # The learner's own rule (ub.learner.memory): an awake engine's share bounds it, a
-    # sleeping one's does not (the run's learner gets no device_share then: ub.run.worker).
+    # sleeping one's does not (the run's learner gets no device_share then:
+    # ub.run.processes.worker).
     from ub.learner.memory import learner_budget_bytes
 
     share = None if asleep else config.learner_device_share
@@ -217,7 +218,7 @@ def plan_gpus(config: Any, model_config: dict[str, Any], gpu_gib: float,
         gpus = [("GPU 0 (engine and learner" + (", engine asleep during updates)"
                                                  if asleep else ")"), engine, plan)]
     problems, warnings = _engine_problems(engine), []
-    from ub.run.play import kv_cache_problem
+    from ub.run.steps.play import kv_cache_problem
 
     short = kv_cache_problem(engine.kv_tokens, engine.sequences, engine.max_tokens)
     if short and engine.kv_tokens > 0:
@@ -232,7 +233,7 @@ def _cluster_warnings(config: Any, engine: EnginePlan) -> list[str]:
     """What leaves a cluster's GPUs idle, for a plan that gives each Ray worker a GPU of its
     own: shards that idle engines, GPU requests other than one per worker (the plan's
     layout), an engine that leaves much of its GPU unused, synchronous rounds."""
-    from ub.run.cluster import idle_engines
+    from ub.run.processes.cluster import idle_engines
 
     cluster = config.cluster
     warnings = [w for w in [idle_engines(config)] if w]
@@ -390,12 +391,12 @@ def shape_line(model_config: dict[str, Any]) -> str:
 
 def plan_model_config(config: Any) -> dict[str, Any] | None:
     """The base model's ``config.json`` for a plan: a model folder's own file (no weights
-    needed), else what :func:`ub.run.base_model.base_model_config` finds without downloading
+    needed), else what :func:`ub.run.config.base_model.base_model_config` finds without downloading
     (the tiny build, a hub id in the Hugging Face cache); ``None`` where this machine has none."""
     import json
     from pathlib import Path
 
-    from ub.run.base_model import base_model_config
+    from ub.run.config.base_model import base_model_config
 
     folder = Path(config.model.base).expanduser()
     if config.model.base != "tiny" and folder.is_dir():
@@ -434,7 +435,7 @@ def check_run_fits_gpu(config: Any) -> str | None:
     cannot fit is refused with the line the dry run ends with.
 
     A run with no GPU here plays and learns on the CPU, where the model-fit check applies
-    (:func:`ub.run.base_model.check_fits_base_model`): nothing to plan. A run on a Ray
+    (:func:`ub.run.config.base_model.check_fits_base_model`): nothing to plan. A run on a Ray
     cluster is planned for GPUs of this machine's size (its GPU nodes alike, as the
     presets' single-node clusters are). Returns why the plan was not checked, for the run's
     log, where a GPU run cannot be planned here (no GPU on a cluster's driver, a hub model's

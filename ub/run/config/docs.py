@@ -1,8 +1,8 @@
 """The config schema, rendered: ``docs/config.md`` (every key) and ``ub config show`` (a resolved
-config as YAML, each key's meaning as a comment above it). Both read :mod:`ub.run.schema`, so
+config as YAML, each key's meaning as a comment above it). Both read :mod:`ub.run.config.schema`, so
 the documentation cannot drift from the code (``tests/test_config_docs.py`` checks the doc).
 
-Regenerate the doc with ``python -m ub.run.config_docs --write``.
+Regenerate the doc with ``python -m ub.run.config.docs --write``.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from pydantic import BaseModel, TypeAdapter
 from pydantic.fields import FieldInfo
 
 from ub.errors import UbError
-from ub.run.schema import TrainConfig
+from ub.run.config.schema import TrainConfig
 from ub.settings import Section, components_of, is_execution
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
-REGENERATE = "python -m ub.run.config_docs --write"
+DOC = Path(__file__).resolve().parents[3] / "docs" / "config.md"
+REGENERATE = "python -m ub.run.config.docs --write"
 WIDTH = 100
 
 # --------------------------------------------------------------------------------------------
@@ -340,7 +340,7 @@ def show(config: TrainConfig, label: str) -> str:
 
 def load_any(what: str, overrides: list[str] | None = None) -> tuple[TrainConfig, str]:
     """A preset name, a YAML file or a run folder (its ``config.yaml``), validated."""
-    from ub.run.config import load_config, read_config_data, validate_config
+    from ub.run.config.load import load_config, read_config_data, validate_config
     from ub.settings import apply_overrides
 
     path = Path(what).expanduser()

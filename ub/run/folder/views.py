@@ -26,7 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ub.run.layout import check_run_format
+from ub.run.folder.layout import check_run_format
 
 EVALS_SCHEMA = pa.schema([
     ("update", pa.int64()), ("round", pa.int64()), ("actor", pa.string()),

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 from ub.actors.names import checkpoint_update
 from ub.actors.spec import ActorSpec, parse_actor
-from ub.run.config import TrainConfig
-from ub.run.layout import checkpoint_name, read_json
-from ub.run.rounds import Run
+from ub.run.config.load import TrainConfig
+from ub.run.folder.layout import checkpoint_name, read_json
+from ub.run.steps.rounds import Run
 from ub.seeding import derive_seed
 
 

@@ -1,7 +1,7 @@
 """Runs roots that are URLs: which roots are, and where this machine keeps a run's copy.
 
-A leaf (no ub imports): :mod:`ub.run.layout` resolves a run's paths with it, and
-:mod:`ub.run.store`, which reads and writes a run's durable copy, builds on layout.
+A leaf (no ub imports): :mod:`ub.run.folder.layout` resolves a run's paths with it, and
+:mod:`ub.run.folder.store`, which reads and writes a run's durable copy, builds on layout.
 """
 
 from __future__ import annotations

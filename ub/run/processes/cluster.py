@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from ub.errors import UbError
 
 if TYPE_CHECKING:
-    from ub.run.worker import Worker
+    from ub.run.processes.worker import Worker
 
 log = logging.getLogger("ub.flow")
 T = TypeVar("T")
@@ -51,7 +51,7 @@ FORWARDED_NAMES = ("DO_NOT_TRACK", "TOKENIZERS_PARALLELISM")
 def on_worker(run: Any, role: str, index: int, step: Callable[..., T], *args: Any,
               worker: Worker) -> T:
     """``step(*args, worker=W)`` on the run's ``role`` worker ``index``, with ``W`` that Ray
-    actor's :class:`~ub.run.worker.Worker`; without a cluster here, with ``worker``."""
+    actor's :class:`~ub.run.processes.worker.Worker`; without a cluster here, with ``worker``."""
     if run.config.cluster.address is None:
         return step(*args, worker=worker)
     import ray
@@ -232,7 +232,7 @@ def check_fits(roles: list[tuple[str, int, Any]], available: dict[str, float]) -
 
 class RoundWorker:
     """The body of a Ray actor: runs round steps in a process that keeps what they load (its
-    :class:`~ub.run.worker.Worker`, which every step it runs is given).
+    :class:`~ub.run.processes.worker.Worker`, which every step it runs is given).
 
     A CPU engine worker pins its vLLM threads to cores no other ub worker on the node holds
     (vLLM-CPU binds its threads to cores; two engines bound to the same cores would halve each
@@ -240,8 +240,8 @@ class RoundWorker:
     """
 
     def __init__(self, logs: Path, num_cpus: float, num_gpus: float, engine: bool) -> None:
-        from ub.run.logs import run_logs
-        from ub.run.worker import Worker
+        from ub.run.folder.logs import run_logs
+        from ub.run.processes.worker import Worker
 
         self.worker = Worker()
 

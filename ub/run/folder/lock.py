@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from ub.errors import UbError
-from ub.run.layout import RunPaths
+from ub.run.folder.layout import RunPaths
 
 
 class RunLocked(UbError):
@@ -110,7 +110,7 @@ def holder(path: Path) -> dict | None:
 
 def removed_if_refused(paths: RunPaths) -> contextlib.AbstractContextManager[None]:
     """Around a command's checks: a run folder or working copy (a store run's, made by
-    :func:`ub.run.store.catch_up`) that did not exist before them is removed if they refuse
+    :func:`ub.run.folder.store.catch_up`) that did not exist before them is removed if they refuse
     the command, unless another process holds the run by now."""
     from ub.data.atomic import removed_on_failure
 

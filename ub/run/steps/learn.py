@@ -8,14 +8,20 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from ub.faults import fault_point
-from ub.run.layout import checkpoint_name, read_json, write_json_atomic
-from ub.run.plan import behaviour_update
-from ub.run.rounds import Run
-from ub.run.store import fetch_checkpoint, fetch_missing, fetch_round, publish, publish_checkpoint
+from ub.run.folder.layout import checkpoint_name, read_json, write_json_atomic
+from ub.run.folder.store import (
+    fetch_checkpoint,
+    fetch_missing,
+    fetch_round,
+    publish,
+    publish_checkpoint,
+)
+from ub.run.steps.plan import behaviour_update
+from ub.run.steps.rounds import Run
 from ub.seeding import derive_seed
 
 if TYPE_CHECKING:
-    from ub.run.worker import Worker
+    from ub.run.processes.worker import Worker
 
 log_learner = logging.getLogger("ub.learner")
 

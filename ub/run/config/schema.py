@@ -5,9 +5,9 @@ the package that uses the section (``engine``, ``sampling``: :mod:`ub.inference.
 ``opponents``, ``rating``: :mod:`ub.pool`; ``batch``: :class:`ub.batch.BatchConfig`;
 ``learner``: :class:`ub.learner.LearnerSection`; ``envs[]`` extends
 :class:`ub.games.specs.GameSpec`), and nowhere else: ``docs/config.md`` and ``ub config show``
-are generated from them (:mod:`ub.run.config_docs`). Loading, and the checks across sections
+are generated from them (:mod:`ub.run.config.docs`). Loading, and the checks across sections
 and against what the settings feed (the games, the engine, the data's columns), are in
-:mod:`ub.run.config`.
+:mod:`ub.run.config.load`.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ class RolloutSection(Section):
 
     @model_validator(mode="after")
     def _a_game_per_shard(self) -> RolloutSection:
-        # The round's games are split into `shards` shards (ub.run.plan.plan_round): more
+        # The round's games are split into `shards` shards (ub.run.steps.plan.plan_round): more
         # shards than games would write empty shard files after the real ones.
         if self.shards > self.games_per_round:
             raise ValueError(f"shards {self.shards} is more than games_per_round "
@@ -124,7 +124,7 @@ class PipelineSection(Section):
 
 
 class TrackingSection(Section):
-    """Where metrics go besides ``metrics/`` in the run (see :mod:`ub.run.tracking`)."""
+    """Where metrics go besides ``metrics/`` in the run (see :mod:`ub.run.steps.tracking`)."""
 
     wandb: Literal["disabled", "offline", "online"] = Field("offline", description="Weights & "
                                                             "Biases mode.")
@@ -248,7 +248,7 @@ class TrainConfig(Section):
     def learner_device_share(self) -> float | None:
         """The fraction of the GPU the learner may use beside the awake engine of its process
         (``1 - engine.gpu_memory_utilization``; while the engine sleeps the process's worker
-        lifts it: :class:`ub.run.worker.Worker`); ``None`` on a cluster, where the learner
+        lifts it: :class:`ub.run.processes.worker.Worker`); ``None`` on a cluster, where the learner
         has a worker, and a GPU, of its own."""
         if self.cluster.address is not None:
             return None

@@ -4,9 +4,9 @@ Starting vLLM or loading a base model costs seconds and a lot of memory, so a pr
 them between rounds: new checkpoints arrive as new LoRA adapters, and the learner swaps only its
 small LoRA and optimizer state. A :class:`Worker` is that keeping, made explicit: the steps that
 need an engine or a learner take a worker as a parameter. Each process that runs steps owns one
-worker: a Ray actor its own (:class:`ub.run.cluster.RoundWorker`), the Prefect tasks of a flow
-the one of the flow's process, :func:`process_worker`, which only the orchestration edges
-(tasks, flows, CLI commands, tests) reach for.
+worker: a Ray actor its own (:class:`ub.run.processes.cluster.RoundWorker`), the Prefect tasks of
+a flow the one of the flow's process, :func:`process_worker`, which only the orchestration
+edges (tasks, flows, CLI commands, tests) reach for.
 
 Sampling is never a property of the shared engine: :meth:`Worker.engine` returns a handle with
 the caller's own default sampling, so one caller never changes another's.
@@ -67,7 +67,7 @@ class Worker:
         engine = self._engine
         if engine is not None and engine.death is not None:
             # A dead engine is replaced, never waited on: its requests died with it (their
-            # callers replay them: ub.run.play.play_shard).
+            # callers replay them: ub.run.steps.play.play_shard).
             log.warning("replacing the vLLM engine: %s", engine.death)
             self.close_engine()
             engine = None

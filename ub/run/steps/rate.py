@@ -12,10 +12,10 @@ import pyarrow.parquet as pq
 
 from ub.data.shards import round_dir
 from ub.faults import fault_point
-from ub.run.layout import checkpoint_name, write_json_atomic
-from ub.run.plan import load_ratings
-from ub.run.rounds import Run, read_manifest
-from ub.run.store import fetch_round, publish
+from ub.run.folder.layout import checkpoint_name, write_json_atomic
+from ub.run.folder.store import fetch_round, publish
+from ub.run.steps.plan import load_ratings
+from ub.run.steps.rounds import Run, read_manifest
 
 log_pool = logging.getLogger("ub.pool")
 

@@ -14,12 +14,12 @@ from rich.console import Console
 from rich.table import Table
 
 from ub.progress_bar import show_progress_bars
-from ub.run.health import env_alerts
-from ub.run.layout import read_json
-from ub.run.tracking import read_metrics
+from ub.run.folder.layout import read_json
+from ub.run.steps.health import env_alerts
+from ub.run.steps.tracking import read_metrics
 
 if TYPE_CHECKING:
-    from ub.run.rounds import Run
+    from ub.run.steps.rounds import Run
 
 
 def _pct(value: float) -> str:

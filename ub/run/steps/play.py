@@ -1,5 +1,5 @@
 """Playing a round's games: the run's engine and sampling, and one shard of games played and
-committed (training rollouts here; evaluation shards through :mod:`ub.run.evaluate`)."""
+committed (training rollouts here; evaluation shards through :mod:`ub.run.steps.evaluate`)."""
 
 from __future__ import annotations
 
@@ -15,16 +15,16 @@ import pyarrow.parquet as pq
 
 from ub.actors.spec import ActorSpec
 from ub.data.shards import ShardId, is_committed, read_metadata, shard_path, write_shard
-from ub.run.config import TrainConfig, game_specs
-from ub.run.plan import PlannedGame, actor_spec
-from ub.run.rounds import Run
-from ub.run.store import fetch_checkpoint, publish
+from ub.run.config.load import TrainConfig, game_specs
+from ub.run.folder.store import fetch_checkpoint, publish
+from ub.run.steps.plan import PlannedGame, actor_spec
+from ub.run.steps.rounds import Run
 from ub.seeding import derive_seed
 
 if TYPE_CHECKING:
     from ub.inference.protocols import InferenceEngine
     from ub.inference.types import EngineConfig, SamplingConfig
-    from ub.run.worker import Worker
+    from ub.run.processes.worker import Worker
 
 ENGINE_REPLACEMENTS = 1
 """How many times one call replaces an engine that died under its shard and replays the shard
@@ -192,7 +192,7 @@ def rollout_shard(run: Run, round_: int, shard: int, games: list[PlannedGame],
                   shards: int | None = None, *, worker: Worker) -> ShardResult:
     """Play one shard of round ``round_`` (or return it if already committed) on ``worker``'s
     engine; ``shards``: how many the round is split into (default ``rollout.shards``), which
-    the shard records (:func:`ub.run.plan.round_shards`)."""
+    the shard records (:func:`ub.run.steps.plan.round_shards`)."""
     from ub.rollout import GameAssignment
 
     specs = game_specs(run.config)

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from ub.errors import UbError
-from ub.run.config import TrainConfig
-from ub.run.layout import RunPaths, mark_run_format, read_json, write_json_atomic
+from ub.run.config.load import TrainConfig
+from ub.run.folder.layout import RunPaths, mark_run_format, read_json, write_json_atomic
 
 
 def resolve_base_model(config: TrainConfig) -> str:

@@ -13,11 +13,11 @@ from contextlib import contextmanager
 from typing import Any
 
 from ub.components import import_path
-from ub.run.cluster import rollout_worker
-from ub.run.config import TrainConfig
-from ub.run.layout import RunPaths, read_json
-from ub.run.play import ShardResult
-from ub.run.rounds import Run
+from ub.run.config.load import TrainConfig
+from ub.run.folder.layout import RunPaths, read_json
+from ub.run.processes.cluster import rollout_worker
+from ub.run.steps.play import ShardResult
+from ub.run.steps.rounds import Run
 
 
 def round_manifest(run: Run, shards: list[ShardResult], metrics: dict[str, Any],
@@ -121,7 +121,7 @@ def _source_sha256(code: Any) -> str | None:
 def _execution(run: Run, shards: int) -> dict[str, Any]:
     """How the round's work was executed (the settings that may change on resume), with the
     shards it was split into (a round a process left unfinished keeps its own:
-    :func:`ub.run.plan.round_shards`)."""
+    :func:`ub.run.steps.plan.round_shards`)."""
     record = run.config.execution_settings()
     record["rollout"] = {**record["rollout"], "shards": shards}
     return record

@@ -11,19 +11,19 @@ produces what an uninterrupted run would have.
 Round ``r`` (synchronous mode), and the module of each step::
 
     plan      the pool picks each game's env and seats           (pure, from ratings r-1)
-              -> ub.run.plan
+              -> ub.run.steps.plan
     rollout   games played by checkpoint r  -> steps/games shards (one per rollout task)
-              -> ub.run.play
+              -> ub.run.steps.play
     learn     batch of round r's decisions  -> checkpoint r+1     (+ final-reward state r)
-              -> ub.run.learn
+              -> ub.run.steps.learn
     evaluate  checkpoint r+1 vs fixed opponents, if due -> eval shard
-              -> ub.run.evaluate
+              -> ub.run.steps.evaluate
     rate      ratings r-1 + round r's games + its eval games -> ratings r
-              -> ub.run.rate
+              -> ub.run.steps.rate
     commit    round manifest r (written last: the commit point)
               -> here (:func:`commit_round`)
 
-The run's base model (resolved, checked, recorded) is :mod:`ub.run.base_model`'s.
+The run's base model (resolved, checked, recorded) is :mod:`ub.run.config.base_model`'s.
 """
 
 from __future__ import annotations
@@ -37,16 +37,16 @@ import yaml
 
 from ub.errors import UbError
 from ub.faults import fault_point
-from ub.run.base_model import check_recorded_base, record_base_model
-from ub.run.config import TrainConfig, read_text, validate_config
-from ub.run.layout import (
+from ub.run.config.base_model import check_recorded_base, record_base_model
+from ub.run.config.load import TrainConfig, read_text, validate_config
+from ub.run.folder.layout import (
     RunPaths,
     check_run_format,
     mark_run_format,
     read_json,
     write_json_atomic,
 )
-from ub.run.store import publish
+from ub.run.folder.store import publish
 from ub.settings import load_yaml
 
 if TYPE_CHECKING:
@@ -87,7 +87,7 @@ class Run:
 
 
 # --------------------------------------------------------------------------------------------
-# Starting and resuming (the base model's checks: ub.run.base_model)
+# Starting and resuming (the base model's checks: ub.run.config.base_model)
 # --------------------------------------------------------------------------------------------
 
 

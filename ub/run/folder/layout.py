@@ -16,7 +16,7 @@
       logs/                           one log file per component
 
 A runs root may also be an fsspec URL (``s3://bucket/runs``): the run then works in a local
-copy of this layout and publishes it to the URL as it commits (:mod:`ub.run.store`).
+copy of this layout and publishes it to the URL as it commits (:mod:`ub.run.folder.store`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from typing import Any
 
 from ub.data.atomic import write_atomic
 from ub.errors import UbError
-from ub.run.urls import is_url, working_copy
+from ub.run.folder.urls import is_url, working_copy
 
 RUN_FORMAT = 2
 """The layout version of a run directory; bump it when a change would confuse an older ub.
@@ -108,8 +108,8 @@ class RunPaths:
 
     root: Path
     store: str | None = None
-    """The run's durable copy (an fsspec URL, see :mod:`ub.run.store`) when the runs root is a
-    URL; ``root`` is then this machine's working copy of it."""
+    """The run's durable copy (an fsspec URL, see :mod:`ub.run.folder.store`) when the runs
+    root is a URL; ``root`` is then this machine's working copy of it."""
 
     @classmethod
     def of(cls, runs_root: str | Path, name: str) -> RunPaths:

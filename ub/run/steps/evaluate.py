@@ -8,18 +8,18 @@ from typing import TYPE_CHECKING, Any
 import pyarrow.parquet as pq
 
 from ub.data.shards import ShardId, committed_shards, next_free_shard, shard_path
-from ub.run.config import TrainConfig, game_specs
-from ub.run.layout import checkpoint_name
-from ub.run.plan import actor_spec
-from ub.run.play import play_shard, rollout_sampling
-from ub.run.rounds import Run
+from ub.run.config.load import TrainConfig, game_specs
+from ub.run.folder.layout import checkpoint_name
+from ub.run.steps.plan import actor_spec
+from ub.run.steps.play import play_shard, rollout_sampling
+from ub.run.steps.rounds import Run
 from ub.seeding import derive_seed
 
 if TYPE_CHECKING:
     from pathlib import Path
 
     from ub.rollout import GameAssignment
-    from ub.run.worker import Worker
+    from ub.run.processes.worker import Worker
 
 log_eval = logging.getLogger("ub.eval")
 
