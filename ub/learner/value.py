@@ -88,7 +88,8 @@ class ValueBaseline:
         if self.value_coef:
             loss = loss + self.value_coef * ((self.head.shared(states) - returns) ** 2).sum() \
                 / batch_rows
-        return loss, {"value_mse_row": error.detach().sum(), "value_row": values.detach().sum()}
+        return loss, {"value_mse_row": error.detach().sum(),
+                      "value_mean_row": values.detach().sum()}
 
     def step(self) -> None:
         self.optimizer.step()

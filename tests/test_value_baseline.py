@@ -1,0 +1,157 @@
+"""``learner.algorithm: a2c``: a value head on the policy's last hidden state, trained with the
+policy, advantages from it (the return less the value, or GAE over a seat's whole game),
+saved beside the adapter and restored bit for bit."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from ub.batch import Batch
+from ub.errors import UbError
+from ub.learner import Learner, LearnerConfig, gae, make_algorithm
+from ub.learner.checkpoint import ADAPTER_WEIGHTS, VALUE_HEAD_FILE, read_manifest
+from ub.learner.testing import build_random_model, synthetic_batch
+from ub.model.lora import LoraSettings
+
+VOCAB = 500
+
+
+def config(model_dir: Path, **overrides) -> LearnerConfig:
+    settings = dict(base_model=str(model_dir), lora=LoraSettings(rank=8, alpha=16),
+                    learning_rate=1e-3, length_normalizer=16, micro_batch_tokens=512, seed=3,
+                    algorithm="a2c", algorithm_params={"value_learning_rate": 0.05})
+    return LearnerConfig(**{**settings, **overrides})
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return build_random_model(tmp_path_factory.mktemp("model"))
+
+
+@pytest.fixture(scope="module")
+def learner(model_dir: Path) -> Learner:
+    return Learner(config(model_dir))
+
+
+def test_gae_equals_a_hand_computation() -> None:
+    rewards, values, gamma, lam = [0.0, 0.5, 1.0], [0.2, -0.1, 0.4], 0.9, 0.8
+    d2 = 1.0 - 0.4  # the last decision: nothing follows
+    d1 = 0.5 + 0.9 * 0.4 - (-0.1)
+    d0 = 0.0 + 0.9 * -0.1 - 0.2
+    a2 = d2
+    a1 = d1 + 0.9 * 0.8 * a2
+    a0 = d0 + 0.9 * 0.8 * a1
+    assert gae(rewards, values, gamma, lam) == pytest.approx([a0, a1, a2])
+    # lambda 1: the discounted return less the value; lambda 0: the one-step TD error
+    returns = [0.0 + 0.9 * (0.5 + 0.9 * 1.0), 0.5 + 0.9 * 1.0, 1.0]
+    assert gae(rewards, values, gamma, 1.0) == pytest.approx(
+        [g - v for g, v in zip(returns, values, strict=True)])
+    assert gae(rewards, values, gamma, 0.0) == pytest.approx([d0, d1, d2])
+
+
+def _seat_batch(returns: list[float], values: list[float], moves_after: list[int]) -> Batch:
+    """Rows of one game: seat 0's decisions at turns 0, 2, 4 and seat 1's at 1, 3 (tensors
+    are placeholders: prepare reads advantages, values and rows)."""
+    n = len(returns)
+    rows = pa.table({"game_id": ["g"] * n, "seat": [t % 2 for t in range(n)],
+                     "turn": list(range(n)), "seat_moves_after": moves_after})
+    zeros = torch.zeros(n, 4)
+    return Batch(input_ids=zeros.long(), completion_mask=zeros, behaviour_logprobs=zeros,
+                 advantages=torch.tensor(returns), lengths=torch.full((n,), 4), rows=rows,
+                 values=torch.tensor(values))
+
+
+def test_a2c_advantages_are_the_return_less_the_value_or_gae_over_a_whole_seat() -> None:
+    returns, values = [0.25, -0.5, 0.5, -1.0, 1.0], [0.1, 0.2, -0.3, 0.0, 0.4]
+    plain = make_algorithm("a2c").prepare(_seat_batch(returns, values, [2, 1, 1, 0, 0]),
+                                          random.Random(0))
+    assert plain.advantages.tolist() == pytest.approx([g - v for g, v in zip(returns, values,
+                                                                              strict=True)])
+    assert plain.returns is not None and plain.returns.tolist() == pytest.approx(returns)
+
+    gamma, lam = 0.5, 0.7
+    a2c = make_algorithm("a2c", {"gae_lambda": lam, "gamma": gamma})
+    whole = a2c.prepare(_seat_batch(returns, values, [2, 1, 1, 0, 0]), random.Random(0))
+    for seat in (0, 1):  # r_t = G_t - gamma G_{t+1}; the last decision's reward is its return
+        rows = [t for t in range(5) if t % 2 == seat]
+        g = [returns[t] for t in rows]
+        rewards = [g[k] - gamma * g[k + 1] for k in range(len(g) - 1)] + [g[-1]]
+        want = gae(rewards, [values[t] for t in rows], gamma, lam)
+        assert whole.advantages[rows].tolist() == pytest.approx(want, abs=1e-6)
+    # Seat 0 misses its middle decision (moves after: 2, then 0): that seat keeps G - V.
+    holed = a2c.prepare(_seat_batch(returns, values, [2, 1, 0, 0, 0]), random.Random(0))
+    assert holed.advantages[[0, 2, 4]].tolist() == pytest.approx(
+        [returns[t] - values[t] for t in (0, 2, 4)])
+
+
+def test_the_value_head_learns_a_known_return(learner: Learner, model_dir: Path) -> None:
+    """Returns +1 for prompts ending in one token, -1 for another: the head, on the
+    policy's hidden state at the prompt's end, learns to tell them apart."""
+    learner.configure(config(model_dir))
+    learner.start(None)
+    batch = synthetic_batch(16, vocab_size=VOCAB, seed=5)
+    returns = torch.tensor([1.0 if b % 2 else -1.0 for b in range(len(batch))])
+    ids = batch.input_ids.clone()
+    for b in range(len(batch)):  # the prompt's last token says the return
+        last = int(torch.nonzero(batch.completion_mask[b])[0]) - 1
+        ids[b, last] = 7 if b % 2 else 11
+    batch = dataclasses.replace(batch, input_ids=ids, advantages=returns)
+    first = learner.update(batch)
+    assert first["value_mean"] == 0.0  # the head starts at 0: the advantages are the returns
+    assert first["value_mse"] == pytest.approx(1.0)
+    for _ in range(30):
+        last = learner.update(batch)
+    values = learner.values(batch)
+    assert last["value_mse"] < 0.1
+    assert torch.all(values * returns > 0.5), values
+
+
+def test_resume_with_the_head_is_bit_equal_and_peft_ignores_it(
+        learner: Learner, model_dir: Path, tmp_path: Path) -> None:
+    learner.configure(config(model_dir))
+    learner.start(None)
+    b1, b2 = (synthetic_batch(12, vocab_size=VOCAB, seed=s) for s in (1, 2))
+    learner.update(b1)
+    saved = learner.save(tmp_path / "update-1")
+    assert VALUE_HEAD_FILE in read_manifest(saved)["files"]
+    head = load_file(saved / VALUE_HEAD_FILE)
+    assert set(head) == {"value_head.linear.weight", "value_head.linear.bias"}
+    learner.update(b2)
+    straight = (learner.lora_state(), learner.value.weights() if learner.value else {})
+
+    resumed = Learner(config(model_dir))
+    resumed.start(saved)
+    resumed.update(b2)
+    assert resumed.value is not None
+    for name, tensor in straight[0].items():
+        assert torch.equal(resumed.lora_state()[name], tensor), name
+    for name, tensor in straight[1].items():
+        assert torch.equal(resumed.value.weights()[name], tensor), name
+
+    # PEFT reads the folder as a plain adapter (the head is not in adapter_model.safetensors)
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    adapter = load_file(saved / ADAPTER_WEIGHTS)
+    assert not any("value_head" in key for key in adapter)
+    PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir), saved)
+
+    # A checkpoint without a head cannot resume a2c (it would start its baseline over)
+    plain = Learner(config(model_dir, algorithm="reinforce", algorithm_params={}))
+    no_head = plain.save(tmp_path / "reinforce-0")
+    with pytest.raises(UbError, match="has no value head"):
+        resumed.start(no_head)
+
+
+def test_a2c_settings_out_of_range_are_refused() -> None:
+    with pytest.raises(UbError, match=r"^algorithm 'a2c': gae_lambda must be in \[0, 1\]"):
+        make_algorithm("a2c", {"gae_lambda": 1.5})
+    with pytest.raises(UbError, match="value_learning_rate must be > 0"):
+        make_algorithm("a2c", {"value_learning_rate": 0})
