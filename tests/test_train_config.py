@@ -71,6 +71,9 @@ BAD = [
     ({"rollout": {"games_per_round": 96, "shards": 100000}},
      r"rollout: shards 100000 is more than games_per_round 96 \(each shard plays at least one "
      r"game of the round\): set shards to 96 or fewer$"),
+    ({"rollout": {"games_per_round": 96, "shards": 64}},
+     r"rollout: shards 64 with games_per_round 96 leaves 16 shards without a game \(each takes "
+     r"2 games, in order\): set shards to 48, or to a divisor of 96$"),
     ({"pipeline": {"max_staleness": 2}}, r"pipeline.max_staleness: got 2; input should be 0 or 1"),
     ({"envs": []}, r"envs: List should have at least 1 item"),
     ({"envs": [{"env_id": "TicTacToe-v0-train", "template": "fancy"}]},

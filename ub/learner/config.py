@@ -177,16 +177,16 @@ class LearnerConfig(LearnerSection):
     model (a run's ``model.base``, a command's ``--base-model``) and the GPU share beside the
     engine are the run's, not the section's, and the section's ``seed``, ``temperature`` and
     ``length_normalizer`` may be null, meaning the run's ``seed``, ``sampling.temperature`` and
-    ``sampling.max_tokens`` (:meth:`ub.run.schema.TrainConfig.learner_config` fills them). Here
-    they are never null: given as null or not at all, they take the run's defaults
+    ``sampling.max_tokens`` (:meth:`ub.run.config.schema.TrainConfig.learner_config` fills
+    them). Here they are never null: given as null or not at all, they take the run's defaults
     (:data:`~ub.seeding.DEFAULT_SEED`, and :class:`~ub.inference.SamplingConfig`'s
     ``temperature`` and ``max_tokens``), so a learner built without a run trains as a default
     run's would. A checkpoint records :meth:`to_dict` (with the base model's portable name).
 
     ``device_share``: a run sets it to ``1 - engine.gpu_memory_utilization``; ``None``: what is
     free (no engine beside the learner, or one asleep: the process's
-    :class:`ub.run.worker.Worker` then drops the share). It sizes ``micro_batch_tokens: auto``
-    and the longest row the learner trains (:mod:`ub.learner.memory`).
+    :class:`ub.run.processes.worker.Worker` then drops the share). It sizes
+    ``micro_batch_tokens: auto`` and the longest row the learner trains (:mod:`ub.learner.memory`).
     """
 
     base_model: str = Field("", validate_default=True, description="A local model directory or "

@@ -6,8 +6,8 @@ every rank updates, rank 0 writes) and :func:`write_initial_checkpoint` (update 
 a finished output checkpoint instead of redoing it.
 
 They take the learner from ``worker`` (anything with ``learner(config) -> Learner``, such as
-a :class:`KeptLearner` or the process's :class:`ub.run.worker.Worker`, which keeps the base model
-loaded across rounds with one); without one they load a learner for the call.
+a :class:`KeptLearner` or the process's :class:`ub.run.processes.worker.Worker`, which keeps
+the base model loaded across rounds with one); without one they load a learner for the call.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from ub.learner.learner import Learner
 
 
 class LearnerSource(Protocol):
-    """What hands out the learner for a config (e.g. :class:`ub.run.worker.Worker`)."""
+    """What hands out the learner for a config (e.g. :class:`ub.run.processes.worker.Worker`)."""
 
     def learner(self, config: LearnerConfig) -> Learner: ...
 
@@ -34,7 +34,7 @@ class KeptLearner:
     """A :class:`LearnerSource` that keeps its learner: built on first use, reused while the
     model fields of the config stay the same (the others are applied with
     :meth:`~ub.learner.learner.Learner.configure`), replaced when they change, and released by
-    :meth:`close`. The learner half of a process's :class:`ub.run.worker.Worker`."""
+    :meth:`close`. The learner half of a process's :class:`ub.run.processes.worker.Worker`."""
 
     def __init__(self) -> None:
         self._learner: Learner | None = None

@@ -15,7 +15,7 @@ are refused before it, an out-of-memory error retries it at half the micro-batch
 failure (a non-finite loss or gradient included) leaves the learner as it was.
 
 The base model stays loaded across updates (a process keeps its learner in a
-:class:`ub.run.worker.Worker`); each :meth:`Learner.start` only swaps the small LoRA and
+:class:`ub.run.processes.worker.Worker`); each :meth:`Learner.start` only swaps the small LoRA and
 optimizer state. The entry points that write checkpoints are :mod:`ub.learner.entry`.
 """
 

@@ -9,7 +9,7 @@ budget is the memory the learner really has divided by that (:func:`learner_budg
   learner shares the GPU with an awake vLLM engine (``device_share``: the run sets it to
   ``1 - engine.gpu_memory_utilization``), at most that share less the learner's own weights
   and optimizer state, even before the engine has allocated its part; while the engine sleeps
-  (:class:`ub.run.worker.Worker` then hands the learner no share) everything free;
+  (:class:`ub.run.processes.worker.Worker` then hands the learner no share) everything free;
 - on the CPU, half the memory the system has available, and at most
   :data:`CPU_MICRO_BATCH_TOKENS`, the fastest size there.
 

@@ -63,12 +63,20 @@ class RolloutSection(Section):
 
     @model_validator(mode="after")
     def _a_game_per_shard(self) -> RolloutSection:
-        # The round's games are split into `shards` shards (ub.run.steps.plan.plan_round): more
-        # shards than games would write empty shard files after the real ones.
+        # The round's games are split into `shards` shards of ceil(games / shards) games each
+        # (ub.run.steps.plan.plan_round): more shards than that fills would write empty shard
+        # files after the real ones.
         if self.shards > self.games_per_round:
             raise ValueError(f"shards {self.shards} is more than games_per_round "
                              f"{self.games_per_round} (each shard plays at least one game of "
                              f"the round): set shards to {self.games_per_round} or fewer")
+        per_shard = -(-self.games_per_round // self.shards)
+        used = -(-self.games_per_round // per_shard)
+        if used < self.shards:
+            raise ValueError(f"shards {self.shards} with games_per_round {self.games_per_round} "
+                             f"leaves {self.shards - used} shards without a game (each takes "
+                             f"{per_shard} games, in order): set shards to {used}, or to a "
+                             f"divisor of {self.games_per_round}")
         return self
 
 
