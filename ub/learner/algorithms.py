@@ -84,7 +84,9 @@ class Algorithm:
     # TokenBatch.old_logprobs (one step reads them from its own forward pass).
     needs_old_logprobs: bool = False
     # True: the learner keeps a value head (ub.learner.value), fills Batch.values before
-    # prepare() and trains the head towards Batch.returns, which prepare() sets.
+    # prepare() and trains the head towards Batch.returns, which prepare() sets; the head's
+    # step size and weight in the adapter's loss are the attributes value_learning_rate and
+    # value_coef (default 1e-3 and 0).
     needs_values: ClassVar[bool] = False
 
     def prepare(self, batch: Batch, rng: random.Random) -> Batch:

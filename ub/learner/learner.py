@@ -96,6 +96,8 @@ class Learner:
             self.algorithm = make_algorithm(config.algorithm, config.algorithm_params)
         if self.algorithm.needs_values != (self.value is not None):
             self.value = self._new_value_baseline()
+        elif self.value is not None:  # the head is kept; its settings follow the algorithm's
+            self.value.configure(*self._value_settings())
         self.budget.configure(config.micro_batch_tokens, config.gradient_checkpointing,
                               config.device_share)
         if self.optimizer is not None:
@@ -106,8 +108,13 @@ class Learner:
         if not self.algorithm.needs_values:
             return None
         return ValueBaseline(self.policy.hidden_size, self.policy.device,
-                             learning_rate=getattr(self.algorithm, "value_learning_rate", 1e-3),
-                             value_coef=getattr(self.algorithm, "value_coef", 0.0))
+                             *self._value_settings())
+
+    def _value_settings(self) -> tuple[float, float]:
+        """The value head's learning rate and ``value_coef``: the algorithm's attributes of
+        those names (an algorithm of one's own without them: 1e-3 and 0)."""
+        return (float(getattr(self.algorithm, "value_learning_rate", 1e-3)),
+                float(getattr(self.algorithm, "value_coef", 0.0)))
 
     def _optimizer_settings(self) -> dict[str, Any]:
         c = self.config
@@ -238,20 +245,26 @@ class Learner:
                 f"{self.source or 'the cold start'}): {hint}")
 
     def _snapshot(self) -> tuple[Any, ...]:
-        """What an update changes, to put back if it fails."""
+        """What an update changes, to put back if it fails. The weights and optimizer state
+        only where a step can precede the failure (several steps, or a value head's step):
+        one step fails before it changes them, and a copy of a large adapter's AdamW state
+        costs memory on the GPU."""
         assert self.optimizer is not None
+        steps = self.config.minibatches * self.config.epochs
+        weights = (self.lora_state(), copy.deepcopy(self.optimizer.state_dict())) \
+            if steps > 1 else None
         value = None if self.value is None else (
             self.value.weights(), copy.deepcopy(self.value.optimizer.state_dict()))
-        return (self.lora_state(), copy.deepcopy(self.optimizer.state_dict()), value,
-                self.py_rng.getstate())
+        return weights, value, self.py_rng.getstate()
 
     def _restore(self, saved: tuple[Any, ...]) -> None:
-        weights, optimizer_state, value, py_state = saved
+        weights, value, py_state = saved
         assert self.optimizer is not None
-        with torch.no_grad():
-            for name, tensor in weights.items():
-                self.policy.params[name].copy_(tensor)
-        self.optimizer.load_state_dict(optimizer_state)
+        if weights is not None:
+            with torch.no_grad():
+                for name, tensor in weights[0].items():
+                    self.policy.params[name].copy_(tensor)
+            self.optimizer.load_state_dict(weights[1])
         self.optimizer.zero_grad(set_to_none=True)
         if self.value is not None and value is not None:
             self.value.load_weights(value[0], "the update's snapshot")

@@ -88,6 +88,8 @@ def update(policy: Policy, optimizer: torch.optim.Optimizer | None, algorithm: A
             policy.model.train()
             for p in params:
                 p.grad = None
+            if value is not None:
+                value.optimizer.zero_grad(set_to_none=True)
             tally = Tally(torch.zeros((), device=policy.device))
             for group in ranks.share(groups):
                 mb_rows = [trained[i] for i in group]

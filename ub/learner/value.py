@@ -73,6 +73,12 @@ class ValueBaseline:
         self.optimizer = torch.optim.AdamW(self.head.parameters(), lr=learning_rate,
                                            weight_decay=0.0)
 
+    def configure(self, learning_rate: float, value_coef: float) -> None:
+        """New settings for the kept head (its weights and AdamW state stay)."""
+        self.learning_rate, self.value_coef = learning_rate, value_coef
+        for group in self.optimizer.param_groups:
+            group["lr"] = learning_rate
+
     def params(self) -> dict[str, torch.nn.Parameter]:
         """The head's parameters by their saved names (``value_head.linear.weight``, ...)."""
         return {PREFIX + name: p for name, p in self.head.named_parameters()}
