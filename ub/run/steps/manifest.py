@@ -47,7 +47,8 @@ def round_manifest(run: Run, shards: list[ShardResult], metrics: dict[str, Any],
         "learner": {k: metrics[k] for k in (
             "update", "loss", "grad_norm", "entropy_mean", "logprob_mean", "tokens",
             "tokens_per_second", "seconds", "clip_fraction", "ratio_mean", "approx_kl",
-            "tis_ratio_mean", "tis_ratio_max", "tis_capped_fraction", "kl_to_base", "kernels",
+            "tis_ratio_mean", "tis_ratio_max", "tis_capped_fraction", "kl_to_base",
+            "value_mse", "value_mean", "kernels",
             "liger_kernels", "optimizer_steps", "early_stopped", "learning_rate",
             "micro_batch_tokens", "peak_gpu_gib", "reused", "assemble_seconds")
             if k in metrics},
