@@ -61,6 +61,8 @@ def update(policy: Policy, optimizer: torch.optim.Optimizer | None, algorithm: A
     :raises NonFiniteError: a NaN or infinite loss or gradient norm (the caller rolls back).
     """
     params = list(policy.params.values())
+    # Everything with a gradient: what data-parallel ranks sum (a value head's too).
+    trained_params = params + ([] if value is None else list(value.params().values()))
     steps = config.minibatches * config.epochs
     batch = scored_at_start(policy, batch, algorithm, value, ranks, micro_batch_tokens(),
                              old_logprobs=steps > 1 and algorithm.needs_old_logprobs)
@@ -86,10 +88,8 @@ def update(policy: Policy, optimizer: torch.optim.Optimizer | None, algorithm: A
             groups = plan_micro_batches([lengths[r] for r in trained], micro_batch_tokens(),
                                         config.micro_batch_size)
             policy.model.train()
-            for p in params:
+            for p in trained_params:
                 p.grad = None
-            if value is not None:
-                value.optimizer.zero_grad(set_to_none=True)
             tally = Tally(torch.zeros((), device=policy.device))
             for group in ranks.share(groups):
                 mb_rows = [trained[i] for i in group]
@@ -106,22 +106,27 @@ def update(policy: Policy, optimizer: torch.optim.Optimizer | None, algorithm: A
                     kl = kl_to_base(policy, input_ids, scored, scores.logprobs)
                     loss = loss + config.kl_coef * kl.sum() / normalizer
                     stats = {**stats, "kl_to_base": kl.detach().sum()}
+                    del kl
                 if value is not None:
                     assert scores.states is not None and mb.returns is not None
                     value_loss, row_stats = value.loss(
                         scores.states, mb.returns.to(policy.device), len(step_batch))
                     loss = loss + value_loss
                     tally.add_rows(row_stats, len(mb_rows))
+                    del value_loss
                 loss.backward()  # a NaN loss only spoils the gradients, dropped below
                 fault_point("learn.mid-update")
                 tally.add(loss, mb, tokens, scores.entropy, stats)
+                # This micro-batch's graph (the output layer keeps its inputs for backward)
+                # goes before the next forward, not after it: the peak is one micro-batch's.
+                del loss, scores, tokens
             if ranks.world > 1:  # every rank gets every rank's figures (and checks the losses)
                 tally = tally.merged(ranks)
-            tally.refuse_non_finite(params, len(groups))
-            for p in params:  # rows all skipped: a zero gradient, still a step
+            tally.refuse_non_finite(trained_params, len(groups))
+            for p in trained_params:  # rows all skipped: a zero gradient, still a step
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-            ranks.sum_gradients(params)
+            ranks.sum_gradients(trained_params)
             metrics = tally.metrics(rows=len(step_batch), rows_trained=len(trained),
                                     micro_batches=len(groups), normalizer=normalizer)
             if optimizer is None:
