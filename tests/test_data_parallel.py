@@ -14,7 +14,7 @@ import torch
 from faults.runs import free_port
 from safetensors.torch import load_file
 
-from ub.learner.checkpoint import ADAPTER_WEIGHTS, OPTIMIZER_STATE
+from ub.learner.checkpoint import ADAPTER_WEIGHTS, OPTIMIZER_STATE, VALUE_HEAD_FILE
 from ub.learner.testing import build_random_model
 
 METRICS = ("loss", "grad_norm", "entropy_mean", "logprob_mean")
@@ -25,15 +25,16 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_random_model(tmp_path_factory.mktemp("model"))
 
 
-def learners(world: int, model_dir: Path, out: Path, micro_batch_tokens: int) -> None:
+def learners(world: int, model_dir: Path, out: Path, micro_batch_tokens: int,
+             algorithm: str) -> None:
     """Run ``world`` learner processes at once (ranks 0..world-1) and wait for them all."""
     out.mkdir()
     address = f"127.0.0.1:{free_port()}"
     code = ("import sys; from ub.learner.testing import data_parallel_updates as run; "
             "run(int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], "
-            "int(sys.argv[6]))")
+            "int(sys.argv[6]), algorithm=sys.argv[7])")
     ranks = [subprocess.Popen([sys.executable, "-c", code, str(rank), str(world), address,
-                               str(model_dir), str(out), str(micro_batch_tokens)],
+                               str(model_dir), str(out), str(micro_batch_tokens), algorithm],
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for rank in range(world)]
     for rank in ranks:
@@ -41,11 +42,14 @@ def learners(world: int, model_dir: Path, out: Path, micro_batch_tokens: int) ->
         assert rank.returncode == 0, err[-3000:]
 
 
-# 64 tokens: many micro-batches, unevenly split; 4096: one, so rank 1 has none.
-@pytest.mark.parametrize("micro_batch_tokens", [64, 4096])
-def test_two_ranks_take_the_one_process_update(model_dir, tmp_path, micro_batch_tokens):
-    learners(1, model_dir, tmp_path / "one", micro_batch_tokens)
-    learners(2, model_dir, tmp_path / "two", micro_batch_tokens)
+# 64 tokens: many micro-batches, unevenly split; 4096: one, so rank 1 has none. a2c (REINFORCE
+# less a value head) also shows the ranks scoring the values at the start between them and
+# summing the head's gradients.
+@pytest.mark.parametrize(("micro_batch_tokens", "algorithm"), [(64, "a2c"), (4096, "reinforce")])
+def test_two_ranks_take_the_one_process_update(model_dir, tmp_path, micro_batch_tokens,
+                                               algorithm):
+    learners(1, model_dir, tmp_path / "one", micro_batch_tokens, algorithm)
+    learners(2, model_dir, tmp_path / "two", micro_batch_tokens, algorithm)
     one = json.loads((tmp_path / "one" / "metrics-0.json").read_text())[-1]
     for rank in (0, 1):
         two = json.loads((tmp_path / "two" / f"metrics-{rank}.json").read_text())[-1]
@@ -54,7 +58,9 @@ def test_two_ranks_take_the_one_process_update(model_dir, tmp_path, micro_batch_
         for key in METRICS:
             assert two[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
     for update in (1, 2):
-        for name in (ADAPTER_WEIGHTS, OPTIMIZER_STATE):
+        names = (ADAPTER_WEIGHTS, OPTIMIZER_STATE) + (
+            (VALUE_HEAD_FILE,) if algorithm == "a2c" else ())
+        for name in names:
             expected = load_file(tmp_path / "one" / f"ckpt-{update}" / name)
             found = load_file(tmp_path / "two" / f"ckpt-{update}" / name)
             assert found.keys() == expected.keys()

@@ -143,9 +143,10 @@ def synthetic_batch(num_rows: int, vocab_size: int, *, seed: int = 0,
 
 def data_parallel_updates(rank: int, world: int, address: str, model_dir: str | Path,
                           out: str | Path, micro_batch_tokens: int = 256, updates: int = 2,
-                          rows: int = 12, threads: int = 1) -> None:
-    """``updates`` learner updates on synthetic batches of ``rows`` rows as rank ``rank`` of
-    ``world`` (``world`` 1: one process) with ``threads`` torch threads; checkpoints
+                          rows: int = 12, threads: int = 1, algorithm: str = "reinforce") -> None:
+    """``updates`` learner updates of ``algorithm`` on synthetic batches of ``rows`` rows as
+    rank ``rank`` of ``world`` (``world`` 1: one process) with ``threads`` torch threads;
+    checkpoints
     ``out/ckpt-N`` and every update's metrics in ``out/metrics-RANK.json``. What the
     data-parallel test compares between one process and two, and what the benchmark times."""
     import json
@@ -161,7 +162,8 @@ def data_parallel_updates(rank: int, world: int, address: str, model_dir: str | 
     config = LearnerConfig(base_model=str(model_dir),
                            lora=LoraSettings(rank=8, alpha=16, dropout=0.0),
                            learning_rate=5e-3, length_normalizer=16,
-                           micro_batch_tokens=micro_batch_tokens, seed=3, num_threads=threads)
+                           micro_batch_tokens=micro_batch_tokens, seed=3, num_threads=threads,
+                           algorithm=algorithm)
     previous, metrics = None, []
     worker = KeptLearner()  # one learner for all the updates, as a round's learner process keeps
     for update in range(1, updates + 1):
