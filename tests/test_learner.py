@@ -248,8 +248,8 @@ def test_an_update_of_several_steps_measures_against_its_start(
     learner.configure(learner_config(model_dir, algorithm="ppo", minibatches=2))
     learner.start(trained)
     start = learner.token_logprobs(batch)
-    old = scored_at_start(learner.policy, perturbed, learner.algorithm, None, Ranks(), None,
-                          old_logprobs=True).old_logprobs
+    old = scored_at_start(learner.policy, perturbed, learner.algorithm, learner.config, None,
+                          Ranks(), None, old_logprobs=True).old_logprobs
     assert old is not None
     mask = batch.completion_mask.bool()
     assert torch.allclose(old[mask], start[mask], atol=1e-5)

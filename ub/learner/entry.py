@@ -71,7 +71,7 @@ def _learner(worker: LearnerSource | None, config: LearnerConfig) -> Learner:
     return Learner(config) if worker is None else worker.learner(config)
 
 
-def committed(out: Path, from_checkpoint: str | Path | None) -> dict[str, Any] | None:
+def _committed(out: Path, from_checkpoint: str | Path | None) -> dict[str, Any] | None:
     """The metrics of a finished checkpoint at ``out`` trained from ``from_checkpoint``;
     ``None`` if there is nothing at ``out``."""
     if not out.exists():
@@ -101,20 +101,16 @@ def learn_on_batch(batch: Any, learner_config: LearnerConfig,
     comes from ``worker`` (``None``: one loaded for this call).
     """
     out = Path(out_checkpoint)
-    if not overwrite and (done := committed(out, from_checkpoint)) is not None:
+    if not overwrite and (done := _committed(out, from_checkpoint)) is not None:
         return done
     learner = _learner(worker, learner_config)
     learner.start(from_checkpoint)
-    return save_update(learner, learner.update(batch), batch, from_checkpoint, out,
-                       overwrite=overwrite)
+    return _update_and_save(learner, batch, from_checkpoint, out, overwrite)
 
 
-def save_update(learner: Learner, metrics: dict[str, Any], batch: Any,
-                from_checkpoint: str | Path | None, out: Path, *,
-                overwrite: bool = False) -> dict[str, Any]:
-    """Write the update that made ``metrics`` from ``from_checkpoint`` on ``batch`` as
-    checkpoint ``out`` (data-parallel ranks: rank 0 writes, all wait for it); return the
-    metrics as written."""
+def _update_and_save(learner: Learner, batch: Any, from_checkpoint: str | Path | None,
+                     out: Path, overwrite: bool) -> dict[str, Any]:
+    metrics = learner.update(batch)
     metrics["from_checkpoint"] = _path_str(from_checkpoint)
     if hasattr(batch, "stats"):
         metrics["batch"] = batch.stats.to_dict()
@@ -145,13 +141,12 @@ def learn_step(root: str | Path, batch_config: Any, learner_config: LearnerConfi
     from ub.batch import assemble_batch
 
     out = Path(out_checkpoint)
-    if not overwrite and (done := committed(out, from_checkpoint)) is not None:
+    if not overwrite and (done := _committed(out, from_checkpoint)) is not None:
         return done
     learner = _learner(worker, learner_config)
     learner.start(from_checkpoint)  # a bad checkpoint fails before the batch is assembled
     batch = assemble_batch(Path(root), batch_config, final_rewards_state)
-    return save_update(learner, learner.update(batch), batch, from_checkpoint, out,
-                       overwrite=overwrite)
+    return _update_and_save(learner, batch, from_checkpoint, out, overwrite)
 
 
 def write_initial_checkpoint(learner_config: LearnerConfig, out_checkpoint: str | Path, *,
@@ -160,7 +155,7 @@ def write_initial_checkpoint(learner_config: LearnerConfig, out_checkpoint: str 
     """Write the cold-start state (update 0: ``init_adapter`` or a fresh adapter) as a
     checkpoint, e.g. for round 0's rollouts. An existing finished one is kept."""
     out = Path(out_checkpoint)
-    if not overwrite and committed(out, None) is not None:
+    if not overwrite and _committed(out, None) is not None:
         return out
     learner = _learner(worker, learner_config)
     learner.start(None)

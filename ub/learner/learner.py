@@ -76,8 +76,9 @@ class Learner:
         self.last_metrics: dict[str, Any] = {}
         self._torch_rng: dict[str, torch.Tensor] = {}
         self.py_rng = random.Random(config.seed)
-        self.configure(config)
-        self.start(None)
+        self.budget.configure(config.micro_batch_tokens, config.gradient_checkpointing,
+                              config.device_share)
+        self.start(None)  # (makes the optimizer, and a value head where the algorithm wants one)
 
     # -- configuration -----------------------------------------------------------------------
 
@@ -166,8 +167,7 @@ class Learner:
                 self._restore(saved)
                 if device.type == "cuda":
                     torch.cuda.empty_cache()
-                trained = batch.completion_mask[:, 1:].sum(1) > 0
-                self.budget.halve(int(batch.lengths[trained].max()), len(batch),
+                self.budget.halve(int(batch.lengths.max()), len(batch),
                                   self.update_index + 1, message, Ranks.current().world)
         except NonFiniteError as e:
             self._restore(saved)

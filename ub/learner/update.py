@@ -64,8 +64,9 @@ def update(policy: Policy, optimizer: torch.optim.Optimizer | None, algorithm: A
     # Everything with a gradient: what data-parallel ranks sum (a value head's too).
     trained_params = params + ([] if value is None else list(value.params().values()))
     steps = config.minibatches * config.epochs
-    batch = scored_at_start(policy, batch, algorithm, value, ranks, micro_batch_tokens(),
-                             old_logprobs=steps > 1 and algorithm.needs_old_logprobs)
+    batch = scored_at_start(policy, batch, algorithm, config, value, ranks,
+                            micro_batch_tokens(),
+                            old_logprobs=steps > 1 and algorithm.needs_old_logprobs)
     # A shallow copy: prepare() may replace tensors without touching the caller's batch.
     batch = algorithm.prepare(dataclasses.replace(batch), rng)
     per_step: list[dict[str, Any]] = []
@@ -217,19 +218,20 @@ def scheduled_learning_rate(config: LearnerConfig, step: int) -> float:
     return config.learning_rate * scale
 
 
-def scored_at_start(policy: Policy, batch: Batch, algorithm: Algorithm,
-                     value: ValueBaseline | None, ranks: Ranks, budget: int | None, *,
-                     old_logprobs: bool) -> Batch:
+def scored_at_start(policy: Policy, batch: Batch, algorithm: Algorithm, config: LearnerConfig,
+                    value: ValueBaseline | None, ranks: Ranks, budget: int | None, *,
+                    old_logprobs: bool) -> Batch:
     """``batch`` with what the update measures against the weights it starts from:
     ``old_logprobs`` (an update of several steps measures its later steps' trust region and
     importance weights against them; one step reads them from its own forward pass) and,
     with a value baseline, ``values``. No gradient, no dropout; on data-parallel ranks each
-    scores a share of the rows and they exchange them."""
+    scores a share of the rows and they exchange them: the rows the steps train, or with a
+    value baseline every row with a completion (``prepare`` gives a return of 0 an advantage
+    of ``-V``)."""
     if not old_logprobs and value is None:
         return batch
-    rows = torch.nonzero(batch.completion_mask[:, 1:].sum(1) > 0).flatten().tolist()
-    if not (algorithm.needs_zero_advantage_rows or value is not None):
-        rows = [r for r in rows if float(batch.advantages[r]) != 0]
+    rows = rows_with_gradient(batch, algorithm, config) if value is None else \
+        torch.nonzero(batch.completion_mask[:, 1:].sum(1) > 0).flatten().tolist()
     mine = ranks.share(rows)
     parts: list[tuple[list[int], torch.Tensor, torch.Tensor | None]] = []
     if mine:

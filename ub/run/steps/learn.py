@@ -48,7 +48,7 @@ def learn_round(run: Run, round_: int, *, worker: Worker) -> dict[str, Any]:
     """
     from ub.batch import assemble_batch
     from ub.distributed import rank_and_world
-    from ub.learner.entry import committed, save_update
+    from ub.learner import learn_on_batch
 
     config = run.config
     writer = rank_and_world()[0] == 0  # data-parallel ranks: rank 0 writes for all
@@ -74,13 +74,9 @@ def learn_round(run: Run, round_: int, *, worker: Worker) -> dict[str, Any]:
     # Not pipelined, the engine idles while the learner updates: on a GPU it lends the learner
     # its memory (a no-op on the CPU, and where no engine lives in this process).
     lend = config.engine_sleeps_during_updates
-    start, out = paths.checkpoint(round_), paths.checkpoint(round_ + 1)
     with worker.engine_asleep() if lend else contextlib.nullcontext():
-        metrics = committed(out, start)  # made before a crash: reused
-        if metrics is None:
-            learner = worker.learner(run.learner_config)
-            learner.start(start)
-            metrics = save_update(learner, learner.update(batch), batch, start, out)
+        metrics = learn_on_batch(batch, run.learner_config, paths.checkpoint(round_),
+                                 paths.checkpoint(round_ + 1), worker=worker)
     if writer:
         publish_checkpoint(paths, paths.checkpoint(round_ + 1))
     metrics["assemble_seconds"] = assemble_seconds
