@@ -34,7 +34,8 @@ pip_install --no-deps "setuptools==78.1.1" wheel
 pip_install --no-deps --no-build-isolation -e .
 # Belt and braces: these must never be importable next to the CPU torch.
 .venv/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec 2>/dev/null || true
-.venv/bin/python -c "import vllm, transformers, peft, textarena, prefect, duckdb, pyarrow" 2>/dev/null \
+.venv/bin/python -c "import vllm, transformers, peft, textarena, prefect, duckdb, pyarrow, \
+lm_eval.evaluator, math_verify" 2>/dev/null \
   || { echo "setup: the environment does not import cleanly" >&2; exit 1; }
 touch .venv/.ub-installed
 echo "setup: .venv ready"

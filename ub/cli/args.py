@@ -99,6 +99,13 @@ def add_checkpoint_io(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--overwrite", action="store_true", help="replace an existing --out")
 
 
+def checkpoint_choice(text: str) -> int | str:
+    """An argparse ``type``: a checkpoint's update (>= 0), ``latest`` or ``all``."""
+    if text in ("latest", "all"):
+        return text
+    return non_negative_int(text)
+
+
 def game_count(text: str) -> int:
     from ub.run.config.load import MAX_GAMES
 

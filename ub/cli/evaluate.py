@@ -1,11 +1,12 @@
-"""``ub eval``: evaluate a run's checkpoint against fixed opponents (in this process)."""
+"""``ub eval``: evaluate a run's checkpoint against fixed opponents, or score its checkpoints
+on reasoning benchmarks with ``--tasks`` (:mod:`ub.run.steps.benchmarks`), in this process."""
 
 from __future__ import annotations
 
 import argparse
 from typing import TYPE_CHECKING
 
-from ub.cli.args import game_count, non_negative_int
+from ub.cli.args import checkpoint_choice, game_count, positive_int
 from ub.errors import UbError
 
 if TYPE_CHECKING:
@@ -14,15 +15,27 @@ if TYPE_CHECKING:
 
 
 def add_parser(sub) -> None:
-    evaluate = sub.add_parser("eval", help="evaluate a run's checkpoint against fixed opponents")
+    evaluate = sub.add_parser("eval", help="evaluate a run's checkpoint against fixed "
+                              "opponents, or on reasoning benchmarks (--tasks)")
     evaluate.add_argument("run", help="run name")
     evaluate.add_argument("--root", default="runs",
                           help="folder of runs, or an fsspec URL (default: runs)")
-    evaluate.add_argument("--checkpoint", type=non_negative_int,
-                          help="checkpoint update (default: latest)")
+    evaluate.add_argument("--checkpoint", type=checkpoint_choice,
+                          help="checkpoint update (0: the start, the base model), latest or "
+                          "all (all: with --tasks only; default: latest)")
     evaluate.add_argument("--opponents", help="comma-separated actors (default: the run's)")
     evaluate.add_argument("--envs", help="comma-separated env ids (default: the run's)")
     evaluate.add_argument("--games", type=game_count, help="games per (env, opponent)")
+    bench = evaluate.add_argument_group("reasoning benchmarks (lm-evaluation-harness; "
+                                        "docs/training.md)")
+    bench.add_argument("--tasks", help="comma-separated harness tasks (gsm8k, minerva_math500, "
+                       "mmlu_pro, ...): score these instead of playing games; scored again, "
+                       "a checkpoint's rows are replaced")
+    bench.add_argument("--limit", type=positive_int, help="examples per task (default: all)")
+    bench.add_argument("--include-path", help="a folder of your own task YAML files")
+    bench.add_argument("--format", choices=("auto", "chat", "plain"),
+                       help="prompts through the chat template or as plain text (default "
+                       "auto: as the run's games are prompted)")
     evaluate.set_defaults(func=cmd_eval)
 
 
@@ -36,6 +49,16 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from ub.run.steps.evaluate import evaluate_checkpoint
     from ub.run.steps.progress import baseline_cell, eval_cell
 
+    if args.tasks is not None:
+        return _cmd_benchmarks(args)
+    given = [f"--{name.replace('_', '-')}" for name in ("limit", "include_path", "format")
+             if getattr(args, name) is not None]
+    if given:
+        raise UbError(f"{', '.join(given)} go with --tasks (reasoning benchmarks): add "
+                      "--tasks, or leave them out to play games")
+    if args.checkpoint == "all":
+        raise UbError("--checkpoint all goes with --tasks: games evaluate one checkpoint (a "
+                      "number, or latest)")
     paths = RunPaths.of(args.root, args.run)
     # Everything that can be refused is refused before the lock and the engine (an eval that
     # starts writes a shard); a store run's working copy made for a refused one goes again.
@@ -64,26 +87,16 @@ def _checked(args: argparse.Namespace, paths: RunPaths
     """The run, the checkpoint's update, the opponents and envs ``ub eval`` was asked for,
     each checked (the envs started with the seats the evaluation gives them)."""
     from ub.games.specs import check_env
-    from ub.learner.checkpoint import latest_checkpoint, read_adapter
+    from ub.learner.checkpoint import read_adapter
     from ub.run.config.base_model import resolve_base_model
     from ub.run.config.load import game_specs
-    from ub.run.folder.store import catch_up, fetch_checkpoint
+    from ub.run.folder.store import catch_up
     from ub.run.steps.plan import actor_spec
     from ub.run.steps.rounds import Run, resolve_run_config
 
     catch_up(paths)
     config, _ = resolve_run_config(paths, None)
-    if args.checkpoint is None:
-        latest = latest_checkpoint(paths.root / "checkpoints")
-        if latest is None:
-            raise UbError(f"run {args.run} has no checkpoint yet")
-        update = int(latest.name.rsplit("-", 1)[1])
-    else:
-        update = args.checkpoint
-        fetch_checkpoint(paths, paths.checkpoint(update))
-        if not paths.checkpoint(update).exists():
-            raise UbError(f"run {args.run} has no checkpoint {update} "
-                          f"({paths.checkpoint(update)})")
+    [update] = _updates(args, paths)
     opponents = _names(args.opponents)
     envs = _names(args.envs)
     if args.games is not None and args.games % 2:
@@ -114,3 +127,77 @@ def _names(text: str | None) -> list[str] | None:
     if not names:
         raise UbError(f"expected a comma-separated list of names, got {text!r}")
     return names
+
+
+def _updates(args: argparse.Namespace, paths: RunPaths) -> list[int]:
+    """The checkpoints ``--checkpoint`` names (a number, latest, all), each there."""
+    from ub.learner.checkpoint import latest_checkpoint
+    from ub.run.folder.store import fetch_checkpoint
+    from ub.run.folder.views import RunViews
+
+    if args.checkpoint == "all":
+        updates = RunViews(paths.root).checkpoints().column("update").to_pylist()
+        if not updates:
+            raise UbError(f"run {args.run} has no checkpoint yet")
+        return sorted(updates)
+    if args.checkpoint in (None, "latest"):
+        latest = latest_checkpoint(paths.root / "checkpoints")
+        if latest is None:
+            raise UbError(f"run {args.run} has no checkpoint yet")
+        return [int(latest.name.rsplit("-", 1)[1])]
+    update = int(args.checkpoint)
+    fetch_checkpoint(paths, paths.checkpoint(update))
+    if not paths.checkpoint(update).exists():
+        raise UbError(f"run {args.run} has no checkpoint {update} "
+                      f"({paths.checkpoint(update)}): give one it has (--checkpoint latest "
+                      "or all, or `ub sql RUN \"SELECT * FROM checkpoints\"`)")
+    return [update]
+
+
+def _cmd_benchmarks(args: argparse.Namespace) -> int:
+    """``ub eval RUN --tasks ...``: the checkpoints' benchmark rows, stored and printed."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from ub.benchmarks import BenchmarksSection
+    from ub.learner.checkpoint import read_adapter
+    from ub.run.config.base_model import resolve_base_model
+    from ub.run.folder.layout import RunPaths
+    from ub.run.folder.lock import RunLock, removed_if_refused
+    from ub.run.folder.store import catch_up
+    from ub.run.processes.worker import process_worker
+    from ub.run.steps.benchmarks import prepare_benchmarks, score_checkpoints
+    from ub.run.steps.rounds import Run, resolve_run_config
+
+    games = [f"--{n}" for n in ("opponents", "envs", "games") if getattr(args, n) is not None]
+    if games:
+        raise UbError(f"{', '.join(games)} set up games; --tasks scores benchmarks: give "
+                      "one or the other")
+    paths = RunPaths.of(args.root, args.run)
+    with removed_if_refused(paths):  # every refusal before the lock, the engine and a file
+        catch_up(paths)
+        config, _ = resolve_run_config(paths, None)
+        updates = _updates(args, paths)
+        section = BenchmarksSection.from_dict({
+            "tasks": _names(args.tasks), "limit": args.limit,
+            "include_path": args.include_path, "prompt_format": args.format or "auto"})
+        for update in updates:
+            read_adapter(paths.checkpoint(update))  # weights that load, before vLLM meets them
+        run = Run(paths, config, resolve_base_model(config))
+        prepared = prepare_benchmarks(run, section)
+    with RunLock(paths.lock):
+        result = score_checkpoints(run, updates, section, again=True, worker=process_worker(),
+                                   prepared=prepared)
+    table = Table(title=f"{args.run}: reasoning benchmarks"
+                  + (f" (limit {args.limit})" if args.limit else ""))
+    for column in ("checkpoint", "task", "metric", "value ± stderr", "n"):
+        table.add_column(column)
+    for row in result["rows"]:
+        metric = row["metric"] + (f" ({row['filter']})" if row["filter"] else "")
+        error = "" if row["stderr"] is None else f" ± {row['stderr']:.3f}"
+        table.add_row(str(row["checkpoint"]), row["task"], metric, f"{row['value']:.3f}{error}",
+                      str(row["n"]))
+    Console(highlight=False).print(table)
+    print(f"scores: {paths.benchmarks} ({len(result['scored'])} scored in "
+          f"{result['seconds']:.1f} s; `ub sql {paths.root} \"SELECT * FROM benchmarks\"`)")
+    return 0

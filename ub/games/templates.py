@@ -37,6 +37,9 @@ class PromptTemplate:
     :param needs_tokenizer: True when rendering uses the tokenizer's chat template.
     :param end: the text that ends the model's turn in the prompt's format (``<|im_end|>``),
         given the tokenizer; ``None``: the format has none (the model's EOS ends it).
+    :param chat: the prompt is a chat turn (a user message, the answer the assistant's): a run
+        playing in it is scored on benchmarks through the chat template too
+        (:func:`ub.benchmarks.chat_format`).
     """
 
     name: str
@@ -44,6 +47,7 @@ class PromptTemplate:
     needs_tokenizer: bool
     _render: Callable[[str, Any], str]
     end: Callable[[Any], str | None] = lambda _tokenizer: None
+    chat: bool = False
 
     def render(self, observation: str, tokenizer: Any = None) -> str:
         if self.needs_tokenizer and tokenizer is None:
@@ -101,8 +105,9 @@ TEMPLATES: dict[str, PromptTemplate] = {
     t.name: t
     for t in (
         PromptTemplate("plain", "bracket", False, _plain),
-        PromptTemplate("qwen3-zs", "boxed", False, _qwen3_zs, lambda _tokenizer: "<|im_end|>"),
-        PromptTemplate("chat", "bracket", True, _chat, _chat_end),
+        PromptTemplate("qwen3-zs", "boxed", False, _qwen3_zs, lambda _tokenizer: "<|im_end|>",
+                       chat=True),
+        PromptTemplate("chat", "bracket", True, _chat, _chat_end, chat=True),
     )
 }
 

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 
 from ub.batch.config import BatchConfig
+from ub.benchmarks import BenchmarksSection
 from ub.games.specs import GameSpec
 from ub.inference.types import EngineSection, SamplingConfig
 from ub.learner.config import LearnerConfig, LearnerSection
@@ -107,6 +108,10 @@ class EvalSection(Section):
         "template and extractor) unless its entry says otherwise.")
     temperature: float = Field(0.0, ge=0, description="Sampling temperature of the learner in "
                                "eval games (0: greedy).")
+    benchmarks: BenchmarksSection = Field(
+        default_factory=BenchmarksSection, description="Reasoning benchmarks "
+        "(lm-evaluation-harness tasks) scored on checkpoints as the run goes "
+        "(docs/training.md).")
 
     @property
     def env_ids(self) -> list[str] | None:

@@ -12,6 +12,9 @@
       checkpoints/ckpt-NNNNNN/        LoRA adapter + optimizer/RNG state; ckpt-000000 = start
       state/final-rewards-NNNNNN.json the final-reward transforms' state after round N
       ratings/round-NNNNNN.json       rating snapshot after round N
+      benchmarks/ckpt-NNNNNN/TASK.parquet        reasoning benchmark scores of a checkpoint
+                                      (one file per task: scored again, it is replaced)
+      benchmarks/ckpt-NNNNNN/TASK.samples.jsonl  the harness's per-example samples beside them
       rounds/round-NNNNNN.json        round manifest: written last, the round's commit point
       logs/                           one log file per component
 
@@ -27,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ub.benchmarks import check_task_name
 from ub.data.atomic import write_atomic
 from ub.errors import UbError
 from ub.run.folder.urls import is_url, working_copy
@@ -167,6 +171,19 @@ class RunPaths:
 
     def metrics(self, round_: int) -> Path:
         return self.root / "metrics" / f"round-{round_:06d}.parquet"
+
+    @property
+    def benchmarks(self) -> Path:
+        return self.root / "benchmarks"
+
+    def benchmark_scores(self, update: int, task: str) -> Path:
+        """Checkpoint ``update``'s rows for benchmark ``task``: written last, the commit."""
+        return self.benchmarks / checkpoint_name(update) / f"{check_task_name(task)}.parquet"
+
+    def benchmark_samples(self, update: int, task: str) -> Path:
+        """The harness's per-example samples behind :meth:`benchmark_scores`."""
+        return (self.benchmarks / checkpoint_name(update)
+                / f"{check_task_name(task)}.samples.jsonl")
 
     def committed_rounds(self) -> list[int]:
         folder = self.root / "rounds"

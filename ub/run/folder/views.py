@@ -8,6 +8,8 @@ Besides ``steps`` and ``games`` (the training shards), a run has:
 - ``checkpoints``: one row per checkpoint (update, path, what it was trained from);
 - ``learner``: one row per round: the update's loss, gradient norm, tokens, batch figures;
 - ``rounds``: one row per committed round: counts and the time breakdown;
+- ``benchmarks``: one row per (checkpoint, task, metric) of the reasoning benchmarks
+  (``benchmarks/ckpt-NNNNNN/TASK.parquet``, :mod:`ub.run.steps.benchmarks`);
 - ``metrics``: the per-round tracked metrics (``metrics/round-NNNNNN.parquet``), long format
   ``(round, metric, value)``.
 
@@ -69,6 +71,17 @@ ROUNDS_SCHEMA = pa.schema([
 ])
 METRICS_SCHEMA = pa.schema([("round", pa.int64()), ("metric", pa.string()),
                             ("value", pa.float64())])
+
+BENCHMARKS_SCHEMA = pa.schema([
+    ("checkpoint", pa.int64()), ("benchmark", pa.string()), ("task", pa.string()),
+    ("metric", pa.string()), ("filter", pa.string()), ("value", pa.float64()),
+    ("stderr", pa.float64()), ("n", pa.int64()), ("limit", pa.int64()),
+    ("prompt_format", pa.string()), ("harness_version", pa.string()),
+    ("task_hash", pa.string()), ("seconds", pa.float64()), ("scored_at", pa.string()),
+])
+"""The ``benchmarks`` view, and each file's columns: ``benchmark`` is the task or group asked
+for (the file's name), ``task`` the harness task a row measures (a group's tasks and the group
+itself), ``n`` its examples, ``task_hash`` a hash of its config as the harness ran it."""
 
 _NUMBERED = re.compile(r"-(\d{6,})\.(json|parquet)$")
 
@@ -198,11 +211,25 @@ class RunViews:
                 tables.append(table)
         return pa.concat_tables(tables) if tables else METRICS_SCHEMA.empty_table()
 
+    def benchmarks(self) -> pa.Table:
+        folder = self.root / "benchmarks"
+        files = sorted(folder.glob("ckpt-*/*.parquet")) if folder.is_dir() else []
+        tables = []
+        for path in files:
+            if path.name.startswith("."):
+                continue  # an unfinished write
+            table = self._read(path, lambda p: pq.read_table(p).select(
+                BENCHMARKS_SCHEMA.names).cast(BENCHMARKS_SCHEMA))
+            if table is not None:
+                tables.append(table)
+        return pa.concat_tables(tables) if tables else BENCHMARKS_SCHEMA.empty_table()
+
     def tables(self) -> dict[str, pa.Table]:
         """Every run table by view name (the shard views come from :mod:`ub.data.sql`)."""
         builders: dict[str, Callable[[], pa.Table]] = {
             "evals": self.evals, "ratings": self.ratings, "checkpoints": self.checkpoints,
             "learner": self.learner, "rounds": self.rounds, "metrics": self.metrics,
+            "benchmarks": self.benchmarks,
         }
         return {name: build() for name, build in builders.items()}
 

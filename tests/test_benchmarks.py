@@ -1,0 +1,263 @@
+"""Reasoning benchmarks (`ub eval RUN --tasks`, `eval.benchmarks`): the real
+lm-evaluation-harness scoring the tiny model through the real vLLM engine, on a local task in
+the harness's own YAML format (arithmetic with known answers), offline.
+
+What is asserted is the pipeline (rows, view, report, replace-not-duplicate, resume, refusals),
+not the tiny model's score. Slow, and why: the harness indexes its thousands of task files once
+per process (~15 s on 2 cores: its TaskManager, cached per include path), and the tests share
+the process's engine with the rest of the suite (the `engine` fixture); each scoring is a
+handful of examples of a few tokens.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import duckdb
+import pyarrow.parquet as pq
+import pytest
+
+# Never the network: the harness's datasets library reads this once, when it is imported.
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+from ub.flows.cli import main
+
+QUESTIONS = [(1, 2), (3, 4), (2, 5), (6, 1), (4, 4), (7, 2)]
+
+ARITH = """\
+task: ub_arith
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+doc_to_text: "Question: What is {{{{a}}}} + {{{{b}}}}?\\nAnswer:"
+doc_to_target: "{{{{answer}}}}"
+generation_kwargs:
+  until: ["\\n"]
+  max_gen_toks: 6
+  do_sample: false
+filter_list:
+  - name: number
+    filter:
+      - function: regex
+        regex_pattern: "(-?[0-9]+)"
+      - function: take_first
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+metadata:
+  version: 1.0
+"""
+
+HUB_ONLY = """\
+task: ub_hub_only
+dataset_path: ub-test/not-in-any-cache
+test_split: test
+output_type: generate_until
+doc_to_text: "{{question}}"
+doc_to_target: "{{answer}}"
+metric_list:
+  - metric: exact_match
+"""
+
+CHOICE = """\
+task: ub_choice
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "What is {{{{a}}}} + {{{{b}}}}?"
+doc_to_choice: ["1", "2"]
+doc_to_target: 0
+metric_list:
+  - metric: acc
+"""
+
+
+@pytest.fixture(scope="module")
+def tasks_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("tasks")
+    data = folder / "arith.jsonl"
+    data.write_text("".join(json.dumps({"a": a, "b": b, "answer": str(a + b)}) + "\n"
+                            for a, b in QUESTIONS))
+    (folder / "arith.yaml").write_text(ARITH.format(data=data))
+    (folder / "hub_only.yaml").write_text(HUB_ONLY)
+    (folder / "choice.yaml").write_text(CHOICE.format(data=data))
+    return folder
+
+
+def _checkpoint(paths, update: int, model: Path, seed: int) -> None:
+    """A finished checkpoint ``update`` of the tiny model: a random rank-8 LoRA (non-zero, so
+    that it answers differently from the base)."""
+    from ub.learner.base_identity import model_identity
+    from ub.learner.checkpoint import CheckpointState
+    from ub.learner.checkpoint_writer import write_checkpoint
+    from ub.model.lora import LoraSettings, new_adapter
+
+    lora = LoraSettings(rank=8, alpha=16)
+    adapter = new_adapter(model, paths.root / f"adapter-{update}", lora, seed=seed,
+                          init_std=0.05)
+    state = CheckpointState(update=update, base_model=model_identity(model), lora=lora)
+    write_checkpoint(paths.checkpoint(update), state,
+                     lambda folder: [shutil.copy(f, folder) for f in adapter.iterdir()])
+    shutil.rmtree(adapter)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, tiny_model) -> Path:
+    """A run of the tiny-cpu preset with checkpoints 0 and 1 (no rounds played)."""
+    from ub.run.config.load import load_config
+    from ub.run.folder.layout import RunPaths
+    from ub.run.steps.rounds import open_run
+
+    root = tmp_path_factory.mktemp("runs")
+    paths = RunPaths.of(root, "bench")
+    open_run(paths, load_config("tiny-cpu"))
+    _checkpoint(paths, 0, tiny_model, seed=0)
+    _checkpoint(paths, 1, tiny_model, seed=1)
+    return root
+
+
+def ub(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_scores_every_checkpoint_as_rows_of_the_run(capsys, engine, runs, tasks_dir):
+    run = runs / "bench"
+    code, out, err = ub(capsys, "eval", "bench", "--root", str(runs), "--tasks", "ub_arith",
+                        "--checkpoint", "all", "--include-path", str(tasks_dir), "--limit", "4")
+    assert code == 0, err
+    assert "ub_arith" in out and "exact_match" in out
+    for update in (0, 1):
+        folder = run / "benchmarks" / f"ckpt-{update:06d}"
+        assert sorted(p.name for p in folder.iterdir()) == [
+            "ub_arith.parquet", "ub_arith.samples.jsonl"]
+        samples = [json.loads(line) for line in
+                   (folder / "ub_arith.samples.jsonl").read_text().splitlines()]
+        assert len(samples) == 4  # the per-example outputs, as the harness logged them
+        assert samples[0]["doc"] == {"a": 1, "b": 2, "answer": "3"}
+        assert samples[0]["arguments"][0][0] == "Question: What is 1 + 2?\nAnswer:"
+        assert all("\n" not in s["resps"][0][0] for s in samples)  # cut at `until`
+
+    code, out, err = ub(capsys, "sql", str(run), "SELECT checkpoint, task, metric, filter, "
+                        "value, stderr, n, \"limit\", prompt_format, harness_version FROM "
+                        "benchmarks ORDER BY checkpoint", "--format", "csv")
+    assert code == 0, err
+    rows = out.splitlines()[1:]
+    assert len(rows) == 2
+    for update, row in enumerate(rows):
+        checkpoint, task, metric, filter_, value, stderr, n, limit, fmt, version = row.split(",")
+        assert (checkpoint, task, metric, filter_, n, limit) == (
+            str(update), "ub_arith", "exact_match", "number", "4", "4")
+        assert 0 <= float(value) <= 1 and float(stderr) >= 0
+        assert fmt == "plain" and version == "0.4.13"  # tiny-cpu plays in plain text
+    # Plain DuckDB reads the files beside the games.
+    count = duckdb.sql(f"SELECT count(*) FROM read_parquet('{run}/benchmarks/*/*.parquet')"
+                       ).fetchall()
+    assert count == [(2,)]
+
+
+def test_scoring_again_replaces_the_rows(capsys, engine, runs, tasks_dir):
+    run = runs / "bench"
+    scores = run / "benchmarks" / "ckpt-000001" / "ub_arith.parquet"
+    if not scores.exists():
+        assert ub(capsys, "eval", "bench", "--root", str(runs), "--tasks", "ub_arith",
+                  "--include-path", str(tasks_dir), "--limit", "4")[0] == 0
+    code, _, err = ub(capsys, "eval", "bench", "--root", str(runs), "--tasks", "ub_arith",
+                      "--checkpoint", "latest", "--include-path", str(tasks_dir),
+                      "--limit", "6")
+    assert code == 0, err
+    assert pq.read_table(scores).column("n").to_pylist() == [6]
+    _, out, _ = ub(capsys, "sql", str(run), "SELECT checkpoint, n FROM benchmarks WHERE "
+                   "checkpoint = 1", "--format", "csv")
+    assert out.splitlines() == ["checkpoint,n", "1,6"]  # replaced, not a second copy
+
+
+def test_training_resume_scores_a_checkpoint_once(engine, runs, tasks_dir):
+    from ub.benchmarks import BenchmarksSection
+    from ub.run.config.base_model import resolve_base_model
+    from ub.run.folder.layout import RunPaths
+    from ub.run.processes.worker import process_worker
+    from ub.run.steps.benchmarks import score_checkpoints
+    from ub.run.steps.rounds import Run, resolve_run_config
+
+    paths = RunPaths.of(runs, "bench")
+    config, _ = resolve_run_config(paths, None)
+    run = Run(paths, config, resolve_base_model(config))
+    section = BenchmarksSection(tasks=["ub_arith"], every=1, limit=2,
+                                include_path=str(tasks_dir))
+    first = score_checkpoints(run, [0], section, again=False, worker=process_worker())
+    assert first["scored"] == [(0, "ub_arith")] and [r["n"] for r in first["rows"]] == [2]
+    written = paths.benchmark_scores(0, "ub_arith").stat().st_mtime_ns
+    again = score_checkpoints(run, [0], section, again=False, worker=process_worker())
+    assert again["scored"] == [] and again["reused"] == [(0, "ub_arith")]
+    assert again["rows"] == first["rows"]
+    assert paths.benchmark_scores(0, "ub_arith").stat().st_mtime_ns == written
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--tasks", "ub_arithm"], "unknown benchmark task 'ub_arithm' (did you mean: ub_arith"),
+    (["--tasks", "ub_hub_only"], "task ub_hub_only: its dataset cannot be fetched"),
+    (["--tasks", "ub_choice"], "ub_choice need loglikelihood scores"),
+    (["--tasks", "ub_arith", "--checkpoint", "7"], "run bench has no checkpoint 7"),
+    (["--tasks", "ub_arith", "--games", "2"], "--games set up games; --tasks scores"),
+    (["--limit", "3"], "--limit go with --tasks"),
+    (["--checkpoint", "all"], "--checkpoint all goes with --tasks"),
+    (["--tasks", "../x"], "is not a harness task name"),
+])
+def test_bad_input_is_one_line_and_writes_nothing(capsys, runs, tasks_dir, argv, message):
+    before = sorted(p for p in (runs / "bench").rglob("*") if "benchmarks" in p.parts)
+    extra = ["--include-path", str(tasks_dir)] if "--tasks" in argv else []
+    code, _, err = ub(capsys, "eval", "bench", "--root", str(runs), *extra, *argv)
+    assert code != 0
+    assert message in err and len(err.strip().splitlines()) == 1, err
+    assert sorted(p for p in (runs / "bench").rglob("*") if "benchmarks" in p.parts) == before
+
+
+def test_a_chat_format_needs_a_chat_template(capsys, tmp_path, tiny_model, tasks_dir):
+    from ub.run.config.load import load_config
+    from ub.run.folder.layout import RunPaths
+    from ub.run.steps.rounds import open_run
+
+    model = tmp_path / "no-chat"
+    shutil.copytree(tiny_model, model)
+    (model / "chat_template.jinja").unlink()
+    config = load_config("tiny-cpu").model_copy(update={"model": load_config(
+        "tiny-cpu").model.model_copy(update={"base": str(model)})})
+    paths = RunPaths.of(tmp_path / "runs", "nochat")
+    open_run(paths, config)
+    _checkpoint(paths, 0, model, seed=0)
+    code, _, err = ub(capsys, "eval", "nochat", "--root", str(tmp_path / "runs"), "--tasks",
+                      "ub_arith", "--include-path", str(tasks_dir), "--format", "chat")
+    assert code != 0
+    assert "a chat format was asked for, but the base model's tokenizer has no chat template: " \
+           "score with plain prompts (--format plain" in err
+    assert not paths.benchmarks.exists()
+
+
+@pytest.mark.parametrize(("completion", "right"), [
+    ("so x = 1/2.\nFinal Answer: The final answer is $\\boxed{1/2}$. I hope it is correct.",
+     True),
+    ("Final Answer: The final answer is $\\frac{1}{2}$. I hope it is correct.", True),
+    ("Final Answer: The final answer is $\\boxed{0.50}$. I hope it is correct.", True),
+    ("Final Answer: The final answer is $\\boxed{1/3}$. I hope it is correct.", False),
+    ("The answer is 2.", False),
+])
+def test_math_answers_are_checked_by_value(completion, right):
+    """The MATH-500 task's own checking (the harness's minerva_math, with math-verify): an
+    answer equal in value to the reference counts, another does not."""
+    from lm_eval.tasks.minerva_math.utils import process_results
+
+    doc = {"problem": "What is 1/2 as a decimal?", "solution": "It is $\\boxed{0.5}$.",
+           "answer": "0.5"}
+    assert process_results(doc, [completion])["math_verify"] == int(right)
