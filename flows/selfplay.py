@@ -32,6 +32,7 @@ from ub.run.folder.layout import RunPaths, remove_orphans
 from ub.run.folder.lock import RunLock
 from ub.run.folder.logs import run_logs
 from ub.run.folder.store import publish, sync
+from ub.run.steps.benchmarks import round_benchmarks_due
 from ub.run.steps.evaluate import eval_due
 from ub.run.steps.manifest import GcClock, round_manifest, timed
 from ub.run.steps.play import ShardResult
@@ -39,6 +40,7 @@ from ub.run.steps.progress import Progress
 from ub.run.steps.rounds import Run, save_run_config
 from ub.run.steps.tracking import finish_wandb, wandb_run_id
 from ub.tasks import (
+    benchmarks,
     commit,
     evaluate,
     learn,
@@ -189,9 +191,13 @@ def _rounds(run: Run, quiet: bool, lock: RunLock, gc_clock: GcClock) -> dict[str
         started, gc_before = time.perf_counter(), gc_clock.seconds
         phases: dict[str, float] = {}  # wall time of each task call, for the breakdown
         evaluated: dict[int, dict[str, Any]] = {}
+        scored: dict[int, dict[str, Any]] = {}  # the reasoning benchmarks, when due
         if round_ == 0 and eval_due(train_config, 0):
             with timed(phases, "eval_task"):
                 evaluated[0] = evaluate_now(run, 0)
+        if round_ == 0 and round_benchmarks_due(run, 0):
+            with timed(phases, "benchmarks_task"):
+                scored[0] = benchmarks_now(run, 0)
         with timed(phases, "rollout_tasks"):
             shards = pending.pop(round_, None) or play_round(run, round_)
         with timed(phases, "learn_task"):
@@ -203,11 +209,14 @@ def _rounds(run: Run, quiet: bool, lock: RunLock, gc_clock: GcClock) -> dict[str
         if eval_due(train_config, round_ + 1):
             with timed(phases, "eval_task"):
                 evaluated[round_ + 1] = evaluate_now(run, round_ + 1)
+        if round_benchmarks_due(run, round_ + 1):
+            with timed(phases, "benchmarks_task"):
+                scored[round_ + 1] = benchmarks_now(run, round_ + 1)
         with timed(phases, "rate_task"):
             leaderboard = rate(run, round_, sorted(evaluated))
         phases["gc"] = gc_clock.seconds - gc_before
         manifest = round_manifest(run, shards, metrics, evaluated, leaderboard,
-                                  time.perf_counter() - started, phases)
+                                  time.perf_counter() - started, phases, benchmarks=scored)
         with timed(phases, "track_task"):  # (the round's time, which track logs, ends here)
             track(run, round_, manifest)
         commit(run, round_, manifest)
@@ -233,3 +242,11 @@ def evaluate_now(run: Run, update: int) -> dict[str, Any]:
     if run.config.cluster.address is None:
         return evaluate(run, update)
     return evaluate.submit(run, update).result()
+
+
+def benchmarks_now(run: Run, update: int) -> dict[str, Any]:
+    """Score checkpoint ``update`` on the run's reasoning benchmarks (on a Ray cluster: on a
+    worker) and wait for it."""
+    if run.config.cluster.address is None:
+        return benchmarks(run, update)
+    return benchmarks.submit(run, update).result()

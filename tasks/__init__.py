@@ -9,6 +9,7 @@ tag concurrency limits with a server round trip per task run (~1 s each on a bus
 machine, a fifth of a tiny-cpu round).
 """
 
+from ub.tasks.benchmarks import benchmarks
 from ub.tasks.commit import commit
 from ub.tasks.evaluate import evaluate
 from ub.tasks.learn import learn, start_checkpoint
@@ -18,5 +19,5 @@ from ub.tasks.report import report
 from ub.tasks.rollout import rollout
 from ub.tasks.track import track
 
-__all__ = ["commit", "evaluate", "learn", "plan", "rate", "report", "rollout",
+__all__ = ["benchmarks", "commit", "evaluate", "learn", "plan", "rate", "report", "rollout",
            "start_checkpoint", "track"]

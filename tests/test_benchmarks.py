@@ -167,6 +167,29 @@ def test_scores_every_checkpoint_as_rows_of_the_run(capsys, engine, runs, tasks_
     assert count == [(2,)]
 
 
+def test_report_plots_each_benchmark_by_checkpoint(capsys, engine, runs, tasks_dir):
+    run = runs / "bench"
+    if not (run / "benchmarks").exists():
+        assert ub(capsys, "eval", "bench", "--root", str(runs), "--tasks", "ub_arith",
+                  "--checkpoint", "all", "--include-path", str(tasks_dir), "--limit", "4")[0] == 0
+    code, _, err = ub(capsys, "report", "bench", "--root", str(runs), "--out",
+                      str(run / "report"))
+    assert code == 0, err
+    png = run / "report" / "benchmarks.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "Reasoning benchmarks" in (run / "report" / "report.html").read_text()
+
+
+def test_scores_go_to_wandb_on_the_checkpoint_step():
+    from ub.run.steps.tracking import wandb_rows
+
+    rows = [{"task": "gsm8k", "metric": "exact_match", "filter": "strict-match",
+             "value": 0.25}]
+    steps = dict(wandb_rows(3, {"learner/loss": 1.0}, {}, {"4": rows}))
+    assert steps[8] == {"checkpoint": 4, "benchmarks/gsm8k/exact_match/strict-match": 0.25}
+    assert steps[7] == {"round": 3, "learner/loss": 1.0}
+
+
 def test_scoring_again_replaces_the_rows(capsys, engine, runs, tasks_dir):
     run = runs / "bench"
     scores = run / "benchmarks" / "ckpt-000001" / "ub_arith.parquet"

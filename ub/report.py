@@ -5,7 +5,8 @@ fixed opponent with 95% Wilson bands; TrueSkill ratings (each checkpoint's lates
 over rounds); the match matrix (score of row vs column); invalid-move and format rates and
 the policy's entropy, per env; response length and truncation; the learner's loss, gradient
 norm and clip fraction (one panel each: they differ by orders of magnitude); throughput and the
-time breakdown per round. A plot with no data yet (e.g. no evaluation) is left out. The page
+time breakdown per round; each reasoning benchmark's score by checkpoint (checkpoint 0, the
+base model, first). A plot with no data yet (e.g. no evaluation) is left out. The page
 also has the numbers: the learning curve as a table (win rate with its 95% interval per
 checkpoint) and the run's settings.
 """
@@ -59,6 +60,30 @@ def _learning_curve(t: dict[str, list[dict]], fig) -> bool:
     ax.set(xlabel="checkpoint (update)", ylabel="rate of eval games", ylim=(0, 1),
            title="Learning curve (95% Wilson band on the win rate)")
     return bool(groups)
+
+
+def _benchmarks(t: dict[str, list[dict]], fig) -> bool:
+    """One panel per benchmark asked for (a group's aggregate, not its tasks): each metric by
+    checkpoint, with its standard error."""
+    series: dict[str, dict[str, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for row in t["benchmarks"]:
+        if row["task"] == row["benchmark"]:
+            label = row["metric"] + (f" ({row['filter']})" if row["filter"] else "")
+            series[row["benchmark"]][label].append(row)
+    if not series:
+        return False
+    axes = fig.subplots(1, len(series), squeeze=False)[0]
+    for ax, (benchmark, metrics) in zip(axes, sorted(series.items()), strict=True):
+        for label, rows in sorted(metrics.items()):
+            rows.sort(key=lambda r: r["checkpoint"])
+            ax.errorbar([r["checkpoint"] for r in rows], [r["value"] for r in rows],
+                        yerr=[r["stderr"] or 0.0 for r in rows], marker="o", capsize=3,
+                        label=label)
+        n = max(r["n"] for rows in metrics.values() for r in rows)
+        ax.set(xlabel="checkpoint (0: the base model)", ylabel="score",
+               title=f"{benchmark} (n {n})")
+        ax.xaxis.set_major_locator(_integer_ticks())
+    return True
 
 
 def _ratings(t: dict[str, list[dict]], fig) -> bool:
@@ -328,8 +353,9 @@ def write_report(root: Path, out: Path) -> Path:
         raise UbError(f"{root} is not a ub run (no config.yaml or rounds/)")
     views = RunViews(root)
     t = {name: table.to_pylist() for name, table in views.tables().items()}
-    if not t["rounds"]:
-        raise UbError(f"run {root.name} has no committed round yet: nothing to plot")
+    if not t["rounds"] and not t["benchmarks"]:
+        raise UbError(f"run {root.name} has no committed round yet (and no benchmark "
+                      "scores): nothing to plot")
     matches = views.last_ratings().get("matches", {})
 
     plots: list[tuple[str, str, Callable[[Any], bool]]] = [
@@ -342,6 +368,7 @@ def write_report(root: Path, out: Path) -> Path:
          lambda fig: _response_length(t, fig)),
         ("learner", "Learner: loss, gradient norm, clip fraction", lambda fig: _learner(t, fig)),
         ("throughput", "Throughput and time", lambda fig: _throughput(t, fig)),
+        ("benchmarks", "Reasoning benchmarks", lambda fig: _benchmarks(t, fig)),
     ]
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -22,8 +22,10 @@ from ub.run.steps.rounds import Run
 
 def round_manifest(run: Run, shards: list[ShardResult], metrics: dict[str, Any],
                    evaluated: dict[int, dict[str, Any]], leaderboard: list[dict[str, Any]],
-                   seconds: float, phases: dict[str, float]) -> dict[str, Any]:
-    """The round's record: what was played, learned, measured, and how long each part took."""
+                   seconds: float, phases: dict[str, float],
+                   benchmarks: dict[int, dict[str, Any]] | None = None) -> dict[str, Any]:
+    """The round's record: what was played, learned, measured, and how long each part took
+    (``benchmarks``: :func:`ub.run.steps.benchmarks.score_round_benchmarks` by checkpoint)."""
     # On a cluster each worker plays its shards in turn, side by side with the other workers:
     # the round waits for the busiest worker.
     per_worker: dict[int, float] = {}
@@ -55,8 +57,11 @@ def round_manifest(run: Run, shards: list[ShardResult], metrics: dict[str, Any],
         "batch": {k: batch[k] for k in ("size", "total_tokens", "truncated", "reward_mean",
                                         "advantage_std") if k in batch},
         "evals": {str(u): e["rows"] for u, e in evaluated.items()},
+        "benchmarks": {str(u): b["rows"] for u, b in (benchmarks or {}).items()},
         "leaderboard": leaderboard[:20],
         "timings": close_timings({"rollout": rollout_seconds, "eval": eval_seconds,
+                                  "benchmarks": sum(b["seconds"] for b in
+                                                    (benchmarks or {}).values()),
                                   "learner": learner_seconds, "tasks": phases}, seconds),
         "execution": _execution(run, len(shards)),
         "components": components(run.config),
@@ -154,7 +159,7 @@ def close_timings(timings: dict[str, Any], seconds: float) -> dict[str, Any]:
     """Set the round's wall time and what it left for everything but engines and learner."""
     timings["round"] = seconds
     timings["other"] = max(0.0, seconds - timings["rollout"] - timings["eval"]
-                           - timings["learner"])
+                           - timings.get("benchmarks", 0.0) - timings["learner"])
     return timings
 
 

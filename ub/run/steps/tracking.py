@@ -12,6 +12,8 @@
   per game, per turn and per generated character;
 - ``eval/ENV/OPPONENT/...``: win, draw and loss rates, Wilson bounds, invalid-move rate of the
   checkpoints evaluated in the round;
+- ``benchmarks/TASK/METRIC[/FILTER]``: the reasoning benchmarks of the checkpoints scored in
+  the round (``eval.benchmarks``; the ``benchmarks`` view has their stderr and n);
 - ``learner/...``, ``batch/...``: the update's figures, train sequence length and truncation;
 - ``inference/...``: generated tokens/s, games/s;
 - ``pool/MEMBER/...``: mu, sigma, conservative rating, games;
@@ -22,7 +24,8 @@ W&B (``tracking.wandb``): ``offline`` (default: files under ``RUN/wandb``, sync 
 overrides it (the tests set ``disabled``). The W&B run id is made once per run (the run name
 plus a random suffix) and kept in ``RUN/ub-run.json``: a resumed run continues its curves, and
 two machines' runs of the same name stay two W&B runs. Round metrics are plotted against
-``round``, evaluation metrics (``eval/...``) against ``checkpoint``, the update they measure.
+``round``, evaluation metrics (``eval/...``, ``benchmarks/...``) against ``checkpoint``, the
+update they measure.
 """
 
 from __future__ import annotations
@@ -106,6 +109,8 @@ def round_metrics(run: Run, round_: int, manifest: dict[str, Any],
                             f"{base}/loss_rate": r["losses"] / max(r["games"], 1),
                             f"{base}/invalid_move_rate": r["invalid_move_rate"],
                             f"{base}/checkpoint": int(update)})
+    for rows in manifest.get("benchmarks", {}).values():
+        metrics.update(benchmark_figures(rows))
     metrics.update({f"learner/{k}": v for k, v in manifest.get("learner", {}).items()})
     batch = manifest.get("batch", {})
     metrics.update({f"batch/{k}": v for k, v in batch.items()})
@@ -124,6 +129,13 @@ def round_metrics(run: Run, round_: int, manifest: dict[str, Any],
                         f"{base}/games": member["games"]})
     return {k: float(v) for k, v in metrics.items()
             if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)}
+
+
+def benchmark_figures(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """A checkpoint's benchmark rows as ``benchmarks/TASK/METRIC[/FILTER]`` figures."""
+    return {"/".join(["benchmarks", r["task"], r["metric"], *([r["filter"]] if r["filter"]
+                                                               else [])]): r["value"]
+            for r in rows}
 
 
 def read_metrics(paths: RunPaths, round_: int) -> dict[str, float]:
@@ -179,19 +191,26 @@ def wandb_run_id(paths: RunPaths) -> str:
 
 
 def wandb_rows(round_: int, metrics: dict[str, float],
-               evals: dict[str, list[dict[str, Any]]]) -> list[tuple[int, dict[str, float]]]:
+               evals: dict[str, list[dict[str, Any]]],
+               benchmarks: dict[str, list[dict[str, Any]]] | None = None,
+               ) -> list[tuple[int, dict[str, float]]]:
     """Round ``round_``'s W&B history rows as ``(step, row)``, in step order.
 
     The round's figures form one row with ``round``; each evaluated checkpoint its own row with
-    ``checkpoint`` (round 0 evaluates checkpoints 0 and 1, which one row could not hold). The
+    ``checkpoint`` (round 0 evaluates checkpoints 0 and 1, which one row could not hold), its
+    games' rates and its benchmark scores (``benchmarks``, as in the round manifest). The
     steps are a function of the round, so a round logged again after a crash lands on the same
     steps: checkpoint ``u`` at step ``2u``, round ``r`` at ``2r + 1``; the charts use ``round``
     and ``checkpoint`` as their x-axes, never W&B's step.
     """
-    figures = {k: v for k, v in metrics.items() if not k.startswith("eval/")}
+    figures = {k: v for k, v in metrics.items()
+               if not k.startswith(("eval/", "benchmarks/"))}
     rows = [(2 * round_ + 1, {"round": round_, **figures})]
-    for update, results in evals.items():
-        row: dict[str, float] = {"checkpoint": int(update)}
+    scored = benchmarks or {}
+    for update in sorted(set(evals) | set(scored), key=int):
+        results = evals.get(update, [])
+        row: dict[str, float] = {"checkpoint": int(update),
+                                 **benchmark_figures(scored.get(update, []))}
         for r in results:
             base = f"eval/{r['env_id']}/{r['opponent']}"
             games = max(r["games"], 1)
@@ -207,9 +226,11 @@ def wandb_rows(round_: int, metrics: dict[str, float],
 
 
 def log_wandb(run: Run, round_: int, metrics: dict[str, float],
-              evals: dict[str, list[dict[str, Any]]] | None = None) -> None:
-    """Log round ``round_``'s metrics and its evaluations (``{update: rows}``, as in the round
-    manifest) to W&B (started on first use; see :func:`wandb_rows`)."""
+              evals: dict[str, list[dict[str, Any]]] | None = None,
+              benchmarks: dict[str, list[dict[str, Any]]] | None = None) -> None:
+    """Log round ``round_``'s metrics, its evaluations and benchmark scores (``{update:
+    rows}``, as in the round manifest) to W&B (started on first use; see
+    :func:`wandb_rows`)."""
     mode = wandb_mode(run)
     if mode == "disabled":
         return
@@ -230,11 +251,13 @@ def log_wandb(run: Run, round_: int, metrics: dict[str, float],
         wb.define_metric("round")
         wb.define_metric("checkpoint")
         wb.define_metric("eval/*", step_metric="checkpoint")
+        wb.define_metric("benchmarks/*", step_metric="checkpoint")
         _WANDB[run.name] = wb
     axes = _ROUND_AXES.setdefault(run.name, set())
-    for step, row in wandb_rows(round_, metrics, evals or {}):
+    for step, row in wandb_rows(round_, metrics, evals or {}, benchmarks):
         # (W&B globs are prefixes: one per top-level group, as groups first appear)
-        for group in {k.split("/", 1)[0] for k in row if "/" in k} - axes - {"eval"}:
+        for group in {k.split("/", 1)[0] for k in row if "/" in k} - axes - {"eval",
+                                                                              "benchmarks"}:
             wb.define_metric(f"{group}/*", step_metric="round")
             axes.add(group)
         wb.log(row, step=step)
