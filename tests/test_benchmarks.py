@@ -6,7 +6,8 @@ What is asserted is the pipeline (rows, view, report, replace-not-duplicate, res
 not the tiny model's score. Slow, and why: the harness indexes its thousands of task files once
 per process (~15 s on 2 cores: its TaskManager, cached per include path), and the tests share
 the process's engine with the rest of the suite (the `engine` fixture); each scoring is a
-handful of examples of a few tokens.
+handful of examples of a few tokens. The one flow test (~75 s: a Prefect test server, two
+flow runs of one tiny round) is the only place the step is seen inside a round.
 """
 
 from __future__ import annotations
@@ -284,3 +285,42 @@ def test_math_answers_are_checked_by_value(completion, right):
     doc = {"problem": "What is 1/2 as a decimal?", "solution": "It is $\\boxed{0.5}$.",
            "answer": "0.5"}
     assert process_results(doc, [completion])["math_verify"] == int(right)
+
+
+def test_training_scores_checkpoints_as_it_goes_and_a_replayed_round_does_not_again(
+        tmp_path, engine, tasks_dir):
+    """The selfplay flow with ``eval.benchmarks``: checkpoints 0 and 1 are scored in round 0 and
+    carried by its manifest and metrics; round 0 replayed after a crash before its commit
+    keeps the stored scores. Slow (a Prefect test server and two flow runs of one tiny round):
+    only the real flow shows the step in the round."""
+    import yaml
+    from servers import prefect_test_server
+
+    from ub.flows.selfplay import selfplay
+    from ub.run.folder.layout import RunPaths
+
+    config = tmp_path / "bench.yaml"
+    config.write_text(yaml.safe_dump({
+        "seed": 1, "rounds": 1, "model": {"base": "tiny"},
+        "sampling": {"temperature": 1.0, "max_tokens": 8},
+        "envs": [{"env_id": "TicTacToe-v0-train"}], "rollout": {"games_per_round": 4},
+        "batch": {"batch_size": 8}, "learner": {"lora": {"rank": 8, "alpha": 16}},
+        "eval": {"every": 0, "benchmarks": {"tasks": ["ub_arith"], "every": 1, "limit": 2,
+                                            "include_path": str(tasks_dir)}},
+        "tracking": {"wandb": "disabled"}}))
+    paths = RunPaths.of(tmp_path / "runs", "trained")
+    with prefect_test_server():
+        selfplay(run_name="trained", config=str(config), root=str(tmp_path / "runs"),
+                 quiet=True)
+        manifest = json.loads(paths.manifest(0).read_text())
+        assert sorted(manifest["benchmarks"]) == ["0", "1"]
+        assert [r["n"] for r in manifest["benchmarks"]["1"]] == [2]
+        metrics = pq.read_table(paths.metrics(0)).to_pydict()
+        assert "benchmarks/ub_arith/exact_match/number" in metrics["metric"]
+        written = {u: paths.benchmark_scores(u, "ub_arith").stat().st_mtime_ns for u in (0, 1)}
+        paths.manifest(0).unlink()  # a crash after the scoring, before the round's commit
+        selfplay(run_name="trained", root=str(tmp_path / "runs"), quiet=True)
+    assert {u: paths.benchmark_scores(u, "ub_arith").stat().st_mtime_ns
+            for u in (0, 1)} == written
+    replayed = json.loads(paths.manifest(0).read_text())
+    assert replayed["benchmarks"] == manifest["benchmarks"]
