@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow.parquet as pq
+from warm import run_ub
 
 # Two envs, two rounds, a lagged opponent next to mirror self-play (so rating and older
 # adapters are exercised), evaluation of checkpoints 0 and 2.
@@ -51,13 +52,12 @@ TIMING_COLUMNS = {"seconds", "gen_seconds", "env_seconds"}
 
 def train(config: Path, root: Path | str, api_url: str, *, name: str = "run",
           env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """``ub train CONFIG --run NAME --root ROOT`` in a child process (sharing a Prefect API)."""
+    """``ub train CONFIG --run NAME --root ROOT`` in a process of its own (forked warm, see
+    tests/warm.py), sharing a Prefect API."""
     child_env = {k: v for k, v in os.environ.items() if not k.startswith("UB_FAULT")}
     child_env.update({"PREFECT_API_URL": api_url, **(env or {})})
-    return subprocess.run(
-        [sys.executable, "-m", "ub.flows.cli", "train", str(config), "--run", name,
-         "--root", str(root), "--quiet"],
-        env=child_env, capture_output=True, text=True, timeout=900)
+    return run_ub(["train", str(config), "--run", name, "--root", str(root), "--quiet"],
+                  env=child_env)
 
 
 def free_port() -> int:

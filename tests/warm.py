@@ -1,0 +1,96 @@
+"""``ub`` commands as processes of their own, forked from a warm interpreter.
+
+A two-round ``ub train`` of the reliability suite lives ~45 s on two cores, and ~25 s of it is
+importing torch, transformers, PEFT, vLLM, Prefect and W&B. The tests that need a command as a
+process of its own (to SIGKILL it at a fault point, to resume in a fresh process, to read its
+exit status and output) fork it instead from a ``multiprocessing`` forkserver that imported
+those once per pytest worker: the same ``ub`` code, arguments, environment, working folder,
+exit status and output, in ~20 s.
+
+What a fork cannot show stays ``python -m ub.flows.cli`` (``subprocess``): the console script
+(test_cli), a command's own ``PYTHONPATH`` (test_own_components), the processes a killed or
+interrupted command leaves (test_orphans, test_serve, test_prefect_outage).
+"""
+
+from __future__ import annotations
+
+import atexit
+import multiprocessing
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import traceback
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+# What ``ub train`` imports that takes time, but Prefect (~5 s with ub's flows): Prefect sets up
+# its settings and logging at import from the environment ``ub`` prepares first
+# (ub.flows.prefect_env), so the child imports it. Of what these read from the environment at
+# import, only torch's thread count differs between tests: the child sets it.
+PRELOAD = ("torch", "transformers", "peft", "vllm.entrypoints.llm", "textarena", "duckdb",
+           "pyarrow.parquet", "wandb", "ub.flows.cli")
+
+_context: multiprocessing.context.ForkServerContext | None = None
+
+
+def _forkserver() -> multiprocessing.context.ForkServerContext:
+    global _context
+    if _context is None:
+        _context = multiprocessing.get_context("forkserver")
+        _context.set_forkserver_preload([__name__, *PRELOAD])
+    return _context
+
+
+def run_ub(args: Sequence[str], *, env: Mapping[str, str] | None = None,
+           timeout: float = 900) -> subprocess.CompletedProcess:
+    """``ub ARGS`` as ``subprocess.run([sys.executable, "-m", "ub.flows.cli", *ARGS],
+    env=env, capture_output=True, text=True, timeout=timeout)`` would run it; the return code
+    is negative for a signal, as subprocess gives it."""
+    with tempfile.TemporaryDirectory(prefix="ub-warm-") as folder:
+        out, err = Path(folder, "stdout"), Path(folder, "stderr")
+        process = _forkserver().Process(
+            target=_ub, args=(list(args), dict(os.environ if env is None else env),
+                              os.getcwd(), str(out), str(err)))
+        process.start()
+        process.join(timeout)
+        if process.exitcode is None:
+            process.kill()
+            process.join()
+            raise subprocess.TimeoutExpired(["ub", *args], timeout, out.read_text(),
+                                            err.read_text())
+        return subprocess.CompletedProcess(["ub", *args], process.exitcode,
+                                           out.read_text(errors="replace"),
+                                           err.read_text(errors="replace"))
+
+
+def _ub(args: list[str], env: dict[str, str], cwd: str, out: str, err: str) -> None:
+    """The forked child: ``ub.flows.cli.entry`` with ``args``, then exit as the interpreter
+    does (join non-daemon threads, run the exit handlers: Prefect drains its logs, vLLM shuts
+    down)."""
+    os.environ.clear()
+    os.environ.update(env)
+    os.chdir(cwd)
+    for fd, path in ((1, out), (2, err)):
+        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
+    import torch
+
+    from ub.flows.cli import main
+
+    assert "prefect" not in sys.modules, "the forkserver imported Prefect (see PRELOAD)"
+    if os.environ.get("OMP_NUM_THREADS"):
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    sys.argv = ["ub", *args]
+    try:
+        code = main(args)
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
