@@ -207,6 +207,20 @@ def test_scoring_again_replaces_the_rows(capsys, engine, runs, tasks_dir):
     assert out.splitlines() == ["checkpoint,n", "1,6"]  # replaced, not a second copy
 
 
+def test_a_chat_format_prompts_through_the_chat_template(capsys, engine, runs, tasks_dir):
+    code, _, err = ub(capsys, "eval", "bench", "--root", str(runs), "--tasks", "ub_arith",
+                      "--checkpoint", "1", "--include-path", str(tasks_dir), "--limit", "2",
+                      "--format", "chat")
+    assert code == 0, err
+    folder = runs / "bench" / "benchmarks" / "ckpt-000001"
+    [sample, _] = [json.loads(line) for line in
+                   (folder / "ub_arith.samples.jsonl").read_text().splitlines()]
+    assert sample["arguments"][0][0] == ("<|im_start|>user\nQuestion: What is 1 + 2?\n"
+                                         "Answer:<|im_end|>\n<|im_start|>assistant\n")
+    assert pq.read_table(folder / "ub_arith.parquet").column(
+        "prompt_format").to_pylist() == ["chat"]
+
+
 def test_training_resume_scores_a_checkpoint_once(engine, runs, tasks_dir):
     from ub.benchmarks import BenchmarksSection
     from ub.run.config.base_model import resolve_base_model
