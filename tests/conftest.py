@@ -13,6 +13,7 @@ from ub.vllm_environment import configure_vllm_environment
 # Before anything imports vllm, transformers or wandb.
 configure_vllm_environment()
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")  # (datasets reads it at its import)
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")  # no telemetry calls out
 
@@ -78,6 +79,18 @@ def pytest_terminal_summary(terminalreporter, config: pytest.Config) -> None:
         terminalreporter.write_line(
             f"bad inputs: {counts['bad inputs tried']} tried, {counts['bad inputs clear']} "
             "clear errors")
+
+
+@pytest.fixture(scope="session")
+def prefect_api():
+    """One Prefect test server for the pytest worker's session (a start takes 15-60 s on two
+    busy cores); yields its URL, which subprocesses (``ub train`` as a user runs it) take as
+    ``PREFECT_API_URL``. From the first test that asks for it on, the worker's in-process flows
+    report to it, as they would to a temporary server of their own."""
+    from servers import prefect_test_server
+
+    with prefect_test_server() as api:
+        yield api
 
 
 @pytest.fixture(scope="session")

@@ -13,16 +13,12 @@ flow runs of one tiny round) is the only place the step is seen inside a round.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 
 import duckdb
 import pyarrow.parquet as pq
 import pytest
-
-# Never the network: the harness's datasets library reads this once, when it is imported.
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 from ub.flows.cli import main
 
@@ -262,6 +258,17 @@ def test_bad_input_is_one_line_and_writes_nothing(capsys, runs, tasks_dir, argv,
     assert sorted(p for p in (runs / "bench").rglob("*") if "benchmarks" in p.parts) == before
 
 
+def test_a_run_with_an_unknown_benchmark_is_refused_before_it_writes(capsys, tmp_path,
+                                                                     tiny_model, tasks_dir):
+    """`ub train`'s preflight checks eval.benchmarks' names (not at checkpoint 0's scoring)."""
+    code, _, err = ub(capsys, "train", "tiny-cpu", "--run", "x", "--root", str(tmp_path),
+                      "--set", "eval.benchmarks.tasks=[ub_arithm]",
+                      "--set", f"eval.benchmarks.include_path={tasks_dir}")
+    assert code == 2
+    assert "unknown benchmark task 'ub_arithm' (did you mean: ub_arith" in err, err
+    assert len(err.strip().splitlines()) == 1 and list(tmp_path.iterdir()) == []
+
+
 def test_a_chat_format_needs_a_chat_template(capsys, tmp_path, tiny_model, tasks_dir):
     from ub.run.config.load import load_config
     from ub.run.folder.layout import RunPaths
@@ -302,13 +309,12 @@ def test_math_answers_are_checked_by_value(completion, right):
 
 
 def test_training_scores_checkpoints_as_it_goes_and_a_replayed_round_does_not_again(
-        tmp_path, engine, tasks_dir):
+        prefect_api, tmp_path, engine, tasks_dir):
     """The selfplay flow with ``eval.benchmarks``: checkpoints 0 and 1 are scored in round 0 and
     carried by its manifest and metrics; round 0 replayed after a crash before its commit
-    keeps the stored scores. Slow (a Prefect test server and two flow runs of one tiny round):
+    keeps the stored scores. Slow (two flow runs of one tiny round):
     only the real flow shows the step in the round."""
     import yaml
-    from servers import prefect_test_server
 
     from ub.flows.selfplay import selfplay
     from ub.run.folder.layout import RunPaths
@@ -323,17 +329,16 @@ def test_training_scores_checkpoints_as_it_goes_and_a_replayed_round_does_not_ag
                                             "include_path": str(tasks_dir)}},
         "tracking": {"wandb": "disabled"}}))
     paths = RunPaths.of(tmp_path / "runs", "trained")
-    with prefect_test_server():
-        selfplay(run_name="trained", config=str(config), root=str(tmp_path / "runs"),
-                 quiet=True)
-        manifest = json.loads(paths.manifest(0).read_text())
-        assert sorted(manifest["benchmarks"]) == ["0", "1"]
-        assert [r["n"] for r in manifest["benchmarks"]["1"]] == [2]
-        metrics = pq.read_table(paths.metrics(0)).to_pydict()
-        assert "benchmarks/ub_arith/exact_match/number" in metrics["metric"]
-        written = {u: paths.benchmark_scores(u, "ub_arith").stat().st_mtime_ns for u in (0, 1)}
-        paths.manifest(0).unlink()  # a crash after the scoring, before the round's commit
-        selfplay(run_name="trained", root=str(tmp_path / "runs"), quiet=True)
+    selfplay(run_name="trained", config=str(config), root=str(tmp_path / "runs"),
+             quiet=True)
+    manifest = json.loads(paths.manifest(0).read_text())
+    assert sorted(manifest["benchmarks"]) == ["0", "1"]
+    assert [r["n"] for r in manifest["benchmarks"]["1"]] == [2]
+    metrics = pq.read_table(paths.metrics(0)).to_pydict()
+    assert "benchmarks/ub_arith/exact_match/number" in metrics["metric"]
+    written = {u: paths.benchmark_scores(u, "ub_arith").stat().st_mtime_ns for u in (0, 1)}
+    paths.manifest(0).unlink()  # a crash after the scoring, before the round's commit
+    selfplay(run_name="trained", root=str(tmp_path / "runs"), quiet=True)
     assert {u: paths.benchmark_scores(u, "ub_arith").stat().st_mtime_ns
             for u in (0, 1)} == written
     replayed = json.loads(paths.manifest(0).read_text())

@@ -164,16 +164,24 @@ def check_task_names(names: Sequence[str], include_path: str | None) -> None:
 
 @contextlib.contextmanager
 def _quiet_harness() -> Iterator[None]:
-    """The harness logs every task's defaults at INFO and warnings ub already handles."""
+    """The harness logs every task's defaults at INFO and warnings ub already handles, and
+    the datasets library draws a progress bar on stderr when it first reads a dataset (around
+    a refusal's one line, too)."""
+    from datasets.utils import logging as datasets_logging
+
     loggers = [logging.getLogger(name) for name in ("lm_eval", "lm-eval")]
     levels = [logger.level for logger in loggers]
+    bars = datasets_logging.is_progress_bar_enabled()
     for logger in loggers:
         logger.setLevel(logging.ERROR)
+    datasets_logging.disable_progress_bar()
     try:
         yield
     finally:
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
+        if bars:
+            datasets_logging.enable_progress_bar()
 
 
 def load_task(name: str, include_path: str | None) -> dict[str, Any]:

@@ -6,9 +6,10 @@ in a second), the ``selfplay`` flow when a Prefect deployment or its schedule ru
 flow) and checks, in this order: the run store answers (a store run's working copy catches up
 first), the config loads and matches the run's own, the base model can load and bounds the
 settings, the run's GPU plan fits (:func:`ub.run.checks.gpu_plan.check_run_fits_gpu`), the Ray
-cluster and hosted opponents answer, the committed rounds' manifests read, no live process
-holds the run, and its folder can be created. A refusal is one :class:`~ub.errors.UbError`
-line and leaves nothing behind: no run folder, no checkpoint 0, no logs.
+cluster and hosted opponents answer, the benchmarks it scores are the harness's, the committed
+rounds' manifests read, no live process holds the run, and its folder can be created. A
+refusal is one :class:`~ub.errors.UbError` line and leaves nothing behind: no run folder, no
+checkpoint 0, no logs.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ def preflight(request: RunRequest) -> RunStart:
         check_fits_base_model(resolved)
         gpu_note = check_run_fits_gpu(resolved)
         check_services(resolved)
+        check_benchmarks(resolved)
         check_manifests(paths)
         code_notes = changed_sources(paths, resolved)
         check_not_held(paths.lock)
@@ -105,6 +107,17 @@ def requested_config(paths: RunPaths, request: RunRequest) -> tuple[TrainConfig 
                           "them)")
         return None, ()
     return load_config(source, list(request.overrides)), ()
+
+
+def check_benchmarks(config: TrainConfig) -> None:
+    """``eval.benchmarks``' tasks are the harness's (or the include folder's), with the
+    harness installed: a misspelt task fails here, not at checkpoint 0's scoring. (Whether a
+    dataset can be fetched is known only when it loads, before the engine starts then.)"""
+    section = config.eval.benchmarks
+    if section.tasks:
+        from ub.benchmarks import check_task_names
+
+        check_task_names(section.tasks, section.include_path)
 
 
 def check_services(config: TrainConfig) -> None:
