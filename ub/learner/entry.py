@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from ub.distributed import barrier, rank_and_world
 from ub.errors import UbError
-from ub.learner.checkpoint import is_checkpoint, read_metrics
+from ub.learner.checkpoint import is_checkpoint, read_checkpoint, read_metrics
 from ub.learner.config import LearnerConfig
 from ub.learner.learner import Learner
 
@@ -105,11 +105,6 @@ def learn_on_batch(batch: Any, learner_config: LearnerConfig,
         return done
     learner = _learner(worker, learner_config)
     learner.start(from_checkpoint)
-    return _update_and_save(learner, batch, from_checkpoint, out, overwrite)
-
-
-def _update_and_save(learner: Learner, batch: Any, from_checkpoint: str | Path | None,
-                     out: Path, overwrite: bool) -> dict[str, Any]:
     metrics = learner.update(batch)
     metrics["from_checkpoint"] = _path_str(from_checkpoint)
     if hasattr(batch, "stats"):
@@ -140,13 +135,13 @@ def learn_step(root: str | Path, batch_config: Any, learner_config: LearnerConfi
     """
     from ub.batch import assemble_batch
 
-    out = Path(out_checkpoint)
-    if not overwrite and (done := _committed(out, from_checkpoint)) is not None:
+    if not overwrite and (done := _committed(Path(out_checkpoint), from_checkpoint)) is not None:
         return done
-    learner = _learner(worker, learner_config)
-    learner.start(from_checkpoint)  # a bad checkpoint fails before the batch is assembled
+    if from_checkpoint is not None:
+        read_checkpoint(from_checkpoint)  # a bad checkpoint fails before the batch is assembled
     batch = assemble_batch(Path(root), batch_config, final_rewards_state)
-    return _update_and_save(learner, batch, from_checkpoint, out, overwrite)
+    return learn_on_batch(batch, learner_config, from_checkpoint, out_checkpoint,
+                          overwrite=overwrite, worker=worker)
 
 
 def write_initial_checkpoint(learner_config: LearnerConfig, out_checkpoint: str | Path, *,
