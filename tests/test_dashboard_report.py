@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from servers import prefect_test_server
 
 from ub.dashboard import sparkline
 from ub.dashboard_state import gather
@@ -32,15 +31,14 @@ CONFIG = {
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, tiny_model) -> Path:
+def run_dir(prefect_api, tmp_path_factory, tiny_model) -> Path:
 
     from ub.flows.selfplay import selfplay
 
     folder = tmp_path_factory.mktemp("dash")
     config = folder / "dash.yaml"
     config.write_text(yaml.safe_dump(CONFIG))
-    with prefect_test_server():
-        selfplay(run_name="dash", config=str(config), root=str(folder / "runs"), quiet=True)
+    selfplay(run_name="dash", config=str(config), root=str(folder / "runs"), quiet=True)
     return RunPaths.of(folder / "runs", "dash").root
 
 

@@ -1,13 +1,14 @@
-"""Hosted opponents: a real OpenAI-compatible server (vLLM's, serving the tiny model on
-loopback) and a misbehaving one (errors, garbage, slowness) exercise the same HTTP client."""
+"""Hosted opponents: a misbehaving OpenAI-compatible server (errors, garbage, slowness) on
+loopback exercises the HTTP client that plays real games against vLLM's own server in
+test_serve.py (a checkpoint served by `ub serve` as a hosted opponent: one vLLM server start
+for both)."""
 
 from __future__ import annotations
 
-import sys
 import time
 
 import pytest
-from servers import free_port, serving
+from servers import free_port
 
 from ub.actors.hosted import HostedSettings, check_hosted, parse_hosted
 from ub.actors.spec import parse_actor
@@ -17,36 +18,6 @@ from ub.games.specs import GameSpec
 from ub.rollout import assign_games, play_games
 
 RANDOM = parse_actor("random")
-
-
-@pytest.fixture(scope="module")
-def vllm_server(tiny_model, tmp_path_factory):
-    """`vllm.entrypoints.openai.api_server` serving the tiny model as `tiny`."""
-    port = free_port()
-    base = f"http://127.0.0.1:{port}/v1"
-    with serving([sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model",
-                  str(tiny_model), "--served-model-name", "tiny", "--host", "127.0.0.1",
-                  "--port", str(port), "--max-model-len", "1024",
-                  # as ub serves on the CPU (ub.inference.patches.vllm_engine_args): compiling
-                  # the model cost this fixture ~20 s warm, ~50 s on a fresh machine, and
-                  # bought nothing
-                  "--enforce-eager"],
-                 f"{base}/models", tmp_path_factory.mktemp("vllm-serve") / "server.log",
-                 timeout=300):
-        yield base
-
-
-def test_a_hosted_model_plays_real_games(vllm_server, tmp_path):
-    hosted = parse_actor(f"hosted:tiny@{vllm_server}?max_tokens=16")
-    check_hosted(hosted.name)
-    played = play_games(assign_games(GameSpec("TicTacToe-v0-train"), [hosted, RANDOM], 6,
-                                     base_seed=2))
-    games = played.games.to_pylist()
-    assert len(games) == 6 and {g["outcome"] for g in games} <= {"decisive", "draw"}
-    steps = [s for s in played.steps.to_pylist() if s["actor_kind"] == "hosted"]
-    assert steps and all(s["prompt"] and s["completion"] is not None for s in steps)
-    assert all(s["prompt_token_ids"] is None for s in steps)  # never trained on
-    write_shard(tmp_path, ShardId(0, 0), "hosted", played.steps, played.games)
 
 
 def _play(actor: str, games: int = 2):

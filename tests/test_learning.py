@@ -26,7 +26,6 @@ import math
 
 import pyarrow.parquet as pq
 import pytest
-from servers import prefect_test_server
 
 from ub.actors.names import checkpoint_actor
 from ub.data.shards import ShardId, shard_path
@@ -55,7 +54,7 @@ CONFIG = {
 
 
 @pytest.fixture(scope="module")
-def run(tiny_model, tmp_path_factory) -> RunPaths:
+def run(prefect_api, tiny_model, tmp_path_factory) -> RunPaths:
     """A short real run of CONFIG, evaluated at checkpoints 0 and ROUNDS."""
     import yaml
 
@@ -64,8 +63,7 @@ def run(tiny_model, tmp_path_factory) -> RunPaths:
     root = tmp_path_factory.mktemp("learning")
     config = root / "learning.yaml"
     config.write_text(yaml.safe_dump(CONFIG))
-    with prefect_test_server():
-        selfplay(run_name="learn", config=str(config), root=str(root), quiet=True)
+    selfplay(run_name="learn", config=str(config), root=str(root), quiet=True)
     return RunPaths.of(root, "learn")
 
 

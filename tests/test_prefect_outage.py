@@ -1,5 +1,6 @@
 """The Prefect server a run reports to, absent, killed and restarted, as a user meets it: a real
-`prefect server start` on the loopback and a real `ub train` (docs/reliability.md).
+`prefect server start` on the loopback and `ub train` in a session of its own (forked warm:
+tests/warm.py) (docs/reliability.md).
 
 Slow (about 3 minutes on 2 cores): a live server to lose, started twice, and three runs of two
 small rounds (one ridden over a restart, one stopped by an outage and resumed, compared game
@@ -19,12 +20,12 @@ import httpx
 import pytest
 import yaml
 from servers import free_port, wait_for
+from warm import WarmProcess, run_ub, start_ub
 
 from ub.data.sql import query
 from ub.run.folder.layout import RunPaths
 
 PREFECT = [sys.executable, "-m", "prefect"]
-UB = [sys.executable, "-m", "ub.flows.cli"]
 GRACE_S = 10  # UB_PREFECT_GRACE_S of the run the test stops (the default is 30)
 CONFIG = {
     "seed": 3,
@@ -91,18 +92,16 @@ def config_file(tmp_path_factory) -> Path:
     return path
 
 
-def start_train(args: list[str], api: str | None, grace_s: float = GRACE_S) -> subprocess.Popen:
-    """``ub train ARGS`` as a user runs it, in a session of its own (to find what it leaves)."""
+def start_train(args: list[str], api: str | None, grace_s: float = GRACE_S) -> WarmProcess:
+    """``ub train ARGS`` in a session of its own (to find what it leaves)."""
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env["UB_PREFECT_GRACE_S"] = str(grace_s)
     if api is not None:
         env["PREFECT_API_URL"] = api
-    return subprocess.Popen([*UB, "train", *args, "--quiet"], env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True)
+    return start_ub(["train", *args, "--quiet"], env=env, new_session=True)
 
 
-def after_round_0(process: subprocess.Popen, paths: RunPaths) -> None:
+def after_round_0(process: WarmProcess, paths: RunPaths) -> None:
     """Wait until round 0 of ``paths`` commits (its manifest is there)."""
     wait_for(lambda: process.poll() is not None or paths.manifest(0).exists(), 600,
              "round 0 commits")
@@ -173,7 +172,7 @@ def test_a_server_gone_mid_run_stops_it_in_one_line_and_a_resume_loses_nothing(
     assert took < GRACE_S + 60, f"stopped {took:.0f} s after the server died"
     assert session_members(train.pid) == []  # no engine, learner or server left behind
     assert "has not answered" in (paths.logs / "flow.log").read_text()  # in the run's log too
-    doctor = subprocess.run([*UB, "doctor", str(paths.root)], capture_output=True, text=True)
+    doctor = run_ub(["doctor", str(paths.root)])
     assert doctor.returncode == 0, doctor.stdout  # nothing committed half-way
 
     # Resumed on a temporary server of ub's own, as the line says: the games of a run that

@@ -2,7 +2,8 @@
 
 A small real run (one round: rollout, learner update, greedy evaluation of checkpoints 0 and 1)
 is served with `ub serve`; vLLM's server must answer the recorded greedy evaluation prompts
-with the recorded completions, token for token, and leave no process behind when stopped.
+with the recorded completions, token for token, play as a hosted opponent, and leave no process
+behind when stopped.
 """
 
 from __future__ import annotations
@@ -23,7 +24,12 @@ import pytest
 from processes import as_from_a_terminal, descendants
 from servers import free_port
 
+from ub.actors.hosted import check_hosted
+from ub.actors.spec import parse_actor
+from ub.data.shards import ShardId, write_shard
 from ub.flows.cli import main
+from ub.games.specs import GameSpec
+from ub.rollout import assign_games, play_games
 from ub.run.folder.layout import RunPaths
 
 RUN = "srv"
@@ -218,11 +224,25 @@ def test_served_checkpoints_answer_as_the_recorded_greedy_eval(served_run, tmp_p
         server.close()
 
 
-def test_killing_ub_serve_takes_the_server_down(served_run, tmp_path):
+def test_a_served_checkpoint_plays_as_a_hosted_opponent_and_killing_ub_serve_takes_it_down(
+        served_run, tmp_path):
+    """`ub serve` is vLLM's OpenAI server: a hosted opponent on it plays real games (the real
+    server of test_hosted_opponents' client, started once for both)."""
     server = Served(served_run, tmp_path / "serve.log", "--checkpoint", "1")
     try:
         server.wait_ready()
-        assert server.complete(f"{RUN}/ckpt-000001", "Your action:")["text"] is not None
+        hosted = parse_actor(f"hosted:{RUN}/ckpt-000001@http://127.0.0.1:{server.port}/v1"
+                             "?max_tokens=16")
+        check_hosted(hosted.name)
+        played = play_games(assign_games(GameSpec("TicTacToe-v0-train"),
+                                         [hosted, parse_actor("random")], 6, base_seed=2))
+        games = played.games.to_pylist()
+        assert len(games) == 6 and {g["outcome"] for g in games} <= {"decisive", "draw"}
+        steps = [s for s in played.steps.to_pylist() if s["actor_kind"] == "hosted"]
+        assert steps and all(s["prompt"] and s["completion"] is not None for s in steps)
+        assert all(s["prompt_token_ids"] is None for s in steps)  # never trained on
+        write_shard(tmp_path, ShardId(0, 0), "hosted", played.steps, played.games)
+
         spawned = server.processes()
         assert len(spawned) >= 2
         server.proc.kill()  # SIGKILL: ub serve cannot clean up; the kernel tells its child

@@ -14,7 +14,6 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 import yaml
-from servers import prefect_test_server
 
 from ub.data.shards import committed_shards
 from ub.data.sql import query
@@ -39,13 +38,6 @@ TEST_CONFIG = {
 GAME_COLUMNS = ["game_id", "env_id", "seed", "actors", "rewards", "outcome", "num_turns"]
 STEP_COLUMNS = ["game_id", "turn", "actor", "prompt_token_ids", "completion_token_ids",
                 "completion_logprobs", "action", "invalid_move"]
-
-
-@pytest.fixture(scope="module")
-def prefect_api():
-    """A Prefect test server for this module; its URL lets subprocesses share it."""
-    with prefect_test_server() as api:
-        yield api
 
 
 @pytest.fixture(scope="module")

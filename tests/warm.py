@@ -17,6 +17,8 @@ from __future__ import annotations
 import atexit
 import multiprocessing
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -48,32 +50,77 @@ def run_ub(args: Sequence[str], *, env: Mapping[str, str] | None = None,
     """``ub ARGS`` as ``subprocess.run([sys.executable, "-m", "ub.flows.cli", *ARGS],
     env=env, capture_output=True, text=True, timeout=timeout)`` would run it; the return code
     is negative for a signal, as subprocess gives it."""
-    with tempfile.TemporaryDirectory(prefix="ub-warm-") as folder:
-        out, err = Path(folder, "stdout"), Path(folder, "stderr")
-        process = _forkserver().Process(
-            target=_ub, args=(list(args), dict(os.environ if env is None else env),
-                              os.getcwd(), str(out), str(err)))
-        process.start()
-        process.join(timeout)
-        if process.exitcode is None:
-            process.kill()
-            process.join()
-            raise subprocess.TimeoutExpired(["ub", *args], timeout, out.read_text(),
-                                            err.read_text())
-        return subprocess.CompletedProcess(["ub", *args], process.exitcode,
-                                           out.read_text(errors="replace"),
-                                           err.read_text(errors="replace"))
+    process = start_ub(args, env=env)
+    try:
+        out, err = process.communicate(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        raise subprocess.TimeoutExpired(["ub", *args], timeout, out, err) from None
+    return subprocess.CompletedProcess(["ub", *args], process.returncode, out, err)
 
 
-def _ub(args: list[str], env: dict[str, str], cwd: str, out: str, err: str) -> None:
-    """The forked child: ``ub.flows.cli.entry`` with ``args``, then exit as the interpreter
-    does (join non-daemon threads, run the exit handlers: Prefect drains its logs, vLLM shuts
-    down)."""
+def start_ub(args: Sequence[str], *, env: Mapping[str, str] | None = None,
+             new_session: bool = False) -> WarmProcess:
+    """``ub ARGS`` started as ``subprocess.Popen([sys.executable, "-m", "ub.flows.cli",
+    *ARGS], env=env, stdout=PIPE, stderr=PIPE, text=True, start_new_session=new_session)``
+    would start it."""
+    folder = Path(tempfile.mkdtemp(prefix="ub-warm-"))
+    process = _forkserver().Process(
+        target=_ub, args=(list(args), dict(os.environ if env is None else env), os.getcwd(),
+                          str(folder), new_session))
+    process.start()
+    return WarmProcess(process, folder)
+
+
+class WarmProcess:
+    """A forked ``ub`` command: what the tests use of ``subprocess.Popen``."""
+
+    def __init__(self, process: multiprocessing.process.BaseProcess, folder: Path) -> None:
+        self._process, self._folder = process, folder
+        self.pid: int = process.pid  # type: ignore[assignment]
+
+    @property
+    def returncode(self) -> int | None:
+        return self._process.exitcode
+
+    def poll(self) -> int | None:
+        return self._process.exitcode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self._process.join(timeout)
+        if self._process.exitcode is None:
+            raise subprocess.TimeoutExpired(f"ub (pid {self.pid})", timeout or 0)
+        return self._process.exitcode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """Wait for the end, then the command's stdout and stderr (its files go)."""
+        self.wait(timeout)
+        out, err = (Path(self._folder, name).read_text(errors="replace")
+                    for name in ("stdout", "stderr"))
+        shutil.rmtree(self._folder, ignore_errors=True)
+        return out, err
+
+    def send_signal(self, number: int) -> None:
+        if self._process.exitcode is None:
+            os.kill(self.pid, number)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+def _ub(args: list[str], env: dict[str, str], cwd: str, folder: str, new_session: bool
+        ) -> None:
+    """The forked child: ``ub.flows.cli.entry`` with ``args``, its output in ``folder``,
+    then exit as the interpreter does (join non-daemon threads, run the exit handlers: Prefect
+    drains its logs, vLLM shuts down)."""
+    if new_session:
+        os.setsid()
     os.environ.clear()
     os.environ.update(env)
     os.chdir(cwd)
-    for fd, path in ((1, out), (2, err)):
-        os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
+    for fd, name in ((1, "stdout"), (2, "stderr")):
+        os.dup2(os.open(Path(folder, name), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), fd)
     import torch
 
     from ub.flows.cli import main

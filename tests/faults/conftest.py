@@ -9,15 +9,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from servers import prefect_test_server
 
 from faults.runs import CONFIG
-
-
-@pytest.fixture(scope="package")
-def prefect_api():
-    with prefect_test_server() as api:
-        yield api
 
 
 @pytest.fixture(scope="package")
