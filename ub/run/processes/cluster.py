@@ -57,7 +57,35 @@ def on_worker(run: Any, role: str, index: int, step: Callable[..., T], *args: An
     import ray
 
     actor = ray.get_actor(worker_name(run, role, index), namespace=NAMESPACE)
-    return ray.get(actor.call.remote(step, *args))
+    try:
+        return ray.get(actor.call.remote(step, *args))
+    except ray.exceptions.ActorUnavailableError:
+        # The actor died mid-step and Ray is restarting it (a new process and engine: a
+        # minute on the CPU, more on a GPU). The task's retry replays the step (each commits
+        # atomically): it must find the actor restarted, not still restarting (the retry
+        # came 2 s later and failed the run the same way).
+        _wait_until_restarted(actor)
+        raise
+
+
+RESTART_WAIT_S = 1800.0
+"""How long a step's failure waits for its Ray actor to restart before the retry."""
+
+
+def _wait_until_restarted(actor: Any) -> None:
+    """Return when ``actor`` answers again, or after :data:`RESTART_WAIT_S` (the retry then
+    fails as Ray says); an actor out of restarts raises Ray's error at once."""
+    import time
+
+    import ray
+
+    deadline = time.monotonic() + RESTART_WAIT_S
+    while time.monotonic() < deadline:
+        try:
+            ray.get(actor.describe.remote(), timeout=60)
+            return
+        except (ray.exceptions.ActorUnavailableError, ray.exceptions.GetTimeoutError):
+            time.sleep(1)
 
 
 def on_learners(run: Any, step: Callable[..., T], *args: Any, worker: Worker) -> T:
