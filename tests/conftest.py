@@ -125,6 +125,22 @@ def engine(tiny_model):
                                    SamplingConfig(temperature=1.0, max_tokens=16))
 
 
+@pytest.fixture()
+def own_worker():
+    """A worker of the test's own (as a Ray actor has), the process's engine closed first: one
+    in-process vLLM engine at a time. Closing an engine tears down vLLM's process-wide parallel
+    state, which an engine kept alive beside it would be left without ("pipeline model
+    parallel group is not initialized" in the next test that used the process's)."""
+    from ub.run.processes.worker import Worker, process_worker
+
+    process_worker().close_engine()
+    worker = Worker()
+    try:
+        yield worker
+    finally:
+        worker.close()
+
+
 @pytest.fixture(scope="module")
 def bad_server():
     """A misbehaving OpenAI-compatible server on loopback (see ``stub_openai.py``)."""

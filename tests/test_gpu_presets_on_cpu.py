@@ -59,7 +59,8 @@ def _without(data: dict[str, Any], dotted: str) -> None:
 
 @pytest.mark.parametrize("preset", GPU_PRESETS)
 def test_a_gpu_preset_plays_and_learns_a_round_on_the_cpu(preset: str, random_qwen3: Path,
-                                                          tmp_path: Path) -> None:
+                                                          tmp_path: Path,
+                                                          own_worker: Worker) -> None:
     shipped = load_config(preset)
     config = load_config(preset, [f"model.base={random_qwen3}", *SIZES])
     as_shipped, sized = shipped.model_dump(), config.model_dump()
@@ -71,7 +72,7 @@ def test_a_gpu_preset_plays_and_learns_a_round_on_the_cpu(preset: str, random_qw
     paths = RunPaths.of(tmp_path, preset)
     open_run(paths, config)
     run = Run(paths, config, resolve_base_model(config))
-    worker = Worker()
+    worker = own_worker
     try:
         initial_checkpoint(run, worker=worker)
         shards = [rollout_shard(run, 0, shard, games, worker=worker)

@@ -350,20 +350,19 @@ ROUND_CONFIG = {
 
 
 def test_the_engine_sleeps_through_the_update_unless_rounds_are_pipelined(
-        tiny_model, tmp_path: Path) -> None:
+        tiny_model, tmp_path: Path, own_worker) -> None:
     """Not pipelined: the engine sleeps after the round's games and before the learner's update,
     and wakes after it (vLLM's sleep and wake calls recorded: sleep mode is CUDA-only).
     Pipelined, the engine plays the next round meanwhile: it stays awake."""
     from ub.run.config.base_model import resolve_base_model
     from ub.run.config.load import validate_config
     from ub.run.folder.layout import RunPaths
-    from ub.run.processes.worker import Worker
     from ub.run.steps.learn import initial_checkpoint, learn_round
     from ub.run.steps.plan import plan_round
     from ub.run.steps.play import rollout_shard
     from ub.run.steps.rounds import Run, open_run
 
-    worker = Worker()  # one engine and one learner for both runs, as a process keeps them
+    worker = own_worker  # one engine and one learner for both runs, as a process keeps them
     calls: list[str] = []
     try:
         for staleness in (0, 1):
