@@ -24,16 +24,18 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[LEDGER] = Counter()
 
 
-# The slowest scopes (about, in seconds of `make test` on 2 busy cores: faults 700 and its Ray
-# module 360, train flow 270, learning 260, ub serve 190, Prefect outages 180, Prefect server
-# 170, own components 90, engine process 85, data parallel 65) start first, so the two workers
-# end together instead of one running a long module alone at the end. (The others are queued
-# by their number of tests, most first: a slow module with few tests left out of this list
-# would start last.)
-SLOWEST_FIRST = ("tests/faults", "tests/faults/test_ray.py", "tests/test_train_flow.py",
-                 "tests/test_learning.py", "tests/test_serve.py", "tests/test_prefect_outage.py",
-                 "tests/test_prefect_server.py", "tests/test_own_components.py",
-                 "tests/test_engine_process.py", "tests/test_data_parallel.py")
+# The slowest scopes (about, in seconds of `make test` on 2 busy cores: faults 640 and its Ray
+# module 540, ub serve 180, train flow 180, Prefect server 170, learning 150, Prefect outages
+# 140, engine process 120, data parallel 85, benchmarks 80, own components 80, vLLM engine 75)
+# start first, so the two workers end together instead of one running a long module alone at
+# the end. (The others are queued by their number of tests, most first: a slow module with few
+# tests left out of this list would start last.)
+SLOWEST_FIRST = ("tests/faults", "tests/faults/test_ray.py", "tests/test_serve.py",
+                 "tests/test_train_flow.py", "tests/test_prefect_server.py",
+                 "tests/test_learning.py", "tests/test_prefect_outage.py",
+                 "tests/test_engine_process.py", "tests/test_data_parallel.py",
+                 "tests/test_benchmarks.py", "tests/test_own_components.py",
+                 "tests/test_vllm_engine.py")
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
