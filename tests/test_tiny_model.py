@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import time
 from pathlib import Path
 
@@ -163,8 +164,10 @@ def test_cache_hit_returns_same_path_without_rebuilding(
 
 
 @pytest.mark.parametrize("damage", ["no-manifest", "truncated-weights", "other-key"])
-def test_partial_or_damaged_build_is_rebuilt(cache_root: Path, damage: str) -> None:
-    path = build_tiny_model(config=SMALL, verbose=False)
+def test_partial_or_damaged_build_is_rebuilt(cache_root: Path, small_model: Path,
+                                             damage: str) -> None:
+    # The module's build, copied to where the cache keeps it, then damaged.
+    path = Path(shutil.copytree(small_model, tiny_model_path(config=SMALL)))
     reference = _file_bytes(path)
     if damage == "no-manifest":
         (path / MANIFEST).unlink()
