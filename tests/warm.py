@@ -4,12 +4,13 @@ A two-round ``ub train`` of the reliability suite lives ~45 s on two cores, and 
 importing torch, transformers, PEFT, vLLM, Prefect and W&B. The tests that need a command as a
 process of its own (to SIGKILL it at a fault point, to resume in a fresh process, to read its
 exit status and output) fork it instead from a ``multiprocessing`` forkserver that imported
-those once per pytest worker: the same ``ub`` code, arguments, environment, working folder,
-exit status and output, in ~20 s.
+those (but Prefect, see PRELOAD) once per pytest worker: the same ``ub`` code, arguments,
+environment, working folder, exit status and output, in ~20 s. ``start_ub(new_session=True)``
+gives it a session of its own, whose leftovers a test can look for (test_prefect_outage).
 
 What a fork cannot show stays ``python -m ub.flows.cli`` (``subprocess``): the console script
-(test_cli), a command's own ``PYTHONPATH`` (test_own_components), the processes a killed or
-interrupted command leaves (test_orphans, test_serve, test_prefect_outage).
+(test_cli), a command's own ``PYTHONPATH`` (test_own_components), the process tree a killed or
+interrupted command leaves under its parent (test_orphans, test_serve).
 """
 
 from __future__ import annotations
