@@ -156,8 +156,7 @@ class Learner:
                 try:
                     with self._own_rng():
                         self._refuse_rows_too_long(batch)
-                        metrics = update(self.policy, self.optimizer, self.algorithm, batch,
-                                         self.config, **self._update_settings())
+                        metrics = self._update(batch, self.optimizer)
                         new_rng = self._capture_rng()
                     break
                 except torch.OutOfMemoryError as e:
@@ -195,13 +194,14 @@ class Learner:
         self.last_metrics = metrics
         return metrics
 
-    def _update_settings(self) -> dict[str, Any]:
-        """What :func:`ub.learner.update.update` takes of this learner's state, but the
-        model, optimizer, algorithm, batch and config."""
+    def _update(self, batch: Batch, optimizer: torch.optim.AdamW | None) -> dict[str, Any]:
+        """:func:`ub.learner.update.update` with this learner's state (``optimizer`` None:
+        gradients only)."""
         steps = self.config.minibatches * self.config.epochs
-        return {"rng": self.py_rng, "first_step": self.update_index * steps,
-                "micro_batch_tokens": self.budget.tokens, "ranks": Ranks.current(),
-                "value": self.value}
+        return update(self.policy, optimizer, self.algorithm, batch, self.config,
+                      rng=self.py_rng, first_step=self.update_index * steps,
+                      micro_batch_tokens=self.budget.tokens, ranks=Ranks.current(),
+                      value=self.value)
 
     def accumulate_gradients(self, batch: Batch) -> dict[str, Any]:
         """Zero the gradients, then forward and backward the whole batch (its first step's
@@ -217,8 +217,7 @@ class Learner:
         try:
             with self._own_rng():
                 self._refuse_rows_too_long(batch)
-                return update(self.policy, None, self.algorithm, batch, self.config,
-                              **self._update_settings())
+                return self._update(batch, None)
         except NonFiniteError as e:
             raise NonFiniteError(self._non_finite_message(str(e), batch)) from None
         finally:
