@@ -262,6 +262,30 @@ def test_an_update_of_several_steps_measures_against_its_start(
     assert learner.update(perturbed)["clip_fraction"] > 0.3
 
 
+def test_a_kl_term_trains_zero_advantage_rows_against_the_updates_start_too(
+        learner: Learner, model_dir: Path, rollout, trained: Path) -> None:
+    """``kl_coef`` with PPO of several steps (and its truncated importance weights): a row of
+    zero advantage still trains (its divergence from the base model), so it is scored at the
+    update's start like the others. Left at zero old log-probs, its ratios would be
+    ``e^logprob`` (far from 1 on the first step, where every ratio is exactly 1)."""
+    batch = decisions(rollout)
+    zero = torch.arange(len(batch)) % 2 == 0
+    batch = Batch(**{**batch.__dict__,
+                     "advantages": torch.where(zero, 0.0, batch.advantages)})
+    learner.configure(learner_config(model_dir, algorithm="ppo", minibatches=2, kl_coef=0.1))
+    learner.start(trained)
+    start = learner.token_logprobs(batch)
+    old = scored_at_start(learner.policy, batch, learner.algorithm, learner.config, None,
+                          Ranks(), None, old_logprobs=True).old_logprobs
+    assert old is not None
+    mask = batch.completion_mask.bool()
+    assert bool(mask[zero].any())
+    assert torch.allclose(old[mask], start[mask], atol=1e-5)  # zero-advantage rows included
+    metrics = learner.update(batch)
+    assert metrics["rows_trained"] == int((batch.completion_mask[:, 1:].sum(1) > 0).sum())
+    assert metrics["approx_kl"] < 0.05 and metrics["kl_to_base"] > 0
+
+
 def test_learner_scores_at_the_sampling_temperature(learner: Learner, engine, model_dir: Path,
                                                     rollout, trained: Path) -> None:
     prompts = model_rows(rollout)["prompt_token_ids"].to_pylist()[:6]

@@ -1,11 +1,11 @@
 """The learner: LoRA policy-gradient updates on stored token ids, and their checkpoints.
 
 Entry points: :func:`learn_step` (assemble a batch from shards, update, write a checkpoint),
-:func:`learn_on_batch`, :func:`write_initial_checkpoint` (:mod:`ub.learner.entry`), the
-:class:`Learner` class they use, and the update it runs, :func:`ub.learner.update.update`
-(one function to read top to bottom). Algorithms are pluggable (:mod:`ub.learner.algorithms`);
-checkpoints are described in :mod:`ub.learner.checkpoint`. Importing this package loads no
-model.
+:func:`learn_on_batch`, :func:`write_initial_checkpoint` and their parts
+(:mod:`ub.learner.entry`), the :class:`Learner` class they use, and the update it runs,
+:func:`ub.learner.update.update` (one function to read top to bottom). Algorithms are
+pluggable (:mod:`ub.learner.algorithms`); checkpoints are described in
+:mod:`ub.learner.checkpoint`. Importing this package loads no model.
 """
 
 from ub.learner.algorithms import (
@@ -32,8 +32,11 @@ from ub.learner.checkpoint import (
 from ub.learner.config import LearnerConfig, LearnerSection
 from ub.learner.entry import (
     LearnerSource,
+    committed_update,
     learn_on_batch,
     learn_step,
+    save_update,
+    started_learner,
     write_initial_checkpoint,
 )
 from ub.learner.learner import Learner
@@ -55,6 +58,7 @@ __all__ = [
     "TokenBatch",
     "ValueBaseline",
     "algorithm_names",
+    "committed_update",
     "gae",
     "is_checkpoint",
     "latest_checkpoint",
@@ -67,5 +71,7 @@ __all__ = [
     "read_manifest",
     "read_metrics",
     "register_algorithm",
+    "save_update",
+    "started_learner",
     "write_initial_checkpoint",
 ]

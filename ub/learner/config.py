@@ -157,6 +157,11 @@ class LearnerSection(Section):
             raise ValueError(str(exc)) from None
         return self
 
+    @property
+    def steps_per_update(self) -> int:
+        """Optimizer steps one update takes: ``minibatches * epochs``."""
+        return self.minibatches * self.epochs
+
     @model_validator(mode="after")
     def _decay_after_warmup(self) -> LearnerSection:
         if self.decay_steps and self.decay_steps <= self.warmup_steps:

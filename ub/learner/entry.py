@@ -1,9 +1,11 @@
 """The learner's entry points: one update from a checkpoint to the next, written atomically.
 
 :func:`learn_step` (``ub learn``: assemble a batch from shards, update, write),
-:func:`learn_on_batch` (the round's learner step, one process or one data-parallel rank:
-every rank updates, rank 0 writes) and :func:`write_initial_checkpoint` (update 0). Each reuses
-a finished output checkpoint instead of redoing it.
+:func:`learn_on_batch` (one process or one data-parallel rank: every rank updates, rank 0
+writes) and :func:`write_initial_checkpoint` (update 0). Each reuses a finished output
+checkpoint (:func:`committed_update`) instead of redoing it. The round's learner step
+(:func:`ub.run.steps.learn.learn_round`) takes the same three steps as :func:`learn_on_batch`
+from its parts: :func:`started_learner`, ``Learner.update``, :func:`save_update`.
 
 They take the learner from ``worker`` (anything with ``learner(config) -> Learner``, such as
 a :class:`KeptLearner` or the process's :class:`ub.run.processes.worker.Worker`, which keeps
@@ -71,7 +73,7 @@ def _learner(worker: LearnerSource | None, config: LearnerConfig) -> Learner:
     return Learner(config) if worker is None else worker.learner(config)
 
 
-def _committed(out: Path, from_checkpoint: str | Path | None) -> dict[str, Any] | None:
+def committed_update(out: Path, from_checkpoint: str | Path | None) -> dict[str, Any] | None:
     """The metrics of a finished checkpoint at ``out`` trained from ``from_checkpoint``;
     ``None`` if there is nothing at ``out``."""
     if not out.exists():
@@ -101,18 +103,34 @@ def learn_on_batch(batch: Any, learner_config: LearnerConfig,
     comes from ``worker`` (``None``: one loaded for this call).
     """
     out = Path(out_checkpoint)
-    if not overwrite and (done := _committed(out, from_checkpoint)) is not None:
+    if not overwrite and (done := committed_update(out, from_checkpoint)) is not None:
         return done
+    learner = started_learner(worker, learner_config, from_checkpoint)
+    metrics = learner.update(batch)
+    save_update(learner, batch, metrics, from_checkpoint, out, overwrite=overwrite)
+    return metrics
+
+
+def started_learner(worker: LearnerSource | None, learner_config: LearnerConfig,
+                    from_checkpoint: str | Path | None) -> Learner:
+    """The learner for ``learner_config`` (from ``worker``; ``None``: one loaded for the call)
+    at ``from_checkpoint`` (``None``: a cold start)."""
     learner = _learner(worker, learner_config)
     learner.start(from_checkpoint)
-    metrics = learner.update(batch)
+    return learner
+
+
+def save_update(learner: Learner, batch: Any, metrics: dict[str, Any],
+                from_checkpoint: str | Path | None, out: Path, *, overwrite: bool = False
+                ) -> None:
+    """Write the update just taken (``metrics``, which gain where it started and the batch's
+    stats) as the checkpoint ``out``: rank 0 writes, every data-parallel rank waits for it."""
     metrics["from_checkpoint"] = _path_str(from_checkpoint)
     if hasattr(batch, "stats"):
         metrics["batch"] = batch.stats.to_dict()
     if rank_and_world()[0] == 0:  # data-parallel ranks hold the same state: one writes it
         learner.save(out, metrics, overwrite=overwrite)
     barrier()  # no rank goes on (e.g. to start from ``out``) before it is written
-    return metrics
 
 
 def learn_step(root: str | Path, batch_config: Any, learner_config: LearnerConfig,
@@ -135,7 +153,8 @@ def learn_step(root: str | Path, batch_config: Any, learner_config: LearnerConfi
     """
     from ub.batch import assemble_batch
 
-    if not overwrite and (done := _committed(Path(out_checkpoint), from_checkpoint)) is not None:
+    out = Path(out_checkpoint)
+    if not overwrite and (done := committed_update(out, from_checkpoint)) is not None:
         return done
     if from_checkpoint is not None:
         read_checkpoint(from_checkpoint)  # a bad checkpoint fails before the batch is assembled
@@ -150,7 +169,7 @@ def write_initial_checkpoint(learner_config: LearnerConfig, out_checkpoint: str 
     """Write the cold-start state (update 0: ``init_adapter`` or a fresh adapter) as a
     checkpoint, e.g. for round 0's rollouts. An existing finished one is kept."""
     out = Path(out_checkpoint)
-    if not overwrite and _committed(out, None) is not None:
+    if not overwrite and committed_update(out, None) is not None:
         return out
     learner = _learner(worker, learner_config)
     learner.start(None)

@@ -156,7 +156,12 @@ class Learner:
                 try:
                     with self._own_rng():
                         self._refuse_rows_too_long(batch)
-                        metrics = self._update(batch, self.optimizer)
+                        metrics = update(
+                            self.policy, self.optimizer, self.algorithm, batch, self.config,
+                            rng=self.py_rng,
+                            first_step=self.update_index * self.config.steps_per_update,
+                            micro_batch_tokens=self.budget.tokens, ranks=Ranks.current(),
+                            value=self.value)
                         new_rng = self._capture_rng()
                     break
                 except torch.OutOfMemoryError as e:
@@ -194,15 +199,6 @@ class Learner:
         self.last_metrics = metrics
         return metrics
 
-    def _update(self, batch: Batch, optimizer: torch.optim.AdamW | None) -> dict[str, Any]:
-        """:func:`ub.learner.update.update` with this learner's state (``optimizer`` None:
-        gradients only)."""
-        steps = self.config.minibatches * self.config.epochs
-        return update(self.policy, optimizer, self.algorithm, batch, self.config,
-                      rng=self.py_rng, first_step=self.update_index * steps,
-                      micro_batch_tokens=self.budget.tokens, ranks=Ranks.current(),
-                      value=self.value)
-
     def accumulate_gradients(self, batch: Batch) -> dict[str, Any]:
         """Zero the gradients, then forward and backward the whole batch (its first step's
         rows), micro-batch by micro-batch: afterwards each LoRA parameter's ``.grad`` is the
@@ -217,7 +213,11 @@ class Learner:
         try:
             with self._own_rng():
                 self._refuse_rows_too_long(batch)
-                return self._update(batch, None)
+                return update(self.policy, None, self.algorithm, batch, self.config,
+                              rng=self.py_rng,
+                              first_step=self.update_index * self.config.steps_per_update,
+                              micro_batch_tokens=self.budget.tokens, ranks=Ranks.current(),
+                              value=self.value)
         except NonFiniteError as e:
             raise NonFiniteError(self._non_finite_message(str(e), batch)) from None
         finally:
@@ -252,9 +252,8 @@ class Learner:
         one step fails before it changes them, and a copy of a large adapter's AdamW state
         costs memory on the GPU."""
         assert self.optimizer is not None
-        steps = self.config.minibatches * self.config.epochs
         weights = (self.lora_state(), copy.deepcopy(self.optimizer.state_dict())) \
-            if steps > 1 else None
+            if self.config.steps_per_update > 1 else None
         value = None if self.value is None else (
             self.value.weights(), copy.deepcopy(self.value.optimizer.state_dict()))
         return weights, value, self.py_rng.getstate()

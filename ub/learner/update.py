@@ -63,7 +63,7 @@ def update(policy: Policy, optimizer: torch.optim.Optimizer | None, algorithm: A
     params = list(policy.params.values())
     # Everything with a gradient: what data-parallel ranks sum (a value head's too).
     trained_params = params + ([] if value is None else list(value.params().values()))
-    steps = config.minibatches * config.epochs
+    steps = config.steps_per_update
     batch = scored_at_start(policy, batch, algorithm, config, value, ranks,
                             micro_batch_tokens(),
                             old_logprobs=steps > 1 and algorithm.needs_old_logprobs)

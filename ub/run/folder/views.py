@@ -47,8 +47,10 @@ CHECKPOINTS_SCHEMA = pa.schema([
     ("update", pa.int64()), ("name", pa.string()), ("path", pa.string()),
     ("from_checkpoint", pa.string()), ("loss", pa.float64()), ("grad_norm", pa.float64()),
 ])
-LEARNER_SCHEMA = pa.schema([
-    ("round", pa.int64()), ("update", pa.int64()), ("loss", pa.float64()),
+# The update's metrics a round's manifest keeps (ub.run.steps.manifest) and the learner view
+# shows: a new learner metric is added here, once.
+LEARNER_METRICS = pa.schema([
+    ("update", pa.int64()), ("loss", pa.float64()),
     ("grad_norm", pa.float64()), ("entropy_mean", pa.float64()),
     ("logprob_mean", pa.float64()), ("clip_fraction", pa.float64()),
     ("ratio_mean", pa.float64()), ("approx_kl", pa.float64()), ("kl_to_base", pa.float64()),
@@ -59,6 +61,9 @@ LEARNER_SCHEMA = pa.schema([
     ("tokens", pa.int64()), ("tokens_per_second", pa.float64()),
     ("seconds", pa.float64()), ("micro_batch_tokens", pa.int64()), ("kernels", pa.string()),
     ("liger_kernels", pa.list_(pa.string())), ("peak_gpu_gib", pa.float64()),
+])
+LEARNER_SCHEMA = pa.schema([
+    ("round", pa.int64()), *LEARNER_METRICS,
     ("batch_size", pa.int64()), ("batch_tokens", pa.int64()),
     ("truncated", pa.int64()), ("reward_mean", pa.float64()), ("advantage_std", pa.float64()),
 ])
@@ -184,7 +189,7 @@ class RunViews:
         rows = []
         for round_, m in self._manifests():
             learner, batch = m.get("learner", {}), m.get("batch", {})
-            rows.append({**{f.name: learner.get(f.name) for f in LEARNER_SCHEMA},
+            rows.append({**{name: learner.get(name) for name in LEARNER_METRICS.names},
                          "round": round_, "batch_size": batch.get("size"),
                          "batch_tokens": batch.get("total_tokens"),
                          "truncated": batch.get("truncated"),

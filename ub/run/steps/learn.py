@@ -48,7 +48,7 @@ def learn_round(run: Run, round_: int, *, worker: Worker) -> dict[str, Any]:
     """
     from ub.batch import assemble_batch
     from ub.distributed import rank_and_world
-    from ub.learner import learn_on_batch
+    from ub.learner import committed_update, save_update, started_learner
 
     config = run.config
     writer = rank_and_world()[0] == 0  # data-parallel ranks: rank 0 writes for all
@@ -58,7 +58,7 @@ def learn_round(run: Run, round_: int, *, worker: Worker) -> dict[str, Any]:
     fetch_round(paths, paths.train_data, "games", round_)
     fetch_missing(paths, paths.root / "state")
     fetch_checkpoint(paths, paths.checkpoint(round_))
-    fetch_checkpoint(paths, paths.checkpoint(round_ + 1))  # made before a crash: reused
+    fetch_checkpoint(paths, paths.checkpoint(round_ + 1))  # made before a crash: reused below
     previous = paths.final_rewards_state(round_ - 1)
     state = read_json(previous) if round_ > 0 else None
     batch_config = config.batch.replace(
@@ -71,14 +71,18 @@ def learn_round(run: Run, round_: int, *, worker: Worker) -> dict[str, Any]:
     if writer:
         publish(paths, write_json_atomic(paths.final_rewards_state(round_), batch.final_state))
     fault_point("learn.after-state")
-    # Not pipelined, the engine idles while the learner updates: on a GPU it lends the learner
-    # its memory (a no-op on the CPU, and where no engine lives in this process).
-    lend = config.engine_sleeps_during_updates
-    with worker.engine_asleep() if lend else contextlib.nullcontext():
-        metrics = learn_on_batch(batch, run.learner_config, paths.checkpoint(round_),
-                                 paths.checkpoint(round_ + 1), worker=worker)
-    if writer:
-        publish_checkpoint(paths, paths.checkpoint(round_ + 1))
+    start, out = paths.checkpoint(round_), paths.checkpoint(round_ + 1)
+    metrics = committed_update(out, start)
+    if metrics is None:
+        # Not pipelined, the engine idles while the learner updates: on a GPU it lends the
+        # learner its memory (a no-op on the CPU, and where no engine lives in this process).
+        lend = config.engine_sleeps_during_updates
+        with worker.engine_asleep() if lend else contextlib.nullcontext():
+            learner = started_learner(worker, run.learner_config, start)
+            metrics = learner.update(batch)
+            save_update(learner, batch, metrics, start, out)
+    if writer:  # (also a reused one: the crash may have come before its upload)
+        publish_checkpoint(paths, out)
     metrics["assemble_seconds"] = assemble_seconds
     log_learner.info(
         "round %d: %s -> %s%s: batch %s rows / %s tokens (%s truncated), loss %.5f, grad norm "

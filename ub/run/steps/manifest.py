@@ -15,6 +15,7 @@ from typing import Any
 from ub.components import import_path
 from ub.run.config.load import TrainConfig
 from ub.run.folder.layout import RunPaths, read_json
+from ub.run.folder.views import LEARNER_METRICS
 from ub.run.processes.cluster import rollout_worker
 from ub.run.steps.play import ShardResult
 from ub.run.steps.rounds import Run
@@ -46,14 +47,8 @@ def round_manifest(run: Run, shards: list[ShardResult], metrics: dict[str, Any],
         "invalid_moves": sum(s.invalid_moves for s in shards),
         "generated_tokens": sum(s.generated_tokens for s in shards),
         "outcomes": sum_counts(s.outcomes for s in shards),
-        "learner": {k: metrics[k] for k in (
-            "update", "loss", "grad_norm", "entropy_mean", "logprob_mean", "tokens",
-            "tokens_per_second", "seconds", "clip_fraction", "ratio_mean", "approx_kl",
-            "tis_ratio_mean", "tis_ratio_max", "tis_capped_fraction", "kl_to_base",
-            "value_mse", "value_mean", "kernels",
-            "liger_kernels", "optimizer_steps", "early_stopped", "learning_rate",
-            "micro_batch_tokens", "peak_gpu_gib", "reused", "assemble_seconds")
-            if k in metrics},
+        "learner": {k: metrics[k] for k in (*LEARNER_METRICS.names, "reused",
+                                            "assemble_seconds") if k in metrics},
         "batch": {k: batch[k] for k in ("size", "total_tokens", "truncated", "reward_mean",
                                         "advantage_std") if k in batch},
         "evals": {str(u): e["rows"] for u, e in evaluated.items()},
