@@ -10,6 +10,12 @@ import pytest
 
 from ub.vllm_environment import configure_vllm_environment
 
+# One compute thread per process (torch's and vLLM's CPU engine's): the two pytest workers
+# and the processes they start share the machine's cores, and with every process's OpenMP
+# threads pinned to every core (ub's default for one run on a machine) they spin-wait on each
+# other. Two `ub train` runs side by side took 16% less time so on two cores.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "nobind")
 # Before anything imports vllm, transformers or wandb.
 configure_vllm_environment()
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -24,13 +30,13 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[LEDGER] = Counter()
 
 
-# The slowest scopes (about, in seconds of `make test` on 2 busy cores: faults 640 and its Ray
-# module 540, ub serve 180, train flow 180, Prefect server 170, learning 150, Prefect outages
+# The slowest scopes (about, in seconds of `make test` on 2 busy cores: faults 640 with its Ray
+# module, ub serve 180, train flow 180, Prefect server 170, learning 150, Prefect outages
 # 140, engine process 120, data parallel 85, benchmarks 80, own components 80, vLLM engine 75)
 # start first, so the two workers end together instead of one running a long module alone at
 # the end. (The others are queued by their number of tests, most first: a slow module with few
 # tests left out of this list would start last.)
-SLOWEST_FIRST = ("tests/faults", "tests/faults/test_ray.py", "tests/test_serve.py",
+SLOWEST_FIRST = ("tests/faults", "tests/test_serve.py",
                  "tests/test_train_flow.py", "tests/test_prefect_server.py",
                  "tests/test_learning.py", "tests/test_prefect_outage.py",
                  "tests/test_engine_process.py", "tests/test_data_parallel.py",
@@ -40,9 +46,10 @@ SLOWEST_FIRST = ("tests/faults", "tests/faults/test_ray.py", "tests/test_serve.p
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log):
     """``make test`` runs on two workers (``-n 2``): each test module goes to one worker, and the
-    ``faults`` package (but its Ray module) as a whole, so module- and package-scoped fixtures (an
-    engine, a Prefect server, the faults' reference run) start once. (``--dist loadgroup`` would
-    say this with marks, but it renames node ids in a way pytest 9 ignores.)"""
+    ``faults`` package as a whole, so module- and package-scoped fixtures (an engine, a Prefect
+    server, the faults' reference run, which the Ray module compares with too) start once.
+    (``--dist loadgroup`` would say this with marks, but it renames node ids in a way pytest 9
+    ignores.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     class ByModule(LoadScopeScheduling):

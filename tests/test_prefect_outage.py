@@ -154,7 +154,7 @@ def test_a_restart_mid_run_is_ridden_out(restarted_run, server):
 
 
 def test_a_server_gone_mid_run_stops_it_in_one_line_and_a_resume_loses_nothing(
-        restarted_run, server, config_file, tmp_path):
+        restarted_run, server, config_file, prefect_api, tmp_path):
     paths = RunPaths.of(tmp_path, "gone")
     train = start_train([str(config_file), "--run", "gone", "--root", str(tmp_path)],
                         server.api)
@@ -175,9 +175,10 @@ def test_a_server_gone_mid_run_stops_it_in_one_line_and_a_resume_loses_nothing(
     doctor = run_ub(["doctor", str(paths.root)])
     assert doctor.returncode == 0, doctor.stdout  # nothing committed half-way
 
-    # Resumed on a temporary server of ub's own, as the line says: the games of a run that
-    # was never interrupted, none lost, none twice.
-    resume = start_train(["--resume", "gone", "--root", str(tmp_path)], None)
+    # Resumed as the line says, reporting to another server (the suite's: a start of ub's own
+    # temporary server is test_own_components'): the games of a run that was never
+    # interrupted, none lost, none twice.
+    resume = start_train(["--resume", "gone", "--root", str(tmp_path)], prefect_api)
     _, stderr = resume.communicate(timeout=600)
     assert resume.returncode == 0, stderr[-3000:]
     assert query(paths.root, GAMES).to_pylist() == query(restarted_run.root, GAMES).to_pylist()

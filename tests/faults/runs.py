@@ -19,14 +19,15 @@ import pyarrow.parquet as pq
 from warm import run_ub
 
 # Two envs, two rounds, a lagged opponent next to mirror self-play (so rating and older
-# adapters are exercised), evaluation of checkpoints 0 and 2.
+# adapters are exercised), evaluation of checkpoints 0 and 2; two shards a round (the Ray
+# module's two engine workers play one each, and compare with this run in one process).
 CONFIG = {
     "seed": 11,
     "rounds": 2,
     "model": {"base": "tiny"},
     "sampling": {"temperature": 1.0, "max_tokens": 12},
     "envs": [{"env_id": "TicTacToe-v0-train", "weight": 3}, {"env_id": "Nim-v0-train"}],
-    "rollout": {"games_per_round": 12, "concurrency": 16},
+    "rollout": {"games_per_round": 12, "concurrency": 16, "shards": 2},
     "opponents": [{"mode": "mirror", "weight": 0.7}, {"mode": "random", "weight": 0.3}],
     "batch": {"batch_size": 48},
     "learner": {"learning_rate": 1e-3, "lora": {"rank": 8, "alpha": 16}},
