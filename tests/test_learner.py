@@ -235,6 +235,17 @@ def test_truncated_importance_sampling_caps_what_the_sampler_misjudged(
         assert uncorrected["metrics"]["clip_fraction"] > share / 2
 
 
+def assert_scored_at_its_start(learner: Learner, batch: Batch) -> None:
+    """The old log-probs a multi-step update measures against are the learner's at its start,
+    on every completion token of ``batch``."""
+    start = learner.token_logprobs(batch)
+    old = scored_at_start(learner.policy, batch, learner.algorithm, learner.config, None,
+                          Ranks(), None, old_logprobs=True).old_logprobs
+    assert old is not None
+    mask = batch.completion_mask.bool()
+    assert torch.allclose(old[mask], start[mask], atol=1e-5)
+
+
 def test_an_update_of_several_steps_measures_against_its_start(
         learner: Learner, model_dir: Path, rollout, trained: Path) -> None:
     """PPO with minibatches: every step's trust region and importance weights are measured
@@ -247,12 +258,7 @@ def test_an_update_of_several_steps_measures_against_its_start(
                               batch.behaviour_logprobs - 3.0 * batch.completion_mask})
     learner.configure(learner_config(model_dir, algorithm="ppo", minibatches=2))
     learner.start(trained)
-    start = learner.token_logprobs(batch)
-    old = scored_at_start(learner.policy, perturbed, learner.algorithm, learner.config, None,
-                          Ranks(), None, old_logprobs=True).old_logprobs
-    assert old is not None
-    mask = batch.completion_mask.bool()
-    assert torch.allclose(old[mask], start[mask], atol=1e-5)
+    assert_scored_at_its_start(learner, perturbed)
     corrected = learner.update(perturbed)
     assert corrected["tis_capped_fraction"] == 1.0
     assert corrected["clip_fraction"] < 0.1
@@ -274,13 +280,8 @@ def test_a_kl_term_trains_zero_advantage_rows_against_the_updates_start_too(
                      "advantages": torch.where(zero, 0.0, batch.advantages)})
     learner.configure(learner_config(model_dir, algorithm="ppo", minibatches=2, kl_coef=0.1))
     learner.start(trained)
-    start = learner.token_logprobs(batch)
-    old = scored_at_start(learner.policy, batch, learner.algorithm, learner.config, None,
-                          Ranks(), None, old_logprobs=True).old_logprobs
-    assert old is not None
-    mask = batch.completion_mask.bool()
-    assert bool(mask[zero].any())
-    assert torch.allclose(old[mask], start[mask], atol=1e-5)  # zero-advantage rows included
+    assert bool(batch.completion_mask[zero].any())
+    assert_scored_at_its_start(learner, batch)  # the zero-advantage rows included
     metrics = learner.update(batch)
     assert metrics["rows_trained"] == int((batch.completion_mask[:, 1:].sum(1) > 0).sum())
     assert metrics["approx_kl"] < 0.05 and metrics["kl_to_base"] > 0
