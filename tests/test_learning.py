@@ -16,7 +16,8 @@ smaller run does not clear the paired noise with a margin.
 
 Calibration (seed 5, this config, 300 games): on an AMD EPYC (AVX2) checkpoint 0 wins 23.0%
 with 11.0% invalid moves and the paired z of checkpoints 1-4 is 3.8, 5.2, 6.0 and 5.4
-(checkpoint 3: 37.7% with 7.5% invalid). The test ran 4 rounds before; it was calibrated on an
+(checkpoint 3: 37.7% with 7.5% invalid; the same figures with the suite's one compute thread
+per process, tests/conftest.py). The test ran 4 rounds before; it was calibrated on an
 AVX-512 CPU (checkpoint 4: 36.5% with 7.2%, z = 6.3 over 400 games). Three rounds keep z at
 twice the bar, and checkpoint 2 would clear it too."""
 
