@@ -30,9 +30,9 @@ def pytest_configure(config: pytest.Config) -> None:
     config.stash[LEDGER] = Counter()
 
 
-# The slowest scopes (about, in seconds of `make test` on 2 busy cores: faults 640 with its Ray
-# module, ub serve 180, train flow 180, Prefect server 170, learning 150, Prefect outages
-# 140, engine process 120, data parallel 85, benchmarks 80, own components 80, vLLM engine 75)
+# The slowest scopes (about, in seconds of `make test` on 2 busy cores: faults 680 with its Ray
+# module, Prefect server 160, train flow 145, ub serve 145, learning 140, Prefect outages
+# 125, engine process 120, data parallel 80, own components 75, vLLM engine 60, benchmarks 50)
 # start first, so the two workers end together instead of one running a long module alone at
 # the end. (The others are queued by their number of tests, most first: a slow module with few
 # tests left out of this list would start last.)
