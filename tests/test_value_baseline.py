@@ -56,12 +56,14 @@ def test_gae_equals_a_hand_computation() -> None:
     assert gae(rewards, values, gamma, 0.0) == pytest.approx([d0, d1, d2])
 
 
-def _seat_batch(returns: list[float], values: list[float], moves_after: list[int]) -> Batch:
+def _seat_batch(returns: list[float], values: list[float], moves_after: list[int],
+                invalid: list[bool] | None = None) -> Batch:
     """Rows of one game: seat 0's decisions at turns 0, 2, 4 and seat 1's at 1, 3 (tensors
     are placeholders: prepare reads advantages, values and rows)."""
     n = len(returns)
     rows = pa.table({"game_id": ["g"] * n, "seat": [t % 2 for t in range(n)],
-                     "turn": list(range(n)), "seat_moves_after": moves_after})
+                     "turn": list(range(n)), "seat_moves_after": moves_after,
+                     "invalid_move": invalid or [False] * n})
     zeros = torch.zeros(n, 4)
     return Batch(input_ids=zeros.long(), completion_mask=zeros, behaviour_logprobs=zeros,
                  advantages=torch.tensor(returns), lengths=torch.full((n,), 4), rows=rows,
@@ -89,6 +91,31 @@ def test_a2c_advantages_are_the_return_less_the_value_or_gae_over_a_whole_seat()
     holed = a2c.prepare(_seat_batch(returns, values, [2, 1, 0, 0, 0]), random.Random(0))
     assert holed.advantages[[0, 2, 4]].tolist() == pytest.approx(
         [returns[t] - values[t] for t in (0, 2, 4)])
+
+
+def test_a2c_caps_an_invalid_moves_advantage_after_its_own_normalization() -> None:
+    """The batch's invalid_move_advantage transform caps a return before a2c subtracts the
+    value and standardizes (what is left of -1 depends on the batch); a2c's own parameter caps
+    the advantage it trains on."""
+    returns, values = [0.25, -1.0, 0.5, -1.0, 1.0], [0.1, 0.2, -0.3, -0.9, 0.4]
+    invalid = [False, True, False, True, False]
+    plain = make_algorithm("a2c", {"normalize": True}).prepare(
+        _seat_batch(returns, values, [2, 1, 1, 0, 0], invalid), random.Random(0))
+    assert plain.advantages[3] > -1.0  # the transform's -1, diluted: G - V = -0.1 here
+    capped = make_algorithm("a2c", {"normalize": True, "invalid_move_advantage": -1.0}).prepare(
+        _seat_batch(returns, values, [2, 1, 1, 0, 0], invalid), random.Random(0))
+    for row in range(5):
+        want = min(plain.advantages[row].item(), -1.0) if invalid[row] else \
+            plain.advantages[row].item()
+        assert capped.advantages[row].item() == pytest.approx(want)
+    assert capped.returns is not None and capped.returns.tolist() == pytest.approx(returns)
+    with pytest.raises(UbError, match="invalid_move_advantage must be < 0"):
+        make_algorithm("a2c", {"invalid_move_advantage": 0.5})
+    no_column = _seat_batch(returns, values, [2, 1, 1, 0, 0])
+    no_column = dataclasses.replace(no_column, rows=no_column.rows.drop_columns(["invalid_move"]))
+    with pytest.raises(UbError, match="reads the batch's invalid_move column"):
+        make_algorithm("a2c", {"invalid_move_advantage": -1.0}).prepare(no_column,
+                                                                        random.Random(0))
 
 
 def test_the_value_head_learns_a_known_return(learner: Learner, model_dir: Path) -> None:

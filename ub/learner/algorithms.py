@@ -316,6 +316,10 @@ class A2C(Reinforce):
     :param gae_lambda: GAE's lambda in [0, 1]; 1: the return less the value.
     :param gamma: the discount between a seat's decisions, for GAE.
     :param normalize: standardize the advantages over the batch.
+    :param invalid_move_advantage: an invalid move's advantage after all of the above is at
+        most this (< 0; ``None``: no cap), read from the batch's ``invalid_move`` column. The
+        batch's ``invalid_move_advantage`` transform caps the returns instead, before the
+        value is subtracted and the batch standardized, which dilutes its push.
     :param tis_cap: as :class:`Reinforce`'s.
     """
 
@@ -324,6 +328,7 @@ class A2C(Reinforce):
 
     def __init__(self, value_coef: float = 0.0, value_learning_rate: float = 1e-3,
                  gae_lambda: float = 1.0, gamma: float = 1.0, normalize: bool = False,
+                 invalid_move_advantage: float | None = None,
                  tis_cap: float | None = DEFAULT_TIS_CAP) -> None:
         super().__init__(tis_cap)
         if not value_coef >= 0:
@@ -334,11 +339,15 @@ class A2C(Reinforce):
             raise ValueError(f"gae_lambda must be in [0, 1], got {gae_lambda}")
         if not 0 < gamma <= 1:
             raise ValueError(f"gamma must be in (0, 1], got {gamma}")
+        if invalid_move_advantage is not None and not invalid_move_advantage < 0:
+            raise ValueError(f"invalid_move_advantage must be < 0 (or null), got "
+                             f"{invalid_move_advantage}")
         self.value_coef = value_coef
         self.value_learning_rate = value_learning_rate
         self.gae_lambda = gae_lambda
         self.gamma = gamma
         self.normalize = normalize
+        self.invalid_move_advantage = invalid_move_advantage
 
     def prepare(self, batch: Batch, rng: random.Random) -> Batch:
         assert batch.values is not None, "the learner fills Batch.values for a2c"
@@ -348,6 +357,14 @@ class A2C(Reinforce):
             advantages = self._gae(batch, returns, advantages)
         if self.normalize and len(advantages) > 1:
             advantages = (advantages - advantages.mean()) / (advantages.std() + 1e-8)
+        if self.invalid_move_advantage is not None:
+            if batch.rows is None or "invalid_move" not in batch.rows.column_names:
+                raise UbError("a2c's invalid_move_advantage reads the batch's invalid_move "
+                              "column, and this batch has none: give its rows that column, or "
+                              "set invalid_move_advantage to null")
+            invalid = torch.tensor(batch.rows.column("invalid_move").to_pylist())
+            advantages = torch.where(invalid, advantages.clamp(max=self.invalid_move_advantage),
+                                     advantages)
         return dataclasses.replace(batch, advantages=advantages, returns=returns)
 
     def _gae(self, batch: Batch, returns: torch.Tensor, advantages: torch.Tensor
