@@ -153,15 +153,15 @@ def own_worker():
 @pytest.fixture(scope="module")
 def bad_server():
     """A misbehaving OpenAI-compatible server on loopback (see ``stub_openai.py``)."""
-    import http.server
     import threading
 
-    from stub_openai import Misbehaving
+    from stub_openai import MisbehavingServer
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Misbehaving)
+    server = MisbehavingServer()
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
     server.shutdown()
+    server.server_close()  # (waits for requests still being answered)
 
 
 @pytest.fixture(scope="session")
