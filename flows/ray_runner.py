@@ -40,6 +40,7 @@ def cluster_tasks(run: Run) -> Iterator[None]:
         check_api_shared,
         connect_error,
         ray_init_kwargs,
+        run_variables,
         start_workers,
     )
 
@@ -47,7 +48,8 @@ def cluster_tasks(run: Run) -> Iterator[None]:
     with get_client(sync_client=True) as client:
         api_url = str(client.api_url)  # also the temporary server's, which workers must share
     context = FlowRunContext.get()
-    runner = RayTaskRunner(address=address, init_kwargs=ray_init_kwargs(api_url))
+    runner = RayTaskRunner(address=address,
+                           init_kwargs=ray_init_kwargs(api_url, run_variables(run.config)))
     try:
         runner.__enter__()
     except (ConnectionError, TimeoutError, RuntimeError) as exc:

@@ -7,10 +7,15 @@ import json
 import sys
 import time
 
+STUB_KEY = "sk-test-stub-7f3a9c0d"
+"""The API key /keyed/v1 wants (tests export it in the variable their actor's key= names)."""
+
 
 class Misbehaving(http.server.BaseHTTPRequestHandler):
     """/500/v1: always 500; /garbage/v1: 200 with a non-JSON body; /slow/v1: answers late;
-    /ok/v1: a valid reply that checks the bearer token."""
+    /ok/v1: a valid reply; /keyed/v1: a valid reply only to ``Authorization: Bearer
+    STUB_KEY``, else 401 with the header it got echoed in the body (as a careless server's
+    error does), so a test sees that the key was sent, and that an error never shows it."""
 
     def log_message(self, *args):  # keep the test output clean
         pass
@@ -27,11 +32,16 @@ class Misbehaving(http.server.BaseHTTPRequestHandler):
             self.send_response(500)
             self.end_headers()
             return
+        if mode == "keyed" and self.headers.get("Authorization") != f"Bearer {STUB_KEY}":
+            self.send_response(401)
+            self.end_headers()
+            self.wfile.write(json.dumps({"error": "unauthorized", "got": self.headers.get(
+                "Authorization")}).encode())
+            return
         if mode == "slow":
             time.sleep(1.5)
         body = b"<html>not json</html>" if mode == "garbage" else json.dumps(
-            {"choices": [{"message": {"content": "[4]"}}],
-             "auth": self.headers.get("Authorization")}).encode()
+            {"choices": [{"message": {"content": "[4]"}}]}).encode()
         self.send_response(200)
         self.end_headers()
         self.wfile.write(body)

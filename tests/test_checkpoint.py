@@ -234,6 +234,66 @@ def test_crash_while_writing_keeps_the_previous_checkpoint(fresh: Learner, tmp_p
     assert latest_checkpoint(tmp_path) == good
 
 
+def _folder_of(tmp_path: Path, kind: str) -> Path:
+    """Something a mistyped ``--out`` may name: a folder of one's notes, a run, a file."""
+    from ub.run.config.load import load_config
+    from ub.run.folder.layout import RunPaths
+    from ub.run.steps.rounds import open_run
+
+    if kind == "notes":
+        (tmp_path / "notes").mkdir()
+        (tmp_path / "notes" / "notes.txt").write_text("mine")
+        return tmp_path / "notes"
+    if kind == "run":
+        paths = RunPaths.of(tmp_path / "runs", "demo")
+        open_run(paths, load_config("tiny-cpu"))
+        return paths.root
+    (tmp_path / "a-file").write_text("mine")
+    return tmp_path / "a-file"
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() if p.is_file() else b"/"
+            for p in sorted(root.rglob("*"))}
+
+
+@pytest.mark.parametrize(("kind", "what"), [("notes", "a folder holding notes.txt"),
+                                            ("run", "a ub run"), ("file", "a file")])
+@pytest.mark.parametrize("command", ["learn", "sft"])
+def test_overwrite_replaces_only_a_checkpoint(fresh: Learner, tmp_path: Path, capsys, kind,
+                                              what, command) -> None:
+    """`ub learn/sft --out DIR --overwrite` replaced whatever was at DIR, a run too: now only a
+    checkpoint (or an empty folder) is replaced, anything else is refused in one line before
+    any work, and left as it was."""
+    from ub.flows.cli import main
+
+    target = _folder_of(tmp_path, kind)
+    before = _tree(tmp_path)
+    assert main([command, "--shards", str(tmp_path), "--out", str(target), "--overwrite"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == (
+        f"ub: error: --overwrite replaces only a ub checkpoint folder (or an empty folder), and "
+        f"{target} is {what}: pick another --out, or move it aside yourself\n")
+    assert _tree(tmp_path) == before
+    # The learner's own writer refuses the same (a caller of the library, not the command).
+    with pytest.raises(UbError, match=f"is {what}: pick another --out"):
+        fresh.save(target, overwrite=True)
+    assert _tree(tmp_path) == before
+
+
+def test_overwrite_replaces_a_checkpoint_or_fills_an_empty_folder(fresh: Learner,
+                                                                 tmp_path: Path) -> None:
+    fresh.update(batches(1)[0])
+    first = fresh.save(tmp_path / "ckpt")
+    old = file_bytes(first)
+    fresh.update(batches(2)[1])
+    assert fresh.save(tmp_path / "ckpt", overwrite=True) == first
+    assert file_bytes(first) != old and read_manifest(first)["update"] == 2
+    (tmp_path / "empty").mkdir()
+    assert read_manifest(fresh.save(tmp_path / "empty", overwrite=True))["update"] == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt", "empty"]
+
+
 # ------------------------------------------------------------------------------------------
 # Bad input
 # ------------------------------------------------------------------------------------------

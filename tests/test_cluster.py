@@ -148,13 +148,34 @@ def test_a_loopback_prefect_api_is_refused_on_several_nodes(api_url, nodes, refu
         check_api_shared(api_url, nodes)
 
 
-def test_workers_get_the_settings_they_need_and_nothing_else(monkeypatch):
-    from ub.run.processes.cluster import ray_init_kwargs
+SECRETS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "HF_TOKEN",
+           "WANDB_API_KEY", "VLLM_API_KEY", "GOOGLE_API_KEY", "FSSPEC_S3_SECRET")
 
-    monkeypatch.setenv("AWS_PROFILE", "ub-runs")  # the run store's credentials
-    monkeypatch.setenv("UB_WORK_DIR", "/scratch/ub")
-    monkeypatch.setenv("UNRELATED_SETTING", "x")
-    env = ray_init_kwargs("http://head:4200/api")["runtime_env"]["env_vars"]
-    assert env["AWS_PROFILE"] == "ub-runs" and env["UB_WORK_DIR"] == "/scratch/ub"
-    assert env["PREFECT_API_URL"] == "http://head:4200/api"
+
+def test_workers_get_the_settings_they_need_and_no_secret_they_do_not(monkeypatch):
+    """Ray shows a job's ``runtime_env`` to whoever reads the cluster's state: the workers get
+    the settings and the variables the run's actors read (a hosted opponent's key=), not every
+    cloud credential of the driver's shell."""
+    from ub.run.processes.cluster import ray_init_kwargs, run_variables
+
+    settings = {"AWS_PROFILE": "ub-runs", "AWS_REGION": "eu-west-1", "UB_WORK_DIR": "/scratch/ub",
+                "HF_HOME": "/scratch/hf", "WANDB_MODE": "offline",
+                "GOOGLE_APPLICATION_CREDENTIALS": "/etc/ub/gcs.json",
+                "PREFECT_API_KEY": "pnu_the-api-the-tasks-report-to"}
+    for name, value in {**settings, "UNRELATED_SETTING": "x", "OPPONENT_API_KEY": "sk-needed",
+                        **{name: f"secret-of-{name}" for name in SECRETS}}.items():
+        monkeypatch.setenv(name, value)
+    hosted = "hosted:m@https://api.example.com/v1?key=OPPONENT_API_KEY"
+    config = validate_config({"model": {"base": "tiny"}, "envs": [{"env_id": "TicTacToe-v0-train"}],
+                              "eval": {"opponents": ["random", hosted]}}, "test")
+    assert run_variables(config) == ["OPPONENT_API_KEY"]
+
+    env = ray_init_kwargs("http://head:4200/api", run_variables(config))["runtime_env"]["env_vars"]
+    assert env.items() >= {**settings, "OPPONENT_API_KEY": "sk-needed",
+                           "PREFECT_API_URL": "http://head:4200/api"}.items()
     assert "UNRELATED_SETTING" not in env
+    assert not [name for name in SECRETS if name in env]
+    # Named ones go too, secrets included (a node without credentials of its own).
+    monkeypatch.setenv("UB_RAY_ENV", "HF_TOKEN, AWS_SECRET_ACCESS_KEY")
+    env = ray_init_kwargs(None)["runtime_env"]["env_vars"]
+    assert [name for name in SECRETS if name in env] == ["AWS_SECRET_ACCESS_KEY", "HF_TOKEN"]

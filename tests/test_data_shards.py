@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import os
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -23,7 +25,7 @@ from ub.data.shards import (
     write_parquet_atomic,
     write_shard,
 )
-from ub.data.sql import query
+from ub.data.sql import connect, query, run_sql
 from ub.errors import UbError
 
 
@@ -175,6 +177,48 @@ def test_sql_is_read_only(tmp_path, rollout):
     # Even a write hidden behind a SELECT cannot reach the file system.
     with pytest.raises(UbError, match="SQL error"):
         query(tmp_path, f"SELECT * FROM read_csv('{outside}')")
+
+
+def test_duckdbs_temporary_folder_is_private(tmp_path, rollout, monkeypatch):
+    """DuckDB's default temporary folder, ``.tmp`` in the working directory, stays readable
+    with external access off: whatever was kept there could be read through ``ub sql``."""
+    write_shard(tmp_path / "data", ShardId(0, 0), "run", rollout.steps, rollout.games)
+    (tmp_path / ".tmp").mkdir()
+    (tmp_path / ".tmp" / "notes.txt").write_text("not the run's")
+    monkeypatch.chdir(tmp_path)
+    for sql in ("SELECT content FROM read_text('.tmp/notes.txt')", "SELECT * FROM glob('.tmp/*')",
+                f"SELECT * FROM read_text('{tmp_path}/.tmp/notes.txt')"):
+        with pytest.raises(UbError, match="SQL error: Permission Error: Cannot access file"):
+            query(tmp_path / "data", sql)
+    # (A query that spills does so into a folder of its own connection, removed with it.)
+    con = connect(tmp_path / "data")
+    spill = run_sql(con, "SELECT current_setting('temp_directory') AS d").to_pylist()[0]["d"]
+    assert Path(spill).stat().st_mode & 0o077 == 0 and Path(spill).parent != tmp_path
+    con.close()
+    del con
+    gc.collect()
+    assert not Path(spill).exists()
+
+
+def test_ub_sql_streams_and_a_table_stops_at_its_row_cap(tmp_path, rollout, capsys):
+    from ub.flows.cli import main
+
+    write_shard(tmp_path, ShardId(0, 0), "run", rollout.steps, rollout.games)
+    n = rollout.steps.num_rows
+    assert main(["sql", str(tmp_path), "SELECT turn FROM steps", "--max-rows", "4"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert len([line for line in out if line.startswith("│")]) == 4
+    assert out[-1] == ("(the first 4 rows; the query returns more, not fetched: add "
+                       "LIMIT/OFFSET, raise --max-rows, or use --format csv for every row)")
+    assert main(["sql", str(tmp_path), "SELECT turn FROM steps", "--max-rows", str(n)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"({n} rows)"
+    assert main(["sql", str(tmp_path), "SELECT turn FROM steps", "--format", "csv"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == n + 1  # (csv: every row, and a header)
+    # A billion rows: the table's first three, at once (the rest is never computed or held).
+    started = time.monotonic()
+    assert main(["sql", str(tmp_path), "SELECT * FROM range(1000000000)", "--max-rows", "3"]) == 0
+    assert time.monotonic() - started < 30
+    assert "the first 3 rows; the query returns more" in capsys.readouterr().out
 
 
 # ------------------------------------------------------------------ schema versions (history)

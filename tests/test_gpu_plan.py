@@ -10,13 +10,48 @@ from pathlib import Path
 import pytest
 
 from ub.flows.cli import main
+from ub.learner.memory import HEADROOM, MULTIPLE
 from ub.learner.testing import QWEN3_SHAPES, QWEN3_VOCAB
-from ub.run.checks.gpu_plan import ENGINE_ALONE_UTILIZATION, GIB, ModelShape, plan_gpus
+from ub.run.checks.gpu_plan import (
+    ENGINE_ALONE_UTILIZATION,
+    ENGINE_RESERVE_GIB,
+    GIB,
+    LEARNER_BYTES_PER_LORA_PARAM,
+    ModelShape,
+    plan_gpus,
+)
 from ub.run.config.load import load_config
 
 SHAPES = Path(__file__).resolve().parents[1] / "bench" / "qwen3-shapes"
 QWEN3_1_7B = json.loads((SHAPES / "Qwen3-1.7B-Base" / "config.json").read_text())
 QWEN3_4B = json.loads((SHAPES / "Qwen3-4B-Base" / "config.json").read_text())
+
+# Qwen3-1.7B in the presets' settings, from its shape (the numbers the plans below are
+# derived from, as the planner's own terms are checked in the first test).
+BF16 = 2
+WEIGHTS_GIB = 1_720_574_976 * BF16 / GIB  # 1.7 B parameters (1.4 B without embeddings)
+KV_BYTES_PER_TOKEN = 2 * 28 * 8 * 128 * BF16  # K and V of 28 layers, 8 KV heads of 128
+RANK_32_PARAMS = 32 * 28 * 38_912  # a rank-32 adapter on the 7 projections of 28 layers
+ENGINE_LORA_GIB = 5 * RANK_32_PARAMS * BF16 / GIB  # engine.max_loras 5 slots of rank 32
+LEARNER_OWN_GIB = WEIGHTS_GIB + RANK_32_PARAMS * LEARNER_BYTES_PER_LORA_PARAM / GIB
+ACTIVATION_BYTES = ModelShape.from_config(QWEN3_1_7B, "config.json").learner_bytes_per_token(
+    False)  # (per token, within 5% of GPU.md's measurement: the first test)
+
+
+def kv_tokens(share_gib: float) -> int:
+    """The tokens of KV cache an engine's share holds after weights, LoRA slots, reserve."""
+    rest = share_gib - WEIGHTS_GIB - ENGINE_LORA_GIB - ENGINE_RESERVE_GIB
+    return int(rest * GIB // KV_BYTES_PER_TOKEN)
+
+
+def row_limit(budget_gib: float) -> int:
+    """The longest row whose activations fit the learner's headroom of ``budget_gib``."""
+    return int(HEADROOM * budget_gib * GIB / ACTIVATION_BYTES)
+
+
+def micro_batch(budget_gib: float) -> int:
+    """The largest multiple of MULTIPLE tokens that fits (``micro_batch_tokens: auto``)."""
+    return row_limit(budget_gib) // MULTIPLE * MULTIPLE
 
 
 @pytest.mark.parametrize(("config", "size"), [(QWEN3_1_7B, "1.7b"), (QWEN3_4B, "4b")])
@@ -48,19 +83,18 @@ def test_the_plan_of_qwen3_1_7b_on_an_80_gib_gpu() -> None:
     assert label == "GPU 0 (engine and learner, engine asleep during updates)"
     assert engine is not None and learner is not None
     assert engine.share_gib == 48.0  # gpu_memory_utilization 0.6
-    assert engine.weights_gib == pytest.approx(1_720_574_976 * 2 / GIB)
-    # 5 LoRA slots of rank 32 on the 7 projections of 28 layers, bf16
-    assert engine.lora_gib == pytest.approx(5 * 32 * 28 * 38_912 * 2 / GIB)
-    assert engine.kv_tokens == 397_620
+    assert engine.weights_gib == pytest.approx(WEIGHTS_GIB)
+    assert engine.lora_gib == pytest.approx(ENGINE_LORA_GIB)
+    assert engine.kv_tokens == kv_tokens(48.0)
     assert engine.demand_tokens == 128 * 4096 > engine.kv_tokens  # (issue 43, item 5)
     assert "vLLM will preempt" in plan.warnings[0]
     # The engine sleeps through the update: the learner has all the GPU but the 2 GiB a
     # sleeping engine keeps, and trains the preset's longest rows (max_train_len 8,192: what
     # the engine generates) whole.
-    assert learner.share_gib == pytest.approx(78.0)
-    assert learner.budget_gib == pytest.approx(78.0 - 3.2048 - 0.5191, abs=1e-3)
-    assert learner.micro_batch_tokens == 12_288  # auto, as ub.learner.memory sizes it
-    assert learner.longest_row == 8192 < learner.row_limit == 12_303
+    assert learner.share_gib == pytest.approx(80.0 - ENGINE_RESERVE_GIB)
+    assert learner.budget_gib == pytest.approx(80.0 - ENGINE_RESERVE_GIB - LEARNER_OWN_GIB)
+    assert learner.micro_batch_tokens == micro_batch(learner.budget_gib)
+    assert learner.longest_row == 8192 < learner.row_limit == row_limit(learner.budget_gib)
     assert plan.problems == []
 
     # Awake through the update (no sleep mode, or rounds pipelined), the learner keeps to the
@@ -69,13 +103,14 @@ def test_the_plan_of_qwen3_1_7b_on_an_80_gib_gpu() -> None:
         shared = plan_gpus(load_config("qwen3-1.7b-simpletak", awake), QWEN3_1_7B, 80)
         [(label, _, learner)] = shared.gpus
         assert label.startswith("GPU 0 (engine and learner") and "asleep" not in label
-        assert learner is not None and learner.share_gib == pytest.approx(32.0)
-        assert learner.budget_gib == pytest.approx(32.0 - 3.2048 - 0.5191, abs=1e-3)
-        assert learner.micro_batch_tokens == 4608
+        assert learner is not None and learner.share_gib == pytest.approx(0.4 * 80)
+        assert learner.budget_gib == pytest.approx(0.4 * 80 - LEARNER_OWN_GIB)
+        assert learner.micro_batch_tokens == micro_batch(learner.budget_gib)
+        assert row_limit(learner.budget_gib) < 8192
         [problem] = shared.problems
         assert problem.startswith("a row of up to 8,192 tokens") and problem.endswith(
-            "set batch.max_train_len to at most 4,683, or set learner.gradient_checkpointing: "
-            "true, or lower engine.gpu_memory_utilization")
+            f"set batch.max_train_len to at most {row_limit(learner.budget_gib):,}, or set "
+            "learner.gradient_checkpointing: true, or lower engine.gpu_memory_utilization")
     fits = plan_gpus(load_config("qwen3-1.7b-simpletak", ["engine.sleep_mode=false",
                                                           "batch.max_train_len=4096"]),
                      QWEN3_1_7B, 80)
@@ -121,9 +156,13 @@ def test_dry_run_prints_the_plan_and_writes_nothing(capsys, tmp_path, qwen3_fold
     out, err = capsys.readouterr()
     assert (code, err) == (0, "")
     assert out.startswith(f"run qwen3-1.7b-simpletak at {root / 'qwen3-1.7b-simpletak'} (new")
-    assert "KV cache 42.5 GiB = 397,620 tokens" in out
-    assert "learner  78.0 GiB (what the sleeping engine's 2.0 leaves)" in out
-    assert "micro-batch (auto) 12,288 tokens = 63.1 GiB; longest row 8,192 tokens" in out
+    kv_gib = 48.0 - WEIGHTS_GIB - ENGINE_LORA_GIB - ENGINE_RESERVE_GIB
+    assert f"KV cache {kv_gib:.1f} GiB = {kv_tokens(48.0):,} tokens" in out
+    assert (f"learner  {80 - ENGINE_RESERVE_GIB:.1f} GiB (what the sleeping engine's "
+            f"{ENGINE_RESERVE_GIB:.1f} leaves)") in out
+    micro = micro_batch(80.0 - ENGINE_RESERVE_GIB - LEARNER_OWN_GIB)
+    assert (f"micro-batch (auto) {micro:,} tokens = {micro * ACTIVATION_BYTES / GIB:.1f} GiB; "
+            "longest row 8,192 tokens") in out
     assert not root.exists()  # nothing written: no run folder, no Prefect home
 
 
@@ -136,10 +175,13 @@ def test_dry_run_of_a_plan_that_cannot_fit_is_one_error_line(capsys, tmp_path,
     out, err = capsys.readouterr()
     assert code == 2 and "GPUs of 24 GiB (--gpu-memory)" in out
     # (the engine asleep: its gpu_memory_utilization is no advice)
+    budget = 24 - ENGINE_RESERVE_GIB - LEARNER_OWN_GIB
+    assert budget < 4096 * ACTIVATION_BYTES / GIB
     assert err == (
-        "ub: error: a row of up to 4,096 tokens (engine.max_model_len, batch.max_train_len "
-        "4096) needs 21.0 GiB of activations in one micro-batch, the learner has 18.3 (rows "
-        "up to 3,027 tokens): set batch.max_train_len to at most 3,027, or set "
+        f"ub: error: a row of up to 4,096 tokens (engine.max_model_len, batch.max_train_len "
+        f"4096) needs {4096 * ACTIVATION_BYTES / GIB:.1f} GiB of activations in one "
+        f"micro-batch, the learner has {budget:.1f} (rows up to {row_limit(budget):,} tokens): "
+        f"set batch.max_train_len to at most {row_limit(budget):,}, or set "
         "learner.gradient_checkpointing: true\n")
     assert not root.exists()
     code = main(["train", "qwen3-1.7b-simpletak", "--gpu-memory", "40", "--root", str(root)])
@@ -168,12 +210,12 @@ def test_the_8_gpu_preset_gives_every_engine_and_the_learner_a_gpu_of_its_own() 
     assert engines == "GPUs 0-6 (rollout workers 0-6, one each)" and none is None
     assert learners == "GPU 7 (learner rank 0)" and no_engine is None
     assert engine is not None and learner is not None
-    assert engine.share_gib == pytest.approx(72.0)
-    assert engine.kv_tokens == 622_315 > engine.demand_tokens == 128 * 4096
+    assert engine.share_gib == pytest.approx(0.9 * 80)
+    assert engine.kv_tokens == kv_tokens(0.9 * 80) > engine.demand_tokens == 128 * 4096
     assert learner.share_gib == 80 and not learner.engine_asleep
-    assert learner.budget_gib == pytest.approx(80.0 - 3.2048 - 0.5191, abs=1e-3)
-    assert learner.micro_batch_tokens == 12_544
-    assert learner.longest_row == 8192 < learner.row_limit == 12_635
+    assert learner.budget_gib == pytest.approx(80.0 - LEARNER_OWN_GIB)
+    assert learner.micro_batch_tokens == micro_batch(learner.budget_gib)
+    assert learner.longest_row == 8192 < learner.row_limit == row_limit(learner.budget_gib)
     assert (plan.problems, plan.warnings) == ([], [])
 
 

@@ -5,10 +5,13 @@ for both)."""
 
 from __future__ import annotations
 
+import contextlib
+import re
 import time
 
 import pytest
 from servers import free_port
+from stub_openai import STUB_KEY
 
 from ub.actors.hosted import HostedSettings, check_hosted, parse_hosted
 from ub.actors.spec import parse_actor
@@ -56,12 +59,66 @@ def test_unreachable_endpoint_and_missing_key_are_named(bad_server, monkeypatch)
 
 
 def test_the_api_key_is_sent_but_never_stored(bad_server, monkeypatch, tmp_path):
-    secret = "sk-test-5ecr3t-value"
-    monkeypatch.setenv("UB_TEST_HOSTED_KEY", secret)
-    played = _play(f"hosted:m@{bad_server}/ok/v1?key=UB_TEST_HOSTED_KEY")
+    keyed = f"hosted:m@{bad_server}/keyed/v1?key=UB_TEST_HOSTED_KEY"
+    monkeypatch.setenv("UB_TEST_HOSTED_KEY", STUB_KEY)
+    played = _play(keyed)  # (the stub answers 401 to a request without this bearer token)
+    assert {g["outcome"] for g in played.games.to_pylist()} <= {"decisive", "draw"}
+    with pytest.raises(UbError, match=r"failed after 1 attempt\(s\): HTTP 401"):
+        _play(f"hosted:m@{bad_server}/keyed/v1")  # the same endpoint without the key
     write_shard(tmp_path, ShardId(0, 0), "hosted", played.steps, played.games)
     for path in tmp_path.rglob("*.parquet"):
-        assert secret.encode() not in path.read_bytes()
+        assert STUB_KEY.encode() not in path.read_bytes()
+    # A wrong key is refused by the server, which echoes it: the error masks it.
+    monkeypatch.setenv("UB_TEST_HOSTED_KEY", "sk-wrong-but-still-secret")
+    with pytest.raises(UbError, match=r"HTTP 401: .*Bearer \*\*\*") as refused:
+        _play(keyed)
+    assert "sk-wrong-but-still-secret" not in str(refused.value)
+
+
+SECRET = "sk-live-ABCDEF123"
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    (f"hosted:m@{{server}}/keyed/v1?key={SECRET}", r"key= takes the name of the environment "
+     r"variable that holds the API key .*, never the key itself"),
+    (f"hosted:m@{{server}}/keyed/v1?key=%22{SECRET}%22", "key= takes the name"),
+    (f"hosted:m@{{server}}/keyed/v1?key=1{SECRET[3:9]}", "not starting with a digit"),
+    (f"hosted:m@http://user:{SECRET}@127.0.0.1:9/v1", r"'hosted:m@http://\*\*\*@127.0.0.1:9/v1': "
+     "a URL with a user name or password is refused"),
+    (f"hosted:m@{{server}}/keyed/v1?api_key={SECRET}", r"api_key=\*\*\*': unknown option"),
+])
+def test_a_key_given_in_place_of_its_variable_is_refused_and_never_shown(
+        bad_server, tmp_path, capsys, given, message):
+    from ub.flows.cli import main
+
+    name = given.format(server=bad_server)
+    out = tmp_path / "games"
+    assert main(["play", "--env", "TicTacToe-v0-train", "--players", f"{name},random",
+                 "--games", "1", "--out", str(out)]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err.count("\n") == 1, captured
+    assert captured.err.startswith("ub: error: hosted actor ")
+    assert SECRET not in captured.err and SECRET[3:9] not in captured.err
+    assert re.search(message, captured.err), captured.err
+    assert not out.exists()
+
+
+def test_plain_http_to_another_machine_is_warned_about(bad_server, monkeypatch, capsys):
+    monkeypatch.setenv("UB_TEST_HOSTED_KEY", STUB_KEY)
+    for loopback in (f"{bad_server}/ok/v1?key=UB_TEST_HOSTED_KEY",
+                     "https://api.example.invalid/v1?key=UB_TEST_HOSTED_KEY"):
+        with contextlib.suppress(UbError):  # (the .invalid host answers nothing)
+            check_hosted(f"hosted:m@{loopback}")
+    assert "warning" not in capsys.readouterr().err
+    remote = "hosted:m@http://api.example.invalid/v1?key=UB_TEST_HOSTED_KEY"
+    with pytest.raises(UbError, match="is unreachable"):
+        check_hosted(remote)
+    err = capsys.readouterr().err
+    assert err.startswith("ub: warning: hosted opponent m at http://api.example.invalid/v1 is "
+                          "plain http to another machine: its API key ($UB_TEST_HOSTED_KEY) "
+                          "and every prompt and reply cross the network unencrypted; use an "
+                          "https:// URL\n"), err
+    assert STUB_KEY not in err
 
 
 @pytest.mark.parametrize(("name", "message"), [
@@ -71,6 +128,11 @@ def test_the_api_key_is_sent_but_never_stored(bad_server, monkeypatch, tmp_path)
     ("hosted:m@http://x/v1?model=other", r"unknown option\(s\) model; valid: concurrency, key,"),
     ("hosted:m@http://x/v1?timeout=-1", r"option timeout: Input should be greater than 0"),
     ("hosted:m@http://x/v1?retries=1.5", r"option retries: Input should be a valid integer"),
+    ("hosted:m@http://x/v1?retries=11", r"option retries: Input should be less than or equal to "
+     "10"),
+    ("hosted:m@http://x/v1?concurrency=257", r"option concurrency: .* less than or equal to 256"),
+    ("hosted:m@http://x/v1?max_tokens=1000000", r"option max_tokens: .* less than or equal to "
+     "65536"),
     ("hosted:m@http://x/v1?on_failure=shrug",
      r"option on_failure: got 'shrug'; input should be 'error' or 'skip'"),
 ])

@@ -433,24 +433,37 @@ def test_target_kl_stops_an_update_before_the_step_that_passes_it(
     """PPO's early stop: four large steps on one batch move the policy far from where the
     update started; with target_kl the update stops before the first step whose approx_kl
     passes it, and the policy it leaves is the one of the steps it took."""
+    def weights(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+        return [p.detach().clone() for group in optimizer.param_groups for p in group["params"]]
+
+    def same(a: list[torch.Tensor], b: list[torch.Tensor]) -> bool:
+        return all(torch.allclose(x, y, rtol=1e-5, atol=1e-7) for x, y in zip(a, b, strict=True))
+
     batch = decisions(rollout)
     settings = dict(algorithm="ppo", minibatches=4, learning_rate=3e-2,
                     algorithm_params={"tis_cap": None})
     learner.configure(learner_config(model_dir, **settings))
     learner.start(trained)
-    free = learner.update(batch)
-    assert free["optimizer_steps"] == 4 and not free["early_stopped"]
+    after_step: list[list[torch.Tensor]] = []  # the policy after each step of the free update
+    hook = learner.optimizer.register_step_post_hook(
+        lambda optimizer, *_: after_step.append(weights(optimizer)))
+    try:
+        free = learner.update(batch)
+    finally:
+        hook.remove()
+    assert free["optimizer_steps"] == 4 and not free["early_stopped"] and len(after_step) == 4
 
     learner.configure(learner_config(model_dir, **settings, target_kl=1e-3))
     learner.start(trained)
-    start = learner.token_logprobs(batch)
+    start = weights(learner.optimizer)
     stopped = learner.update(batch)
-    assert stopped["early_stopped"] and 1 <= stopped["optimizer_steps"] < 4
+    taken = stopped["optimizer_steps"]
+    assert stopped["early_stopped"] and 1 <= taken < 4  # (the first step always goes)
     assert stopped["stopped_at_kl"] > 1e-3
-    mask = batch.completion_mask.bool()
-    moved = learner.token_logprobs(batch)[mask] - start[mask]
-    # (the steps it took still count towards the schedule: the next update goes on from them)
-    assert float(moved.abs().max()) > 0, "the first step always goes"
+    # The policy it leaves is the free update's after the same steps, and not one step more.
+    left = weights(learner.optimizer)
+    assert not same(left, start)
+    assert same(left, after_step[taken - 1]) and not same(left, after_step[taken])
 
 
 def test_target_kl_must_be_positive(model_dir: Path) -> None:

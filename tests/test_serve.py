@@ -128,16 +128,17 @@ class Served:
             time.sleep(0.5)
         raise AssertionError(f"ub serve was not ready in {READY_S} s: {self.lines}")
 
-    def get(self, path: str) -> dict:
-        return self.post(path, None)
+    def get(self, path: str, key: str | None = None) -> dict:
+        return self.post(path, None, key)
 
-    def post(self, path: str, body: dict | None) -> dict:
+    def post(self, path: str, body: dict | None, key: str | None = None) -> dict:
         import urllib.request
 
         request = urllib.request.Request(
             f"http://127.0.0.1:{self.port}{path}",
             None if body is None else json.dumps(body).encode(),
-            {"Content-Type": "application/json"})
+            {"Content-Type": "application/json",
+             **({"Authorization": f"Bearer {key}"} if key else {})})
         direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))
         with direct.open(request, timeout=60) as response:
             return json.load(response)
@@ -188,6 +189,10 @@ def test_served_checkpoints_answer_as_the_recorded_greedy_eval(served_run, tmp_p
         models = server.get("/v1/models")
         assert {m["id"] for m in models["data"]} == {f"{RUN}/base", f"{RUN}/ckpt-000000",
                                                    f"{RUN}/ckpt-000001"}
+        # (vLLM shows each module's path as its `root`: the checkpoint's folder name, not
+        # where this machine keeps the run)
+        assert {m["root"] for m in models["data"] if m["id"] != f"{RUN}/base"} == {
+            "ckpt-000000", "ckpt-000001"}
         # Every recorded greedy decision of each checkpoint, from its module: the same tokens.
         for actor, rows in by_actor.items():
             for row in rows:
@@ -225,14 +230,26 @@ def test_served_checkpoints_answer_as_the_recorded_greedy_eval(served_run, tmp_p
 
 
 def test_a_served_checkpoint_plays_as_a_hosted_opponent_and_killing_ub_serve_takes_it_down(
-        served_run, tmp_path):
+        served_run, tmp_path, monkeypatch):
     """`ub serve` is vLLM's OpenAI server: a hosted opponent on it plays real games (the real
-    server of test_hosted_opponents' client, started once for both)."""
-    server = Served(served_run, tmp_path / "serve.log", "--checkpoint", "1")
+    server of test_hosted_opponents' client, started once for both). On every interface it
+    asks every request for the API key (VLLM_API_KEY), which the hosted opponent sends, and
+    which nothing shows."""
+    import urllib.error
+
+    key = "sk-serve-test-2b9e41"
+    monkeypatch.setenv("VLLM_API_KEY", key)
+    server = Served(served_run, tmp_path / "serve.log", "--checkpoint", "1", "--host", "0.0.0.0")
     try:
-        server.wait_ready()
+        example = server.wait_ready()
+        for path in ("/v1/models", "/invocations", "/tokenize", "/metrics", "/health"):
+            with pytest.raises(urllib.error.HTTPError, match="401"):
+                server.post(path, None if path in ("/v1/models", "/metrics", "/health") else
+                            {"model": f"{RUN}/ckpt-000001", "prompt": "x", "max_tokens": 1})
+        assert server.get("/v1/models", key)["data"]
+        assert '-H "Authorization: Bearer $VLLM_API_KEY"' in example
         hosted = parse_actor(f"hosted:{RUN}/ckpt-000001@http://127.0.0.1:{server.port}/v1"
-                             "?max_tokens=16")
+                             "?max_tokens=16&key=VLLM_API_KEY")
         check_hosted(hosted.name)
         played = play_games(assign_games(GameSpec("TicTacToe-v0-train"),
                                          [hosted, parse_actor("random")], 6, base_seed=2))
@@ -245,6 +262,10 @@ def test_a_served_checkpoint_plays_as_a_hosted_opponent_and_killing_ub_serve_tak
 
         spawned = server.processes()
         assert len(spawned) >= 2
+        shown = [*server.lines, (tmp_path / "serve.log").read_text(), *(
+            Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace") for pid in
+            [server.proc.pid, *spawned])]  # (a command line is every local user's to read)
+        assert not [text for text in shown if key in text]
         server.proc.kill()  # SIGKILL: ub serve cannot clean up; the kernel tells its child
         server.proc.wait()
         assert _alive(spawned, timeout=60) == []
@@ -252,7 +273,8 @@ def test_a_served_checkpoint_plays_as_a_hosted_opponent_and_killing_ub_serve_tak
         server.close()
 
 
-def test_bad_input_is_one_clear_line(served_run, tmp_path, capsys):
+def test_bad_input_is_one_clear_line(served_run, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
     root = str(served_run.root.parent)
     empty = served_run.root.parent / "empty"
     empty.mkdir(exist_ok=True)
@@ -270,6 +292,8 @@ def test_bad_input_is_one_clear_line(served_run, tmp_path, capsys):
             "--checkpoint takes a checkpoint number": ["serve", RUN, "--root", root,
                                                        "--checkpoint", "best"],
             f"cannot listen on 127.0.0.1:{port}": ["serve", RUN, "--root", root, "--port", port],
+            "--host 0.0.0.0 listens beyond this machine (0.0.0.0), and the server has no API key":
+                ["serve", RUN, "--root", root, "--host", "0.0.0.0", "--port", str(free_port())],
         }
         for expected, argv in cases.items():
             assert main(argv) == 2, argv

@@ -49,8 +49,32 @@ def _selected_batch(root: Path, sft: SftConfig):
                       torch.ones(rows.num_rows), t.lengths)
 
 
+def _winners_valid_moves(root: Path) -> tuple[set[tuple[str, int]], set[tuple[str, int]]]:
+    """(the decisions the default selection must be, every model decision), worked out in
+    Python from the shard files (not with ub's SQL): the model's well-formatted, legal moves
+    by the winning seat of a decisive game."""
+    import pyarrow.parquet as pq
+
+    [steps_file] = (root / "steps").rglob("shard-*.parquet")
+    [games_file] = (root / "games").rglob("shard-*.parquet")
+    games = {g["game_id"]: g for g in pq.read_table(games_file).to_pylist()}
+    model = [s for s in pq.read_table(steps_file).to_pylist() if s["actor_kind"] == "model"]
+    chosen = {(s["game_id"], s["turn"]) for s in model
+              if games[s["game_id"]]["outcome"] == "decisive"
+              and s["seat"] == games[s["game_id"]]["winner"]
+              and s["format_ok"] and not s["invalid_move"]}
+    return chosen, {(s["game_id"], s["turn"]) for s in model}
+
+
 def test_sft_raises_the_likelihood_of_the_winners_moves(shards, tiny_model, tmp_path, engine):
     sft = SftConfig(epochs=2, batch_size=16)
+    # The default selection is the winners' legal moves, and only those: the games hold others
+    # (the losers', invalid and badly formatted ones), which it leaves out.
+    winners, every = _winners_valid_moves(shards)
+    assert winners and winners < every
+    selected = select_decisions(shards, sft)
+    assert set(zip(selected["game_id"].to_pylist(), selected["turn"].to_pylist(),
+                   strict=True)) == winners
     batch = _selected_batch(shards, sft)
     learner = process_worker().learner(config(tiny_model, algorithm="sft"))
     learner.start(None)
@@ -60,7 +84,7 @@ def test_sft_raises_the_likelihood_of_the_winners_moves(shards, tiny_model, tmp_
     summary = train_sft(shards, sft, config(tiny_model), tmp_path / "warm", worker=process_worker())
     after = (learner.token_logprobs(batch) * batch.completion_mask).sum() / \
         batch.completion_mask.sum()
-    assert summary["decisions"] == len(batch) and summary["steps"] == 2 * -(-len(batch) // 16)
+    assert summary["decisions"] == len(winners) and summary["steps"] == 2 * -(-len(batch) // 16)
     assert float(after) > float(before) + 0.01
 
     # An ordinary checkpoint: vLLM serves it as a LoRA adapter.

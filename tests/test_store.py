@@ -5,6 +5,7 @@ checkpoints with verification, catching a working copy up, clear errors. The sto
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -191,3 +192,62 @@ def test_a_format_1_run_in_a_store_is_read_and_fetched(paths, rollout, tmp_path)
     assert fetch_round(other, other.train_data, "games", 0) == [
         "games/round=000000/shard-0000.parquet"]
     assert shard_path(other.train_data, "games", ShardId(0, 0)).exists()
+
+
+@pytest.fixture()
+def shared_bucket(paths, tmp_path):
+    """The run of ``paths`` (one checkpoint, round 0 committed) copied into an in-memory
+    store, a bucket someone else can write to; yields (its run URL, its filesystem)."""
+    import fsspec
+
+    checkpoint(paths.checkpoint(1), 1)
+    write_json_atomic(paths.manifest(0), {"round": 0})
+    fs = fsspec.filesystem("memory")
+    bucket = f"/{tmp_path.name}"
+    store = RunStore(paths.store)
+    store.publish_missing(paths.root)
+    for key in store.files():
+        fs.pipe(f"{bucket}/run/{key}", Path(store.path(key)).read_bytes())
+    try:
+        yield f"memory://{bucket}/run", fs
+    finally:
+        fs.rm(bucket, recursive=True)
+
+
+@pytest.mark.parametrize("planted", [
+    "checkpoints/ckpt-000001//{outside}",   # S3 and GCS allow `//` in a key: an absolute path
+    "checkpoints/ckpt-000001/../../../../../../../..{outside}",
+    "rounds/./round-000001.json",
+    "/rounds/round-000001.json",
+])
+def test_a_store_key_that_leaves_the_run_is_refused_and_nothing_is_written(
+        shared_bucket, tmp_path, planted):
+    url, fs = shared_bucket
+    outside = tmp_path / "outside" / "planted"
+    key = planted.format(outside=outside)
+    fs.pipe(f"{url.removeprefix('memory://')}/{key}", b"written by whoever can write the bucket")
+    machine = RunPaths(tmp_path / "machine-b", url)
+    readers = [lambda: sync(machine), lambda: RunStore(url).pull_records(tmp_path / "records")]
+    if key.startswith("checkpoints/"):
+        readers.append(lambda: fetch_checkpoint(machine, machine.checkpoint(1)))
+    for reader in readers:
+        with pytest.raises(UbError, match=rf"run store {url} holds an object under the key "
+                                          rf"'{re.escape(key)}', which is no plain relative path"):
+            reader()
+    assert not (tmp_path / "outside").exists()
+    assert not machine.root.exists() and not (tmp_path / "records").exists()
+
+
+def test_a_fetched_file_lands_inside_its_destination_or_nowhere(paths, tmp_path):
+    """A working copy whose folder is a link to elsewhere: the store's files are not written
+    through it (every fetch proves its target inside the folder it fetches into)."""
+    write_json_atomic(paths.manifest(0), {"round": 0})
+    sync(paths)
+    machine = RunPaths(tmp_path / "machine-b", paths.store)
+    machine.root.mkdir(parents=True)
+    (tmp_path / "elsewhere").mkdir()
+    (machine.root / "rounds").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(UbError, match=r"'rounds/round-000000.json' would be written to "
+                                      rf"{tmp_path}/elsewhere/round-000000.json, outside"):
+        sync(machine)
+    assert list((tmp_path / "elsewhere").iterdir()) == []

@@ -599,10 +599,15 @@ def test_a_worker_reuses_its_engine_then_replaces_it(engine, model_dir: Path) ->
 
 
 def test_workers_are_independent(model_dir: Path) -> None:
-    """A worker of its own (a Ray actor's) neither sees nor closes the process's engine."""
+    """A worker of its own (a Ray actor's) neither sees nor closes the process's engine. (The
+    process's engine is the one the test before left, reused; run alone, this starts it.)"""
+    greedy = SamplingConfig(temperature=0.0, max_tokens=8)
+    shared = process_worker().engine(engine_config(model_dir, max_model_len=512), greedy)
     own = Worker()
-    own.close()  # nothing to release: a no-op
-    assert process_worker()._engine is not None
+    assert own._engine is None  # it does not see the process's engine
+    own.close()  # nothing of its own to release: the process's engine stays
+    assert process_worker()._engine is shared.engine and not shared.engine.closed
+    assert len(tokens(shared, [req(PROMPTS[0])])[0]) > 0
 
 
 def test_an_engine_starts_after_an_earlier_teardown_failed_half_way(model_dir: Path) -> None:

@@ -72,7 +72,8 @@ def serve(plan: ServerPlan, *, out: Any = None) -> int:
           f"({len(plan.modules)} checkpoint(s))...", file=out, flush=True)
     example = example_request(plan)  # (before the start: an env error stops nothing)
     proc = subprocess.Popen(
-        plan.command(), env=_server_environment(), stdin=subprocess.DEVNULL,
+        plan.command(), env=_server_environment(plan.api_key), cwd=plan.workdir,
+        stdin=subprocess.DEVNULL,
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
         preexec_fn=_tie_to_parent(),
     )
@@ -99,10 +100,16 @@ def serve(plan: ServerPlan, *, out: Any = None) -> int:
             signal.signal(sig, handler)
 
 
-def _server_environment() -> dict[str, str]:
+def _server_environment(api_key: str | None = None) -> dict[str, str]:
+    """The server's environment: vLLM's (:func:`~ub.vllm_environment.vllm_server_environment`)
+    with the API key in ``VLLM_API_KEY`` (not on the command line, which every user of the
+    machine can read), or none."""
     from ub.vllm_environment import vllm_server_environment
 
     env = vllm_server_environment()
+    env.pop("VLLM_API_KEY", None)
+    if api_key:
+        env["VLLM_API_KEY"] = api_key
     # A deprecated torch attribute that vLLM touches in each of its processes (the engine
     # filters the same warning in-process).
     env.setdefault("PYTHONWARNINGS", "ignore::FutureWarning")
@@ -157,6 +164,8 @@ def _wait_ready(plan: ServerPlan, proc: subprocess.Popen, tail: deque[str]) -> N
     """Return once the server lists its models; refuse if it exits or takes too long."""
     deadline = time.monotonic() + READY_TIMEOUT_S
     direct = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # (no http_proxy)
+    models = urllib.request.Request(f"{plan.url}/v1/models", headers={
+        "Authorization": f"Bearer {plan.api_key}"} if plan.api_key else {})
     while True:
         code = proc.poll()
         if code is not None:
@@ -164,7 +173,7 @@ def _wait_ready(plan: ServerPlan, proc: subprocess.Popen, tail: deque[str]) -> N
             raise UbError(f"vLLM's server for run {plan.run} exited with code {code} before it "
                           f"was ready{_last_words(tail)} (its messages are above)")
         try:
-            with direct.open(f"{plan.url}/v1/models", timeout=2) as response:
+            with direct.open(models, timeout=2) as response:
                 if response.status == 200:
                     return
         except (urllib.error.URLError, OSError):
@@ -238,6 +247,8 @@ def _server_main(argv: list[str]) -> None:
 
     engine = EngineConfig(**json.loads(argv[0]))
     quiet_vllm_logging()
+    if os.environ.get("VLLM_API_KEY"):
+        _guard_every_route()
     from vllm.platforms import current_platform
 
     on_cpu = current_platform.is_cpu()
@@ -246,6 +257,18 @@ def _server_main(argv: list[str]) -> None:
     sys.argv = ["vllm.entrypoints.openai.api_server",
                 *cli_flags(vllm_engine_args(engine, on_cpu)), *argv[1:]]
     main()
+
+
+def _guard_every_route() -> None:
+    """vLLM's key check guards only paths under ``/v1`` (and a few others): ``/invocations``
+    (SageMaker's route, which runs completions), ``/tokenize``, ``/metrics`` and ``/version``
+    answer anyone. With a key, ub's server asks for it on every path, ``/health`` included."""
+    from vllm.entrypoints.serve.middleware import authenticate
+
+    if not isinstance(getattr(authenticate, "GUARDED_PREFIX", None), tuple):
+        raise SystemExit("ub serve: this vLLM has no authenticate.GUARDED_PREFIX, so ub cannot "
+                         "guard every route with the API key: refusing to serve")
+    authenticate.GUARDED_PREFIX = ("/",)
 
 
 if __name__ == "__main__":

@@ -4,11 +4,13 @@ refusal happens here), and the example request it prints once the server answers
 
 from __future__ import annotations
 
+import ipaddress
 import json
+import os
 import shlex
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +40,9 @@ class ServerPlan:
         max_tokens: the run's completion budget (``sampling.max_tokens``).
         temperature: the run's evaluation temperature (``eval.temperature``; 0 = greedy).
         stop: the run's stop strings (``sampling.stop``), kept in the completion as ub keeps them.
+        api_key: the key every request must bring (``None``: none; only on loopback). It
+            reaches the server through its environment (``VLLM_API_KEY``), never its command
+            line, and no repr or printed line shows it.
     """
 
     run: str
@@ -49,6 +54,7 @@ class ServerPlan:
     max_tokens: int
     temperature: float
     stop: tuple[str, ...] = ()
+    api_key: str | None = field(default=None, repr=False)
 
     @property
     def base_name(self) -> str:
@@ -60,12 +66,20 @@ class ServerPlan:
         host = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)
         return f"http://{f'[{host}]' if ':' in host else host}:{self.port}"
 
+    @property
+    def workdir(self) -> Path | None:
+        """Where the server runs: the checkpoints' folder, so that each LoRA module is given
+        (and ``GET /v1/models`` shows it, as its ``root``) by its folder's name, not this
+        machine's absolute path."""
+        return next(iter(self.modules.values())).parent if self.modules else None
+
     def server_args(self) -> list[str]:
         """vLLM server options (the engine's own come from the engine settings)."""
         args = ["--host", self.host, "--port", str(self.port),
                 "--served-model-name", self.base_name, "--no-use-tqdm-on-load"]
         if self.modules:
-            args += ["--lora-modules", *(f"{name}={path}" for name, path in self.modules.items())]
+            args += ["--lora-modules", *(f"{name}={path.name}"  # (in self.workdir)
+                                         for name, path in self.modules.items())]
         return args
 
     def command(self) -> list[str]:
@@ -79,7 +93,7 @@ class ServerPlan:
 
 
 def plan_server(run_dir: Path, checkpoint: str | None = None, *, host: str = "127.0.0.1",
-                port: int = 8000) -> ServerPlan:
+                port: int = 8000, api_key: str | None = None) -> ServerPlan:
     """Resolve and check what ``ub serve`` would start for the run at ``run_dir``.
 
     Args:
@@ -87,6 +101,7 @@ def plan_server(run_dir: Path, checkpoint: str | None = None, *, host: str = "12
         checkpoint: a checkpoint number, ``"latest"`` (``None``) or ``"all"``.
         host: the address to listen on.
         port: the port to listen on (it must be free).
+        api_key: the key every request must bring; required unless ``host`` is loopback.
     """
     from ub.learner.checkpoint import is_checkpoint
     from ub.run.config.base_model import resolve_base_model
@@ -102,7 +117,7 @@ def plan_server(run_dir: Path, checkpoint: str | None = None, *, host: str = "12
                       f"{paths.root / 'checkpoints'}): train it first "
                       f"(`ub train --resume {paths.name}`)")
     wanted = _choose(checkpoint, updates, paths.name)
-    _check_port(host, port)
+    _check_access(host, port, api_key)
     run = Run(paths, config, resolve_base_model(config))
     engine = run_engine_config(run).replace(sleep_mode=False)  # (a server: awake)
     modules = {f"{paths.name}/{checkpoint_name(u)}": paths.checkpoint(u) for u in wanted}
@@ -110,7 +125,7 @@ def plan_server(run_dir: Path, checkpoint: str | None = None, *, host: str = "12
     envs = tuple(ServedEnv(e.env_id, e.num_players, e.template) for e in config.envs)
     return ServerPlan(paths.name, engine, modules, host, port, envs,
                       config.sampling.max_tokens, config.eval.temperature,
-                      tuple(config.sampling.stop))
+                      tuple(config.sampling.stop), api_key)
 
 
 def _checkpoint_updates(folder: Path, is_checkpoint: Any) -> list[int]:
@@ -147,9 +162,21 @@ def _ranges(updates: list[int]) -> str:
     return ", ".join(map(str, updates))
 
 
-def _check_port(host: str, port: int) -> None:
+def _check_access(host: str, port: int, api_key: str | None) -> None:
+    """Refuse a port that is taken, and an address beyond this machine without an API key."""
+    address = _check_port(host, port)
+    if api_key or ipaddress.ip_address(address.split("%")[0]).is_loopback:
+        return
+    raise UbError(f"--host {host} listens beyond this machine ({address}), and the server has "
+                  "no API key: anyone who reaches the port could use the model. Give one "
+                  "(export VLLM_API_KEY=..., or --api-key), or serve on 127.0.0.1 "
+                  "(docs/serving.md)")
+
+
+def _check_port(host: str, port: int) -> str:
     """Refuse a port that is taken (or a host this machine cannot listen on) before the minute
-    a server start takes. vLLM's server sets SO_REUSEADDR too, so a port in TIME_WAIT is free."""
+    a server start takes; return the address it resolves to. vLLM's server sets SO_REUSEADDR
+    too, so a port in TIME_WAIT is free."""
     if not PORTS[0] <= port <= PORTS[1]:
         raise UbError(f"--port must be in {PORTS[0]}..{PORTS[1]}, got {port}")
     try:
@@ -166,6 +193,7 @@ def _check_port(host: str, port: int) -> None:
         except OSError as exc:
             raise UbError(f"cannot listen on {host}:{port} ({exc.strerror}): another server "
                           "uses it; pick a free port with --port") from None
+    return str(address[0])
 
 
 def _check_adapters(engine: Any, modules: dict[str, Path]) -> None:
@@ -210,7 +238,8 @@ def example_request(plan: ServerPlan) -> str:
             "max_tokens": plan.max_tokens, "temperature": plan.temperature}
     if plan.stop:  # (vLLM drops the stop string from the text unless asked to keep it)
         body.update(stop=list(plan.stop), include_stop_str_in_output=True)
-    return (f"curl {plan.url}/v1/completions -H 'Content-Type: application/json' "
+    key = ' -H "Authorization: Bearer $VLLM_API_KEY"' if plan.api_key else ""
+    return (f"curl {plan.url}/v1/completions -H 'Content-Type: application/json'{key} "
             f"-d {shlex.quote(json.dumps(body))}")
 
 
@@ -227,6 +256,10 @@ def describe(plan: ServerPlan) -> list[str]:
     lines = [f"serving run {plan.run} at {plan.url}/v1 (vLLM's OpenAI-compatible server; "
              "Ctrl-C stops it)",
              f"  base model   {plan.base_name}  ({plan.engine.model})"]
+    if plan.api_key:
+        lines.append("  every request brings the API key: -H \"Authorization: Bearer KEY\""
+                     + ("" if os.environ.get("VLLM_API_KEY") == plan.api_key else
+                        " (the example reads it from $VLLM_API_KEY: export it there)"))
     for name, path in plan.modules.items():
         lines.append(f"  checkpoint   {name}  (LoRA {path})")
     lines.append("  prompts: POST /v1/completions with the prompt the run's template makes of the "

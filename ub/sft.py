@@ -91,6 +91,10 @@ def train_sft(root: str | Path, config: SftConfig, learner_config: Any,
     out = Path(out_checkpoint)
     if out.exists() and not overwrite:
         raise UbError(f"{out} already exists: pick another --out or pass --overwrite")
+    if overwrite:
+        from ub.learner.checkpoint_writer import check_replaceable
+
+        check_replaceable(out)
     learner_config = learner_config.replace(algorithm="sft", algorithm_params={})
     rows = select_decisions(Path(root), config)
     tensors = collate(rows, 0, config.max_train_len)

@@ -5,14 +5,16 @@ the run's data equals the same run's in one process."""
 
 from __future__ import annotations
 
+import json
 import shutil
+from pathlib import Path
 
 import numpy
 import pytest
 import yaml
 from safetensors.torch import load_file
 
-from faults.runs import CONFIG, differences, free_port, ray_head, table_rows, train
+from faults.runs import CONFIG, TIMED_FILES, differences, free_port, ray_head, table_rows, train
 
 
 @pytest.fixture(scope="module")
@@ -52,27 +54,81 @@ def assert_same_data(ray_run, one_process) -> None:
             # unlike one: the log-probs of the same sampled tokens can differ in their last bits.
             found.remove(f"{table} rows differ")
             found += _steps_differences(ray_run, one_process, table)
-    # The same batches, trained in another process: the adapter and optimizer tensors may
-    # differ in their last bits (seen on an AVX-512 machine, not every time; cause not yet
-    # pinned down), and with them the files that hash or report them.
-    checkpoint_files = [f for f in found if f.startswith("ckpt-")]
-    found = [f for f in found if f not in checkpoint_files]
-    if checkpoint_files:
-        found += _checkpoint_differences(ray_run, one_process)
+    # The checkpoints: where the learner ran is recorded in each manifest (its
+    # learner_config.device_share: the share of the device a learner beside the engine keeps,
+    # none on a worker of its own), so that field is left out. And two data-parallel ranks
+    # each sum the gradients of every other micro-batch before the all-reduce adds the two
+    # sums, where one process adds the micro-batches in turn (ub/distributed.py: "the
+    # one-process gradient up to the order of floating-point additions"): the same sum for one
+    # or two micro-batches a step (the suite's batches are one), last bits apart for three or
+    # more. Only then are the adapter and optimizer tensors (their hashes, the update's
+    # figures) compared within float rounding, which AdamW's step amplifies where a gradient
+    # is near zero; everything else (a missing file, the RNG state, the config, the counts,
+    # the micro-batch sizes) is compared exactly.
+    found = [f for f in found if f not in _excused_checkpoint_differences(ray_run, one_process,
+                                                                          found)]
     assert found == []
 
 
-def _checkpoint_differences(run, reference) -> list[str]:
-    found = []
+SUMMED = ("adapter_model.safetensors", "optimizer.safetensors")
+
+
+def _excused_checkpoint_differences(run: Path, reference: Path, found: list[str]) -> list[str]:
+    """The checkpoint findings among ``found`` that the causes above explain."""
+    excused = []
     for folder in sorted((run / "checkpoints").glob("ckpt-*")):
-        for name in ("adapter_model.safetensors", "optimizer.safetensors"):
-            mine = load_file(str(folder / name))
-            theirs = load_file(str(reference / "checkpoints" / folder.name / name))
-            if mine.keys() != theirs.keys() or not all(
-                    numpy.allclose(mine[k].float().numpy(), theirs[k].float().numpy(),
-                                   rtol=1e-3, atol=1e-5) for k in mine):
-                found.append(f"{folder.name}/{name} differs beyond float rounding")
-    return found
+        theirs = reference / "checkpoints" / folder.name
+        rounding = _summed_in_another_order(folder, theirs) and all(
+            _tensors_close(folder / name, theirs / name) for name in SUMMED)
+        if rounding:
+            excused += [f"{folder.name}/{name} differs" for name in SUMMED]
+        manifest, metrics = "ub_checkpoint.json", "metrics.json"
+        if _placed(folder / manifest, rounding) == _placed(theirs / manifest, rounding):
+            excused.append(f"{folder.name}/{manifest} differs beyond its timing fields")
+        if rounding and _figures_close(TIMED_FILES[metrics](folder / metrics),
+                                       TIMED_FILES[metrics](theirs / metrics)):
+            excused.append(f"{folder.name}/{metrics} differs beyond its timing fields")
+    return excused
+
+
+def _summed_in_another_order(mine: Path, theirs: Path) -> bool:
+    """Whether the data-parallel update may have added its micro-batches' gradients in
+    another order than one process: the same micro-batches, and a step of three or more (the
+    ranks sum every other one; ``micro_batches`` counts all steps'). A checkpoint without an
+    update (the cold start) never was."""
+    a, b = (json.loads((folder / "metrics.json").read_text()) for folder in (mine, theirs))
+    if "micro_batches" not in b or a.get("micro_batches") != b["micro_batches"]:
+        return False
+    return b["micro_batches"] >= b["optimizer_steps"] + 2
+
+
+def _placed(manifest: Path, rounding: bool) -> dict:
+    """A manifest without its timing fields and where the learner ran; without the hashes of
+    the summed tensors too when they may differ in their last bits."""
+    data = TIMED_FILES["ub_checkpoint.json"](manifest)
+    data["learner_config"].pop("device_share", None)
+    for name in SUMMED if rounding else ():
+        data["files"][name].pop("sha256")  # (their sizes stay: the same tensors)
+    return data
+
+
+def _tensors_close(mine: Path, theirs: Path) -> bool:
+    a, b = load_file(str(mine)), load_file(str(theirs))
+    return a.keys() == b.keys() and all(
+        numpy.allclose(a[k].float().numpy(), b[k].float().numpy(), rtol=1e-3, atol=1e-5)
+        for k in a)
+
+
+def _figures_close(mine: object, theirs: object) -> bool:
+    """Equal, but floats (the summed losses, norms, KL) within float rounding."""
+    if isinstance(mine, dict) and isinstance(theirs, dict):
+        return mine.keys() == theirs.keys() and all(_figures_close(mine[k], theirs[k])
+                                                    for k in mine)
+    if isinstance(mine, list) and isinstance(theirs, list):
+        return len(mine) == len(theirs) and all(map(_figures_close, mine, theirs))
+    if isinstance(mine, float) and isinstance(theirs, float):
+        return bool(numpy.isclose(mine, theirs, rtol=1e-4, atol=1e-7))
+    return json.dumps(mine) == json.dumps(theirs)
 
 
 def test_a_run_on_ray_equals_the_same_run_in_one_process_even_when_a_worker_dies(

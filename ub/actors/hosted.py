@@ -9,7 +9,11 @@ completion.
 
 - The API key is read from the environment variable named by ``key`` (default: none, for local
   servers) when the request is made; it is never stored in configs, logs or shards (the actor
-  name holds only the variable's name).
+  name holds only the variable's name). So ``key`` must be a variable's name
+  (``[A-Za-z_][A-Za-z0-9_]*``), a URL with a user name or password is refused, no message
+  shows either (:func:`shown`), and an error that a server's reply would carry the key into
+  has it masked. A key sent over plain ``http`` to a host other than this machine is warned
+  about before any game.
 - Requests run in a thread pool of ``concurrency`` so the local engine keeps working while
   hosted seats think. Each request has a ``timeout`` and ``retries`` with exponential backoff on
   connection errors, timeouts, 429 and 5xx replies.
@@ -22,13 +26,16 @@ No request is made unless a hosted actor is configured.
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
+import sys
 import time
 import urllib.parse
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from ub.errors import UbError
 from ub.numbers import NumberError, url_port
@@ -38,6 +45,15 @@ PREFIX = "hosted:"
 MAX_TIMEOUT_S = 86_400.0
 """The longest ``timeout`` (a day): the socket under the HTTP client refuses one that does not fit
 its C type, mid-game."""
+MAX_RETRIES = 10
+"""The most ``retries`` (with the backoff capped at 8 s: about a minute and a half a move)."""
+MAX_CONCURRENCY = 256
+"""The most requests in flight (each a thread)."""
+MAX_TOKENS = 65_536
+"""The longest reply asked for."""
+KEY_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+"""What ``key=`` takes: an environment variable's name, never the key."""
+MASK = "***"
 
 
 class HostedSettings(Section):
@@ -46,20 +62,35 @@ class HostedSettings(Section):
 
     model: str = Field(min_length=1, description="The model's name at the endpoint (MODEL).")
     base_url: str = Field(min_length=1, description="The endpoint (BASE_URL, ending in /v1).")
-    key_env: str | None = Field(None, alias="key", description="The environment variable "
-                                "holding the API key, read at each request and never stored; "
-                                "null: no key (a local server).")
+    key_env: str | None = Field(None, alias="key", description="The name of the environment "
+                                "variable holding the API key (letters, digits and _; never the "
+                                "key itself), read at each request and never stored; null: no "
+                                "key (a local server).")
     timeout: float = Field(30.0, gt=0, le=MAX_TIMEOUT_S, description="Seconds one request may "
                            "take.")
-    retries: int = Field(2, ge=0, description="Attempts after the first, with exponential "
-                         "backoff, on connection errors, timeouts, 429 and 5xx replies.")
-    concurrency: int = Field(8, ge=1, description="Requests in flight at once (a thread pool, "
-                             "while the local engine keeps generating).")
+    retries: int = Field(2, ge=0, le=MAX_RETRIES, description="Attempts after the first, with "
+                         "exponential backoff, on connection errors, timeouts, 429 and 5xx "
+                         "replies.")
+    concurrency: int = Field(8, ge=1, le=MAX_CONCURRENCY, description="Requests in flight at "
+                             "once (a thread pool, while the local engine keeps generating).")
     on_failure: Literal["error", "skip"] = Field("error", description="When every attempt "
                                                  "fails: error stops the rollout; skip records "
                                                  "the game as errored and goes on.")
-    max_tokens: int = Field(256, ge=1, description="Most tokens of a reply.")
+    max_tokens: int = Field(256, ge=1, le=MAX_TOKENS, description="Most tokens of a reply.")
     temperature: float = Field(0.0, ge=0, description="Sampling temperature of the replies.")
+
+    @field_validator("key_env")
+    @classmethod
+    def _a_variables_name(cls, value: str | None) -> str | None:
+        if value is not None and not KEY_NAME.fullmatch(value):
+            raise ValueError(KEY_HELP)  # (the value itself is not repeated: it may be the key)
+        return value
+
+
+KEY_HELP = ("key= takes the name of the environment variable that holds the API key (letters, "
+            "digits and _, not starting with a digit), never the key itself, which would be "
+            "stored with the actor's name in the run's config, data, W&B and Prefect: export "
+            "the key, e.g. as OPENAI_API_KEY, and write key=OPENAI_API_KEY")
 
 
 OPTIONS = tuple(info.alias or name for name, info in HostedSettings.model_fields.items()
@@ -67,31 +98,55 @@ OPTIONS = tuple(info.alias or name for name, info in HostedSettings.model_fields
 """The options a hosted actor's name may give, as it names them."""
 
 
+def shown(text: str) -> str:
+    """A hosted actor's name (or its URL) as messages show it, with what may be a secret
+    masked: a URL's user name and password, a ``key=`` that is no variable's name (a key
+    given in its place) and the value of an option that is none of :data:`OPTIONS`
+    (``api_key=...``, ``token=...``)."""
+    text = re.sub(r"(://)[^/?#]*@", rf"\g<1>{MASK}@", text)
+
+    def option(m: re.Match[str]) -> str:
+        name, value = m.group(2), urllib.parse.unquote_plus(m.group(3))
+        safe = (not value or KEY_NAME.fullmatch(value)) if name == "key" else name in OPTIONS
+        return f"{m.group(1)}{name}={m.group(3) if safe else MASK}"
+
+    return re.sub(r"([?&])([^=&#]*)=([^&#]*)", option, text)
+
+
 def parse_hosted(name: str) -> HostedSettings:
-    """Parse ``hosted:MODEL@BASE_URL[?options]`` with one clear error per problem."""
+    """Parse ``hosted:MODEL@BASE_URL[?options]`` with one clear error per problem (which
+    shows the name with any secret in it masked: :func:`shown`)."""
     body = name[len(PREFIX):]
     model, at, rest = body.partition("@")
     if not at or not model or not rest:
-        raise UbError(f"hosted actor {name!r} must look like hosted:MODEL@BASE_URL, e.g. "
+        raise UbError(f"hosted actor {shown(name)!r} must look like hosted:MODEL@BASE_URL, e.g. "
                       "hosted:Qwen3-8B@http://127.0.0.1:8000/v1")
     url, _, query = rest.partition("?")
     parsed = urllib.parse.urlparse(url)
     if parsed.scheme not in ("http", "https") or not parsed.netloc:
-        raise UbError(f"hosted actor {name!r}: {url!r} is not an http(s) URL")
+        raise UbError(f"hosted actor {shown(name)!r}: {shown(url)!r} is not an http(s) URL")
+    if "@" in parsed.netloc:
+        raise UbError(f"hosted actor {shown(name)!r}: a URL with a user name or password is "
+                      "refused (it would be stored with the actor's name in the run's config, "
+                      "data, W&B and Prefect): put the API key in an environment variable and "
+                      "name it with ?key=VAR")
     try:
         url_port(url)
     except NumberError as exc:
-        raise UbError(f"hosted actor {name!r}: {url!r}: {exc}") from None
+        raise UbError(f"hosted actor {shown(name)!r}: {url!r}: {exc}") from None
     options = {option: setting_value(text) for option, text
                in urllib.parse.parse_qsl(query, keep_blank_values=True)}
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:
-        raise UbError(f"hosted actor {name!r}: unknown option(s) {', '.join(unknown)}; valid: "
-                      f"{', '.join(sorted(OPTIONS))}")
+        raise UbError(f"hosted actor {shown(name)!r}: unknown option(s) {', '.join(unknown)}; "
+                      f"valid: {', '.join(sorted(OPTIONS))}")
+    key = options.get("key")
+    if key is not None and not (isinstance(key, str) and KEY_NAME.fullmatch(key)):
+        raise UbError(f"hosted actor {shown(name)!r}: {KEY_HELP}")
     try:
         return HostedSettings.from_dict({"model": model, "base_url": url.rstrip("/"), **options})
     except UbError as exc:
-        raise UbError(f"hosted actor {name!r}: option {exc}") from None
+        raise UbError(f"hosted actor {shown(name)!r}: option {exc}") from None
 
 
 class HostedFailure(UbError):
@@ -158,22 +213,48 @@ class HostedClient:
             except (ValueError, KeyError, IndexError, TypeError):
                 problems.append(f"malformed reply: {reply.text[:120]!r}")
                 continue
+        said = "; ".join(problems)
+        if key:  # (a server may echo the request's headers in its error)
+            said = said.replace(key, MASK)
         raise HostedFailure(f"hosted opponent {s.model} at {url} failed after "
-                            f"{len(problems)} attempt(s): {'; '.join(problems)}")
+                            f"{len(problems)} attempt(s): {said}")
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
         self._http.close()
 
 
+_WARNED: set[str] = set()
+
+
+def is_loopback(url: str) -> bool:
+    """Whether ``url``'s host is this machine (``localhost`` or a loopback address)."""
+    host = urllib.parse.urlparse(url).hostname or ""
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def check_hosted(name: str) -> None:
-    """Before any game: the key variable is set and the endpoint answers ``GET /models``."""
+    """Before any game: the key variable is set and the endpoint answers ``GET /models``. A
+    plain ``http`` endpoint on another machine is warned about once per process (what the
+    seat sends, its key included, crosses the network unencrypted)."""
     import httpx
 
     settings = parse_hosted(name)
     if settings.key_env is not None and not os.environ.get(settings.key_env):
         raise UbError(f"hosted opponent {settings.model} at {settings.base_url} needs an API "
                       f"key in the environment variable {settings.key_env}, which is not set")
+    if (urllib.parse.urlparse(settings.base_url).scheme == "http"
+            and not is_loopback(settings.base_url) and name not in _WARNED):
+        _WARNED.add(name)
+        sent = (f"its API key (${settings.key_env}) and " if settings.key_env else "")
+        print(f"ub: warning: hosted opponent {settings.model} at {settings.base_url} is plain "
+              f"http to another machine: {sent}every prompt and reply cross the network "
+              "unencrypted; use an https:// URL", file=sys.stderr, flush=True)
     url = f"{settings.base_url}/models"
     try:
         httpx.get(url, timeout=min(settings.timeout, 10.0))

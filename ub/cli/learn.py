@@ -55,6 +55,10 @@ def cmd_learn(args: argparse.Namespace) -> int:
         raise UbError(f"{root} does not exist: give the data folder of the decisions to learn from")
     if args.from_checkpoint and not Path(args.from_checkpoint).exists():
         raise UbError(f"checkpoint {args.from_checkpoint} does not exist")
+    if args.overwrite:
+        from ub.learner.checkpoint_writer import check_replaceable
+
+        check_replaceable(args.out)  # (before the batch and the model load)
     batch = batch_config(args)
     learner = learner_config(args)
     out = Path(args.out)

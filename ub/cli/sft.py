@@ -36,6 +36,10 @@ def cmd_sft(args: argparse.Namespace) -> int:
     root = Path(args.shards)
     if not root.exists():
         raise UbError(f"{root} does not exist: give the data folder of the decisions to imitate")
+    if args.overwrite:
+        from ub.learner.checkpoint_writer import check_replaceable
+
+        check_replaceable(args.out)  # (before the data and the model load)
     data = yaml_section(args.config, "sft")
     for key in ("where", "epochs", "batch_size", "max_train_len", "seed"):
         if getattr(args, key) is not None:

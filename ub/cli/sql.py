@@ -6,7 +6,12 @@ import argparse
 import sys
 from pathlib import Path
 
+from ub.cli.args import positive_int
 from ub.errors import UbError
+
+MAX_ROWS = 1000
+"""The rows a table shows by default (``--max-rows``): the result streams, so a query of a
+whole run prints what a terminal can show without holding the rest."""
 
 
 def add_parser(sub) -> None:
@@ -14,12 +19,16 @@ def add_parser(sub) -> None:
     sql.add_argument("root", help="a data folder, a run directory or a run's store URL "
                      "(s3://bucket/runs/NAME)")
     sql.add_argument("query", nargs="?", help="the SQL query (none: an interactive shell)")
-    sql.add_argument("--format", choices=("table", "csv"), default="table")
+    sql.add_argument("--format", choices=("table", "csv"), default="table",
+                     help="table (at most --max-rows rows) or csv (every row, streamed)")
+    sql.add_argument("--max-rows", type=positive_int, default=MAX_ROWS,
+                     help=f"most rows a table shows (default {MAX_ROWS}); the rest is never "
+                     "computed: add LIMIT/OFFSET, or --format csv for every row")
     sql.set_defaults(func=cmd_sql)
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    from ub.data.sql import connect, run_sql, table_dataset
+    from ub.data.sql import connect, table_dataset
     from ub.run.folder.urls import is_url
     from ub.run.folder.views import RunViews, is_run
 
@@ -43,9 +52,9 @@ def cmd_sql(args: argparse.Namespace) -> int:
         names = sorted(["steps", "games", *extra])
     try:
         if args.query is not None:
-            _print_arrow(run_sql(con, args.query), args.format)
+            _print_result(con, args.query, args.format, args.max_rows)
             return 0
-        _sql_shell(con, root, names)
+        _sql_shell(con, root, names, args.max_rows)
     finally:
         con.close()
     return 0
@@ -78,11 +87,9 @@ def _connect_store(url: str):
     return connect_tables(tables), sorted(tables)
 
 
-def _sql_shell(con, root: Path | str, views: list[str]) -> None:
+def _sql_shell(con, root: Path | str, views: list[str], max_rows: int = MAX_ROWS) -> None:
     """Read statements (ending with ``;``) from stdin until EOF or ``.quit``."""
     import duckdb
-
-    from ub.data.sql import run_sql
 
     interactive = sys.stdin.isatty()
     if interactive:
@@ -102,31 +109,48 @@ def _sql_shell(con, root: Path | str, views: list[str]) -> None:
         if buffer.strip().endswith(";"):
             try:
                 for statement in con.extract_statements(buffer):
-                    _print_arrow(run_sql(con, statement.query), "table")
+                    _print_result(con, statement.query, "table", max_rows)
             except (UbError, duckdb.Error) as exc:
                 print(f"ub: error: {str(exc).splitlines()[0]}", file=sys.stderr)
             buffer = ""
 
 
-def _print_arrow(table, fmt: str) -> None:
+def _print_result(con, sql: str, fmt: str, max_rows: int = MAX_ROWS) -> None:
+    """Print ``sql``'s result as it streams: every row as CSV, or a table of at most
+    ``max_rows`` rows (the query stops there)."""
+    from ub.data.sql import stream_sql
+
+    schema, batches = stream_sql(con, sql)
     if fmt == "csv":
         import csv
 
         writer = csv.writer(sys.stdout, lineterminator="\n")
-        writer.writerow(table.column_names)
-        for row in table.to_pylist():
-            writer.writerow(["" if v is None else v for v in row.values()])
+        writer.writerow(schema.names)
+        for batch in batches:
+            for row in batch.to_pylist():
+                writer.writerow(["" if v is None else v for v in row.values()])
         return
     from rich.console import Console
     from rich.table import Table
 
     view = Table(show_lines=False)
-    for name in table.column_names:
+    for name in schema.names:
         view.add_column(name)
-    for row in table.to_pylist():
-        view.add_row(*[_cell(v) for v in row.values()])
+    shown, more = 0, False
+    for batch in batches:
+        room = max_rows - shown
+        for row in batch.slice(0, room).to_pylist():
+            view.add_row(*[_cell(v) for v in row.values()])
+        shown += min(batch.num_rows, room)
+        if batch.num_rows > room:  # (a row past the cap: the query stops here)
+            more = True
+            break
     Console().print(view)
-    print(f"({table.num_rows} row{'s' if table.num_rows != 1 else ''})")
+    if more:
+        print(f"(the first {shown} rows; the query returns more, not fetched: "
+              "add LIMIT/OFFSET, raise --max-rows, or use --format csv for every row)")
+    else:
+        print(f"({shown} row{'s' if shown != 1 else ''})")
 
 
 def _cell(value: object, width: int = 80) -> str:

@@ -2,7 +2,9 @@
 
 The views are Arrow datasets registered in DuckDB (filters and projections are pushed down to
 the Parquet files), after which DuckDB's external access is switched off and the configuration
-locked: a query can read the run's data and nothing else, and cannot write files.
+locked: a query can read the run's data and nothing else, and cannot write files. The one
+folder DuckDB still reads and writes, its temporary folder (where a large query spills), is a
+private one of the connection's own, not DuckDB's default ``.tmp`` of the working directory.
 
 Shards of every schema version ub reads are shown in the current column names
 (:func:`current_names_sql`, the one place that maps a former name to its current one): a run
@@ -12,7 +14,12 @@ resumed by a newer ub mixes versions, e.g. ``steps.env_reward`` was ``final_rewa
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+import contextlib
+import os
+import shutil
+import tempfile
+import weakref
+from collections.abc import Collection, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -131,8 +138,13 @@ def connect(root: Path, extra: dict[str, pa.Table | ds.Dataset] | None = None
 def connect_tables(tables: dict[str, pa.Table | ds.Dataset]) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with a read-only view per table, then external access
     switched off (the views still read their files: Arrow scans them, not DuckDB). A dataset
-    of shards read with :func:`ub.data.schema.reading_schema` shows the current column names."""
-    con = duckdb.connect(":memory:")
+    of shards read with :func:`ub.data.schema.reading_schema` shows the current column names.
+    DuckDB's temporary folder is a new private one (mode 0700), removed with the connection:
+    its default, ``.tmp`` in the working directory, is readable by a query even with external
+    access off, and holds whatever was put there."""
+    spill = tempfile.mkdtemp(prefix="ub-duckdb-")
+    con = duckdb.connect(":memory:", config={"temp_directory": spill})
+    weakref.finalize(con, _remove_spill, spill, os.getpid())
     for name, table in tables.items():
         shards = (table.schema.metadata or {}).get(READING_TABLE)
         if shards is None:
@@ -143,6 +155,13 @@ def connect_tables(tables: dict[str, pa.Table | ds.Dataset]) -> duckdb.DuckDBPyC
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
     return con
+
+
+def _remove_spill(folder: str, owner: int) -> None:
+    """Remove a connection's temporary folder, in the process that made it (a forked child
+    that inherited the connection leaves its parent's alone)."""
+    if os.getpid() == owner:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def query(root: Path, sql: str, extra: dict[str, pa.Table | ds.Dataset] | None = None
@@ -162,18 +181,48 @@ def run_sql(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
     """Run read-only SQL on an open connection (the last statement's result); anything that
     would write (CREATE, INSERT, COPY, ATTACH, SET, ...) is refused; DuckDB's errors come back
     as one-line :class:`UbError`."""
-    try:
-        statements = con.extract_statements(sql)
-        if not statements:
-            raise UbError("the query holds no SQL statement (it is empty or only comments): "
-                          "give one, e.g. \"SELECT count(*) FROM games\"")
-        for statement in statements:
-            kind = statement.type.name
-            if kind not in READ_ONLY_STATEMENTS:
-                raise UbError(f"ub sql is read-only: {kind} statements are refused "
-                              "(use SELECT, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN)")
-        relation = con.sql(sql)
+    with _sql_errors():
+        relation = _read_only(con, sql)
         return relation.to_arrow_table() if relation is not None else pa.table({})
+
+
+def stream_sql(con: duckdb.DuckDBPyConnection, sql: str, batch_rows: int = 10_000
+               ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
+    """:func:`run_sql`'s result as it is computed: its schema, and its rows in batches of up to
+    ``batch_rows`` (a reader that stops early never has the rest computed or held); DuckDB's
+    errors, while reading too, come back as one-line :class:`UbError`."""
+    with _sql_errors():
+        relation = _read_only(con, sql)
+        if relation is None:
+            return pa.schema([]), iter(())
+        reader = relation.to_arrow_reader(batch_rows)
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        with _sql_errors():
+            yield from reader
+
+    return reader.schema, batches()
+
+
+def _read_only(con: duckdb.DuckDBPyConnection, sql: str) -> duckdb.DuckDBPyRelation | None:
+    """``sql``'s relation (the last statement's), once every statement is one that reads."""
+    statements = con.extract_statements(sql)
+    if not statements:
+        raise UbError("the query holds no SQL statement (it is empty or only comments): "
+                      "give one, e.g. \"SELECT count(*) FROM games\"")
+    for statement in statements:
+        kind = statement.type.name
+        if kind not in READ_ONLY_STATEMENTS:
+            raise UbError(f"ub sql is read-only: {kind} statements are refused "
+                          "(use SELECT, DESCRIBE, SHOW, SUMMARIZE, EXPLAIN)")
+    return con.sql(sql)
+
+
+@contextlib.contextmanager
+def _sql_errors() -> Iterator[None]:
+    """DuckDB's errors as one-line :class:`UbError`."""
+    try:
+        yield
     except duckdb.Error as exc:
         message = str(exc).splitlines()[0]
         if "Parquet" in message and "input source" in message:

@@ -41,8 +41,8 @@ def write_checkpoint(out_dir: str | os.PathLike[str], state: CheckpointState,
     :param state: optimizer, RNG and bookkeeping (see :class:`CheckpointState`).
     :param write_adapter: writes ``adapter_model.safetensors`` and ``adapter_config.json``
         into the folder it is given (e.g. a PEFT model's ``save_pretrained``).
-    :param overwrite: replace an existing checkpoint at ``out_dir``; otherwise an existing
-        ``out_dir`` is an error.
+    :param overwrite: replace an existing checkpoint (or empty folder) at ``out_dir``
+        (:func:`check_replaceable`); otherwise an existing ``out_dir`` is an error.
     """
     from safetensors import SafetensorError
     from safetensors.torch import save_file
@@ -51,6 +51,8 @@ def write_checkpoint(out_dir: str | os.PathLike[str], state: CheckpointState,
     if out.exists() and not overwrite:
         raise UbError(f"checkpoint folder {out} already exists: pick a new path (checkpoints "
                       "are never modified in place)")
+    if overwrite:
+        check_replaceable(out)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
     except OSError as e:
@@ -97,6 +99,7 @@ def write_checkpoint(out_dir: str | os.PathLike[str], state: CheckpointState,
         fsync_dir(tmp)
         fault_point("checkpoint.before-rename")
         if out.exists():  # overwrite: move the old one aside, swap in the new, drop the old
+            check_replaceable(out)  # (still: nothing else came there meanwhile)
             old = out.parent / f".{out.name}.old-{os.getpid()}-{uuid.uuid4().hex[:8]}"
             os.replace(out, old)
             os.replace(tmp, out)
@@ -111,6 +114,33 @@ def write_checkpoint(out_dir: str | os.PathLike[str], state: CheckpointState,
             raise UbError(f"cannot write checkpoint {out}: {reason}") from e
         raise
     return out
+
+
+def check_replaceable(out: str | os.PathLike[str]) -> None:
+    """What ``--overwrite`` (``overwrite=True``) may replace at ``out``: nothing, a finished ub
+    checkpoint folder, or an empty folder. Anything else (a folder of other files, a run, a
+    file, a link) is refused, naming what it holds, before any work is done."""
+    from ub.learner.checkpoint import is_checkpoint
+
+    out = Path(out).expanduser().absolute()
+    if not out.exists() and not out.is_symlink():
+        return
+    if out.is_symlink():
+        what = f"a symbolic link to {os.readlink(out)}"
+    elif not out.is_dir():
+        what = "a file"
+    elif is_checkpoint(out):
+        return
+    elif (out / "ub-run.json").exists():
+        what = "a ub run"
+    else:
+        held = sorted(p.name for p in out.iterdir())
+        if not held:
+            return
+        what = ("a folder holding " + ", ".join(held[:3])
+                + (f" and {len(held) - 3} more" if len(held) > 3 else ""))
+    raise UbError(f"--overwrite replaces only a ub checkpoint folder (or an empty folder), and "
+                  f"{out} is {what}: pick another --out, or move it aside yourself")
 
 
 def canonicalize_adapter_config(path: Path, base_model_name: str | None = None) -> str | None:

@@ -114,9 +114,24 @@ class RunStore:
         out = {}
         for name, info in found.items():
             key = name[len(root):] if name.startswith(root) else None
-            if key and not any(part.startswith(".") for part in key.split("/")):
+            if not key or info.get("type") == "directory":
+                continue
+            self.check_key(key)
+            if not any(part.startswith(".") for part in key.split("/")):
                 out[key] = int(info.get("size") or 0)
         return out
+
+    def check_key(self, key: str) -> None:
+        """Refuse a key that is no plain relative path: an empty, ``.`` or ``..`` segment or a
+        leading ``/`` (object stores allow ``//`` in keys; joined to a local folder such a key
+        names a path outside it). Whoever can write to a shared store could otherwise make
+        every machine that reads the run write where they chose (docs/security.md)."""
+        if any(part in ("", ".", "..") for part in key.split("/")):
+            raise UbError(f"run store {self.url} holds an object under the key {key!r}, which is "
+                          "no plain relative path (an empty, '.' or '..' segment, or a leading "
+                          "'/'): ub reads nothing from this run. Remove that object from the "
+                          "store; if you did not put it there, someone else who can write to "
+                          "the store did (docs/security.md)")
 
     def probe(self) -> None:
         """One round trip to the store; :class:`OSError` when nothing answers (``exists``, which
@@ -199,11 +214,22 @@ class RunStore:
             if top in ("config.yaml", "ub-run.json", "rounds", "ratings", "metrics") or (
                     top == "checkpoints" and name in (CHECKPOINT_MANIFEST, "metrics.json")) or (
                     top == "benchmarks" and name.endswith(".parquet")):
-                self._get_file(key, Path(local_root) / key)
+                self._get_file(key, Path(local_root))
 
     # ---- fetching --------------------------------------------------------------------------
 
-    def _get_file(self, key: str, local: Path) -> None:
+    def _get_file(self, key: str, within: Path, rel: str | None = None) -> None:
+        """Fetch ``key`` to ``within / rel`` (default ``within / key``), once that is proven
+        to lie inside ``within``."""
+        self.check_key(key)
+        rel = key if rel is None else rel
+        self.check_key(rel)
+        local = Path(within) / rel
+        inside = Path(within).resolve()
+        if not local.resolve().is_relative_to(inside):  # (a link in the working copy, say)
+            raise UbError(f"run store {self.url}: the object {key!r} would be written to "
+                          f"{local.resolve()}, outside {inside}: nothing was fetched. Check "
+                          f"for a symbolic link under {inside}")
         try:
             with self.fs.open(self.path(key), "rb") as source:
                 write_atomic(local, lambda handle: shutil.copyfileobj(source, handle, 1 << 20))
@@ -221,7 +247,7 @@ class RunStore:
         for key in sorted(self.files(prefix) if listing is None else listing, key=publish_rank):
             if (key.split("/")[0] in DURABLE and not key.startswith("checkpoints/")
                     and not (local_root / key).exists()):
-                self._get_file(key, local_root / key)
+                self._get_file(key, local_root)
                 fetched.append(key)
         return fetched
 
@@ -241,7 +267,7 @@ class RunStore:
         tmp = folder.parent / f".{folder.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
             for key in files:
-                self._get_file(key, tmp / key[len(prefix) + 1:])
+                self._get_file(key, tmp, key[len(prefix) + 1:])
             verify_files(tmp, read_manifest(tmp))
             os.replace(tmp, folder)
         except UbError as exc:

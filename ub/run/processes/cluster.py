@@ -27,7 +27,7 @@ import logging
 import math
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -40,12 +40,28 @@ log = logging.getLogger("ub.flow")
 T = TypeVar("T")
 
 NAMESPACE = "ub"
-# Environment a worker must share with the flow process: where Prefect's API and home are,
-# offline switches, ub's own settings, a run store's credentials (workers publish their own
-# files). Ray workers inherit the raylet's environment otherwise.
+# Settings a worker must share with the flow process: where Prefect's API and home are,
+# offline switches, ub's own settings, where a run store is and which profile reaches it
+# (workers publish their own files). Ray workers inherit the raylet's environment otherwise.
+# Ray shows what it forwards (``runtime_env``) to whoever can read the cluster's state, so a
+# variable whose name says it holds a secret (SECRET_WORDS) is forwarded only when the run
+# needs it (a hosted opponent's ``key=``) or UB_RAY_ENV names it: credentials are each node's
+# own (docs/security.md).
 FORWARDED_PREFIXES = ("PREFECT_", "UB_", "HF_", "VLLM_", "TRANSFORMERS_", "WANDB_", "AWS_",
                       "GOOGLE_", "FSSPEC_")
 FORWARDED_NAMES = ("DO_NOT_TRACK", "TOKENIZERS_PARALLELISM")
+SECRET_WORDS = frozenset({"KEY", "KEYS", "APIKEY", "SECRET", "SECRETS", "TOKEN", "TOKENS",
+                          "PASSWORD", "PASSWD", "PASS", "CREDENTIAL", "CREDENTIALS", "AUTH",
+                          "COOKIE", "PRIVATE", "SIGNATURE"})
+"""A word of a variable's name (between ``_``) that marks it as a secret..."""
+PATH_SUFFIXES = ("_FILE", "_PATH", "_DIR")
+"""...unless the name ends in one of these, or is GOOGLE_APPLICATION_CREDENTIALS: it names a
+file (which each node must have), not the secret in it."""
+PREFECT_CREDENTIALS = ("PREFECT_API_KEY", "PREFECT_API_AUTH_STRING")
+"""What the tasks on the workers present to the Prefect API they report to, where it asks."""
+EXTRA_VARIABLES = "UB_RAY_ENV"
+"""Comma-separated names of further variables to forward, secrets included (visible then to
+whoever can read the cluster's state)."""
 
 
 def on_worker(run: Any, role: str, index: int, step: Callable[..., T], *args: Any,
@@ -114,22 +130,46 @@ def rollout_worker(run: Any, shard: int) -> int:
     return shard % run.config.cluster.rollout_workers
 
 
-def forwarded_environment() -> dict[str, str]:
-    """The flow process's settings that its Ray workers need (see ``FORWARDED_PREFIXES``),
-    without ub's per-engine defaults of this process (a worker's engine decides its own: its
-    platform and model folder may differ, e.g. GPU workers of a CPU driver)."""
+def is_secret_name(name: str) -> bool:
+    """Whether variable ``name`` says it holds a secret (``AWS_SECRET_ACCESS_KEY``, ``HF_TOKEN``,
+    ``WANDB_API_KEY``, ``PREFECT_API_KEY``), not a file that holds one."""
+    if name.endswith(PATH_SUFFIXES) or name == "GOOGLE_APPLICATION_CREDENTIALS":
+        return False
+    return any(word in SECRET_WORDS for word in name.upper().split("_"))
+
+
+def run_variables(config: Any) -> list[str]:
+    """The environment variables the run's actors read on its workers: each hosted opponent's
+    ``key=`` (the rollouts that seat it run there)."""
+    from ub.actors.hosted import parse_hosted
+    from ub.actors.spec import parse_actor
+
+    names = [*config.opponents.fixed_names(), *config.eval.opponents]
+    return sorted({key for name in names if parse_actor(name).kind == "hosted"
+                   and (key := parse_hosted(name).key_env)})
+
+
+def forwarded_environment(needed: Iterable[str] = ()) -> dict[str, str]:
+    """The flow process's settings that its Ray workers need (see ``FORWARDED_PREFIXES``)
+    without those that hold secrets, and ``needed`` (the run's, :func:`run_variables`) and the
+    variables :data:`EXTRA_VARIABLES` names whatever they hold; without ub's per-engine
+    defaults of this process (a worker's engine decides its own: its platform and model folder
+    may differ, e.g. GPU workers of a CPU driver)."""
     from ub.vllm_environment import ENGINE_DEFAULTS, SET_BY_UB
 
+    named = {*needed, *(n.strip() for n in os.environ.get(EXTRA_VARIABLES, "").split(",") if n)}
     return {k: v for k, v in os.environ.items()
-            if (k.startswith(FORWARDED_PREFIXES) or k in FORWARDED_NAMES)
+            if (k in named or ((k.startswith(FORWARDED_PREFIXES) or k in FORWARDED_NAMES)
+                               and not is_secret_name(k)))
             and not (k in ENGINE_DEFAULTS and SET_BY_UB.get(k) == v)}
 
 
-def ray_init_kwargs(api_url: str | None) -> dict[str, Any]:
+def ray_init_kwargs(api_url: str | None, needed: Iterable[str] = ()) -> dict[str, Any]:
     """``ray.init`` settings of the flow process: its environment for every worker (with the
-    Prefect API the flow reports to), Ray's dashboard and log forwarding off (ub has its own
-    logs under ``RUN/logs``)."""
-    env = forwarded_environment()
+    Prefect API the flow reports to and its credentials, and ``needed``: the variables the
+    run's actors read), Ray's dashboard and log forwarding off (ub has its own logs under
+    ``RUN/logs``)."""
+    env = forwarded_environment([*needed, *PREFECT_CREDENTIALS])
     if api_url:
         env["PREFECT_API_URL"] = api_url
     return {"namespace": NAMESPACE, "runtime_env": {"env_vars": env},
