@@ -15,10 +15,13 @@ from ub.numbers import first_non_finite
 from ub.seeding import DEFAULT_SEED
 from ub.settings import EXECUTION, Section, default_of, names_components
 
-__all__ = ["Attention", "Kernels", "LearnerConfig", "LearnerSection"]
+__all__ = ["AdapterCompute", "Attention", "AttentionKernel", "Kernels", "LearnerConfig",
+           "LearnerSection"]
 
 Attention = Literal["auto", "sdpa", "eager", "flash_attention_2"]
 Kernels = Literal["auto", "liger", "none"]
+AdapterCompute = Literal["auto", "model", "float32"]
+AttentionKernel = Literal["auto", "torch", "flash", "cudnn"]
 
 # The three settings the section may leave to the run, with their ranges (one declaration,
 # read by both classes below).
@@ -57,7 +60,9 @@ class LearnerSection(Section):
     - ``micro_batch_tokens`` bounds activation memory; on a CPU 2048-4096 is also the fastest.
       ``auto`` sizes it from a probe of the model's activations and the memory the learner has
       (:mod:`ub.learner.memory`); an out-of-memory error halves it and retries the update.
-    - ``kernels``: :mod:`ub.learner.kernels`.
+    - ``kernels``: :mod:`ub.learner.kernels`; ``attention_kernel`` and ``pad_to_multiple``:
+      shapes that repeat, :mod:`ub.learner.kernels` and :mod:`ub.learner.batching`.
+    - ``adapter_compute``: :mod:`ub.learner.precision`.
     - ``target_kl`` (PPO's early stop): before each optimizer step after the first, the step's
       forward pass measures ``approx_kl`` of the current policy to the one the update started
       from (k3 over the step's completion tokens); past ``target_kl`` the update ends there,
@@ -129,6 +134,18 @@ class LearnerSection(Section):
         "that runs out of memory is retried at half the size.", json_schema_extra=EXECUTION)
     micro_batch_size: int | None = Field(None, ge=1, description="Most rows per micro-batch; "
                                          "null: no limit.", json_schema_extra=EXECUTION)
+    adapter_compute: AdapterCompute = Field(
+        "auto", description="The LoRA adapter's matmuls: model (in the base weights' dtype, "
+        "e.g. bfloat16; the adapter's weights, gradients and AdamW state stay float32) or "
+        "float32 (PEFT's: each input cast up); auto: model on CUDA, else float32.")
+    attention_kernel: AttentionKernel = Field(
+        "auto", description="SDPA's kernel: cudnn (cuDNN's first), flash (FlashAttention: no "
+        "plan per shape) or torch (torch's choice); auto: cudnn on CUDA, else torch.",
+        json_schema_extra=EXECUTION)
+    pad_to_multiple: int | Literal["auto"] = Field(
+        "auto", description="Pad each micro-batch's width up to a multiple of this many "
+        "tokens, so that shapes repeat (1: no padding); auto: 128 on CUDA, else 1.",
+        json_schema_extra=EXECUTION)
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the "
                                          "backward pass (less memory, ~1/3 more compute).",
                                          json_schema_extra=EXECUTION)
@@ -143,6 +160,13 @@ class LearnerSection(Section):
         # (Not a bound on the field: pydantic would report it once per member of the union.)
         if isinstance(value, int) and value < 1:
             raise ValueError(f"must be a positive integer, auto or null, got {value!r}")
+        return value
+
+    @field_validator("pad_to_multiple")
+    @classmethod
+    def _positive_multiple(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"must be a positive integer or auto, got {value!r}")
         return value
 
     @model_validator(mode="after")

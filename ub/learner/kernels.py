@@ -12,11 +12,25 @@ same projections: Liger's SwiGLU calls the MLP's own ``gate_proj``, ``up_proj`` 
 function in its transformers module, for every later load in the process. The learner records
 the kernels it applied: ``liger_kernels`` in its update's metrics and the round manifest
 (``[]`` where none were).
+
+``learner.attention_kernel`` picks the kernel of PyTorch's scaled-dot-product attention (the
+``sdpa`` implementation the learner runs) while the learner scores tokens
+(:func:`attention_kernel`): ``torch`` leaves the choice to PyTorch, which on a Hopper GPU takes
+cuDNN's attention and builds a plan for every new shape; ``flash`` takes PyTorch's
+FlashAttention kernel, which plans nothing per shape; ``cudnn`` asks for cuDNN's first (each
+falls back to the memory-efficient kernel, then the math one, where it cannot run). On an
+H200 (docs/scaling.md), 1.7B at 32 GiB, batches of new lengths: cuDNN with lengths as they come
+26,552 tokens/s, FlashAttention 35,705, cuDNN with widths padded to multiples of 128
+(``learner.pad_to_multiple``: its plans repeat) 35,862. ``auto``: the last on CUDA (``cudnn``,
+with ``pad_to_multiple: auto`` = 128), else ``torch``. Neither kernel's backward is bitwise
+repeatable on a GPU at real lengths (measured: the same update twice differs).
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -80,3 +94,34 @@ def apply_kernels(kernels: str, model: Any) -> list[str]:
 
     MODEL_TYPE_TO_APPLY_LIGER_FN[model.config.model_type](model=model, **LIGER_SETTINGS)
     return [name for name, on in LIGER_SETTINGS.items() if on]
+
+
+AUTO_ATTENTION_KERNEL = "cudnn"
+"""``attention_kernel: auto`` on CUDA (measured: docs/scaling.md)."""
+
+
+def resolve_attention_kernel(name: str, device: torch.device) -> str:
+    """``torch``, ``flash`` or ``cudnn``: what ``learner.attention_kernel`` = ``name`` means on
+    ``device`` (``auto``: :data:`AUTO_ATTENTION_KERNEL` on CUDA, else ``torch``)."""
+    if name == "auto":
+        return AUTO_ATTENTION_KERNEL if device.type == "cuda" else "torch"
+    if name not in ("torch", "flash", "cudnn"):
+        raise UbError(f"learner.attention_kernel must be auto, torch, flash or cudnn, got "
+                      f"{name!r}")
+    return name
+
+
+@contextlib.contextmanager
+def attention_kernel(name: str) -> Iterator[None]:
+    """Run the block with SDPA restricted to the kernels of ``name`` (a resolved
+    ``attention_kernel``; ``torch``: PyTorch's own choice), in that order of preference."""
+    if name == "torch":
+        yield
+        return
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    fallbacks = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+    first = [SDPBackend.FLASH_ATTENTION] if name == "flash" else \
+        [SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION]
+    with sdpa_kernel(first + fallbacks, set_priority=True):
+        yield

@@ -43,6 +43,7 @@ from ub.learner.checkpoint_writer import write_checkpoint
 from ub.learner.config import LearnerConfig
 from ub.learner.memory import MicroBatchBudget
 from ub.learner.policy import ADAPTER_NAME, Policy
+from ub.learner.precision import adapter_compute_name
 from ub.learner.update import NonFiniteError, update
 from ub.learner.value import ValueBaseline
 from ub.model.lora import LoraSettings
@@ -77,7 +78,7 @@ class Learner:
         self._torch_rng: dict[str, torch.Tensor] = {}
         self.py_rng = random.Random(config.seed)
         self.budget.configure(config.micro_batch_tokens, config.gradient_checkpointing,
-                              config.device_share)
+                              config.device_share, _probe_settings(config))
         self.start(None)  # (makes the optimizer, and a value head where the algorithm wants one)
 
     # -- configuration -----------------------------------------------------------------------
@@ -100,7 +101,7 @@ class Learner:
         elif self.value is not None:  # the head is kept; its settings follow the algorithm's
             self.value.configure(*self._value_settings())
         self.budget.configure(config.micro_batch_tokens, config.gradient_checkpointing,
-                              config.device_share)
+                              config.device_share, _probe_settings(config))
         if self.optimizer is not None:
             for group in self.optimizer.param_groups:
                 group.update(self._optimizer_settings())
@@ -193,6 +194,9 @@ class Learner:
             tokens_per_second=metrics["tokens"] / seconds if seconds > 0 else 0.0,
             kernels=self.policy.kernels,
             liger_kernels=list(self.policy.liger_kernels),
+            adapter_compute=adapter_compute_name(self.policy.adapter_compute),
+            attention_kernel=self.policy.attention_kernel,
+            pad_to_multiple=self.policy.pad_to_multiple,
             peak_rss_mb=_peak_rss_mb(),
             **_peak_device_memory(device),
         )
@@ -482,6 +486,12 @@ class Learner:
             torch.cuda.set_rng_state(states["torch_cuda"], self.policy.device)
 
 
+
+
+def _probe_settings(config: LearnerConfig) -> tuple[str, str]:
+    """The settings besides the budget's own that ``micro_batch_tokens: auto``'s probe
+    measures with (a change measures again)."""
+    return config.adapter_compute, config.attention_kernel
 
 
 def _peak_rss_mb() -> float:

@@ -24,7 +24,7 @@ update retries it at half the micro-batch (:class:`ub.learner.Learner`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -176,9 +176,13 @@ class MicroBatchBudget:
         self.fit: MemoryFit | None = None  # (auto: what the memory holds)
 
     def configure(self, setting: int | str | None, gradient_checkpointing: bool,
-                  device_share: float | None) -> None:
-        """Apply the settings; a change of any of them forgets what was measured or halved."""
-        sizing = (setting, gradient_checkpointing, device_share)
+                  device_share: float | None, compute: Hashable = None) -> None:
+        """Apply the settings; a change of any of them forgets what was measured or halved.
+
+        :param compute: the other settings the probe's bytes per token depend on (the
+            adapter's compute dtype, the attention kernel).
+        """
+        sizing = (setting, gradient_checkpointing, device_share, compute)
         if sizing != self._sizing:
             self._sizing = sizing
             self._tokens = setting if isinstance(setting, int) else None

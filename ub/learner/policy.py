@@ -8,18 +8,28 @@ algorithm and the training state; the update itself is :func:`ub.learner.update.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import torch
 
 from ub.errors import UbError
 from ub.learner.base_identity import model_identity
+from ub.learner.batching import pad_right, resolve_pad_to_multiple
 from ub.learner.config import LearnerConfig
-from ub.learner.kernels import apply_kernels, resolve_kernels
+from ub.learner.kernels import (
+    apply_kernels,
+    attention_kernel,
+    resolve_attention_kernel,
+    resolve_kernels,
+)
 from ub.learner.memory import MemoryFit, activation_bytes_per_token, device_budget, saved_bytes
 from ub.learner.output_layer import chunked_token_logprobs, is_plain_linear
+from ub.learner.precision import resolve_adapter_compute, set_adapter_compute
 from ub.model.lora import LoraSettings
 
 if TYPE_CHECKING:
@@ -59,6 +69,23 @@ def resolve_attention(name: str, device: torch.device, dtype: torch.dtype) -> st
             return "flash_attention_2"
     return "sdpa"
 
+
+_Score = TypeVar("_Score", bound=Callable[..., Any])
+
+
+def _in_learner_shapes(score: _Score) -> _Score:
+    """:meth:`Policy.score` on its input padded to the width ``pad_to_multiple`` asks, under
+    the SDPA kernel ``attention_kernel`` asks (the scores do not depend on the padding: rows
+    are right-padded, attention is causal and the padding is never scored)."""
+
+    @functools.wraps(score)
+    def shaped(self: Policy, input_ids: torch.Tensor, scored: torch.Tensor, *args: Any,
+               **kwargs: Any) -> Any:
+        input_ids, scored = pad_right(input_ids, scored, self.pad_to_multiple)
+        with attention_kernel(self.attention_kernel):
+            return score(self, input_ids, scored, *args, **kwargs)
+
+    return cast(_Score, shaped)
 
 
 class Policy:
@@ -110,6 +137,10 @@ class Policy:
                           f"{config.base_model}: set lora.target_modules")
         for p in self.params.values():  # adapters train in float32 whatever the base dtype
             p.data = p.data.float()
+        # (how they compute, and the shapes scoring takes: configure(), below)
+        self.adapter_compute = torch.float32
+        self.attention_kernel = "torch"
+        self.pad_to_multiple = 1
         # The output layer runs in chunks (ub.learner.output_layer) where the causal LM is
         # exactly lm_head(decoder(x)) and lm_head a plain Linear.
         self._chunked_head = getattr(self.causal_lm.config, "model_type", "") in \
@@ -143,19 +174,30 @@ class Policy:
             if isinstance(dropouts, torch.nn.ModuleDict) and ADAPTER_NAME in dropouts:
                 dropouts[ADAPTER_NAME] = torch.nn.Dropout(p) if p > 0 else torch.nn.Identity()
         self.model.peft_config[ADAPTER_NAME].lora_dropout = p  # saved in adapter_config.json
+        # The adapter's matmuls in the model's dtype or float32 (ub.learner.precision).
+        self.adapter_compute = resolve_adapter_compute(config.adapter_compute, self.device,
+                                                       self.dtype)
+        set_adapter_compute(self.model, self.adapter_compute)
+        self.attention_kernel = resolve_attention_kernel(config.attention_kernel, self.device)
+        self.pad_to_multiple = resolve_pad_to_multiple(config.pad_to_multiple, self.device)
         self._set_checkpointing(config.gradient_checkpointing)
 
     def _set_checkpointing(self, on: bool) -> None:
         if on:
             # Non-reentrant checkpointing needs no input that requires grad (the embeddings
             # are frozen) and works with the decoder called directly.
-            self.causal_lm.gradient_checkpointing_enable(
-                gradient_checkpointing_kwargs={"use_reentrant": False})
+            # The recompute runs in backward, outside score(): under the same SDPA kernel
+            # (a recompute must save what the forward saved).
+            self.causal_lm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={
+                "use_reentrant": False,
+                "context_fn": lambda: (contextlib.nullcontext(),
+                                       attention_kernel(self.attention_kernel))})
         elif self.causal_lm.is_gradient_checkpointing:
             self.causal_lm.gradient_checkpointing_disable()
 
     # -- scoring ------------------------------------------------------------------------------
 
+    @_in_learner_shapes
     def score(self, input_ids: torch.Tensor, scored: torch.Tensor, *, with_entropy: bool = True,
               with_states: bool = False) -> Scores:
         """Logprob (and entropy) of each scored token, flattened in row-major order, and for

@@ -87,7 +87,7 @@ def update(policy: Policy, optimizer: torch.optim.Optimizer | None, algorithm: A
             trained = rows_with_gradient(step_batch, algorithm, config)
             lengths = step_batch.lengths.tolist()
             groups = plan_micro_batches([lengths[r] for r in trained], micro_batch_tokens(),
-                                        config.micro_batch_size)
+                                        config.micro_batch_size, policy.pad_to_multiple)
             policy.model.train()
             for p in trained_params:
                 p.grad = None
