@@ -16,6 +16,14 @@ Not a test. Two modes, both on a finished run's own data (``RUN`` is its folder)
     non-empty pile), ``one_pile_ge2`` (all but those with two or more in it), ``no_invalid``
     (invalid moves' rows), ``nim_no_invalid`` (TicTacToe's and invalid moves' rows).
 
+``.venv/bin/python bench/nim_last_pile.py positions RUN 0,8,16,32``
+    Position by position (one pile left: (2,0,0), (3,0,0), (0,2,0), (0,3,0), (0,4,0), (0,0,2)
+    ... (0,0,5)), on 4 prompts each reached by random play from the opening (seeded: the same
+    prompts for every run and checkpoint), each checkpoint's probability of taking the whole
+    pile: over every token (``p``), and over the legal moves only (``legal``: what a policy
+    sampled under ``legal_moves: mask`` plays); and the last checkpoint's likeliest legal
+    move. This is the probe of issue 59.
+
 The moves of the tiny model are whole tokens (``[2 5]`` is one token), which is what lets a
 token's probability stand for a move's. docs/learning.md has what these showed (issue 42).
 """
@@ -110,6 +118,80 @@ def cmd_checkpoints(run: Path, checkpoints: list[int]) -> None:
         print(f"checkpoint {k}: {probe(model)}")
 
 
+ONE_PILE_POSITIONS = [(2, 0, 0), (3, 0, 0), (0, 2, 0), (0, 3, 0), (0, 4, 0), (0, 0, 2),
+                      (0, 0, 3), (0, 0, 4), (0, 0, 5)]
+PROMPTS_PER_POSITION = 4
+
+
+def position_prompts(positions: list[tuple[int, ...]], per_position: int, seed: int = 0
+                     ) -> dict[tuple[int, ...], list[tuple[str, list[str]]]]:
+    """For each position, ``per_position`` (observation, legal moves) pairs of the player to
+    move there, reached by random legal play from Nim's opening (different histories)."""
+    import random
+
+    from ub.games.legal import legal_actions
+    from ub.games.loop import Game
+    from ub.games.specs import GameSpec
+
+    rng = random.Random(seed)
+    found: dict[tuple[int, ...], list[tuple[str, list[str]]]] = {p: [] for p in positions}
+    for game_seed in range(100_000):
+        if all(len(v) >= per_position for v in found.values()):
+            return found
+        game = Game(GameSpec(NIM), game_seed, f"probe-{game_seed}")
+        while not game.done:
+            piles = tuple(game.env.state.game_state["piles"])
+            if piles in found and len(found[piles]) < per_position:
+                found[piles].append((game.observation, legal_actions(game.env)))
+                break
+            game.apply(rng.choice(legal_actions(game.env)))
+    raise SystemExit(f"random play reached only {({p: len(v) for p, v in found.items()})}")
+
+
+def cmd_positions(run: Path, checkpoints: list[int]) -> None:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from ub.games.templates import get_template
+
+    base = run_base_model(run)
+    probe = Probe(base, [])
+    space = probe.tokenizer.encode(" ", add_special_tokens=False)
+    template = get_template("plain")
+    prompts = position_prompts(ONE_PILE_POSITIONS, PROMPTS_PER_POSITION)
+    table: dict[tuple[int, ...], list[str]] = {p: [] for p in prompts}
+    likeliest: dict[tuple[int, ...], str] = {}
+    for k in checkpoints:
+        model = AutoModelForCausalLM.from_pretrained(base)
+        if k > 0:
+            model = PeftModel.from_pretrained(model, run / "checkpoints" / f"ckpt-{k:06d}")
+        model.eval()
+        for position, cases in prompts.items():
+            pile = next(i for i, n in enumerate(position) if n > 0)
+            whole, raw, legal_share = f"[{pile} {position[pile]}]", 0.0, 0.0
+            best: dict[str, float] = {}
+            for observation, legal in cases:
+                ids = probe.tokenizer.encode(template.render(observation)) + space
+                with torch.no_grad():
+                    p = torch.softmax(model(torch.tensor([ids])).logits[0, -1].float(), -1)
+                legal_p = {m: p[probe.token(m)].item() for m in legal}
+                raw += legal_p[whole]
+                legal_share += legal_p[whole] / sum(legal_p.values())
+                for m, q in legal_p.items():
+                    best[m] = best.get(m, 0.0) + q / sum(legal_p.values())
+            n = len(cases)
+            table[position].append(f"{raw / n:.2f} / {legal_share / n:.2f}")
+            top = max(best, key=lambda m: best[m])
+            likeliest[position] = f"{top} {best[top] / n:.2f}"
+    print(f"p(take the whole last pile), over every token / over the legal moves; "
+          f"{PROMPTS_PER_POSITION} prompts per position; run {run}")
+    print("| position | " + " | ".join(f"ckpt {k}" for k in checkpoints)
+          + f" | ckpt {checkpoints[-1]}'s likeliest legal move |")
+    print("|---" * (len(checkpoints) + 2) + "|")
+    for position, cells in table.items():
+        print(f"| {position} | " + " | ".join(cells) + f" | {likeliest[position]} |")
+
+
 def cmd_update(run: Path, round_: int, variants: list[str]) -> None:
     from ub.batch import assemble_batch
     from ub.cli.batch import batch_config
@@ -159,6 +241,9 @@ def main() -> None:
     checkpoints = sub.add_parser("checkpoints")
     checkpoints.add_argument("run", type=Path)
     checkpoints.add_argument("checkpoints", help="comma-separated checkpoint numbers")
+    positions = sub.add_parser("positions")
+    positions.add_argument("run", type=Path)
+    positions.add_argument("checkpoints", help="comma-separated checkpoint numbers")
     update = sub.add_parser("update")
     update.add_argument("run", type=Path)
     update.add_argument("round", type=int)
@@ -166,6 +251,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.mode == "checkpoints":
         cmd_checkpoints(args.run, [int(x) for x in args.checkpoints.split(",")])
+    elif args.mode == "positions":
+        cmd_positions(args.run, [int(x) for x in args.checkpoints.split(",")])
     else:
         cmd_update(args.run, args.round, args.variants.split(","))
 

@@ -257,7 +257,8 @@ def _write_old_shard(root: Path, sid: ShardId, steps: pa.Table, games: pa.Table,
                      version: int) -> None:
     """A shard exactly as an older ub wrote it (schema ``version``), with plain pyarrow: the
     steps columns of that version under its names (``env_reward`` was ``final_reward`` in
-    version 1; ``position`` came in version 3), ``ub.*`` JSON metadata saying
+    version 1; ``position`` came in version 3, ``legal_moves`` and ``legal_moves_mode`` in
+    version 4), ``ub.*`` JSON metadata saying
     ``schema_version``, zstd."""
     import json
 
@@ -277,69 +278,76 @@ def _write_old_shard(root: Path, sid: ShardId, steps: pa.Table, games: pa.Table,
 
 @pytest.fixture(scope="module")
 def versioned_roots(rollout, tmp_path_factory):
-    """Rounds 0-3 of the same games four times: written by this ub (schema 3), by older ubs
-    (schemas 1 and 2), and by older ubs then resumed by this one (round 0 schema 1, round 1
-    schema 2, rounds 2-3 schema 3)."""
-    roots = {name: tmp_path_factory.mktemp(name) for name in ("v3", "v2", "v1", "mixed")}
+    """Rounds 0-3 of the same games five times: written by this ub (schema 4), by older ubs
+    (schemas 1, 2 and 3), and by older ubs then resumed by newer ones (round r in schema
+    r + 1: round 3 by this ub)."""
+    roots = {name: tmp_path_factory.mktemp(name) for name in ("v4", "v3", "v2", "v1", "mixed")}
     for round_ in range(4):
         steps, games = _round_of(rollout, round_)
         sid = ShardId(round_, 0)
-        write_shard(roots["v3"], sid, "run", steps, games)
-        _write_old_shard(roots["v2"], sid, steps, games, 2)
-        _write_old_shard(roots["v1"], sid, steps, games, 1)
-        if round_ < 2:
+        write_shard(roots["v4"], sid, "run", steps, games)
+        for version in (1, 2, 3):
+            _write_old_shard(roots[f"v{version}"], sid, steps, games, version)
+        if round_ < 3:
             _write_old_shard(roots["mixed"], sid, steps, games, round_ + 1)
         else:
             write_shard(roots["mixed"], sid, "run", steps, games)
     assert read_metadata(shard_path(roots["mixed"], "steps", ShardId(0, 0)))["schema_version"] == 1
     assert "final_reward" in pq.read_schema(shard_path(roots["v1"], "steps", ShardId(3, 0))).names
     assert "position" not in pq.read_schema(shard_path(roots["v2"], "steps", ShardId(3, 0))).names
+    assert "legal_moves" not in pq.read_schema(shard_path(roots["v3"], "steps",
+                                                          ShardId(3, 0))).names
     return roots
 
 
-def without_positions(table: pa.Table) -> pa.Table:
-    """``table`` as a run written before schema 3 reads: every position NULL."""
-    return table.set_column(table.schema.get_field_index("position"), "position",
-                            pa.nulls(table.num_rows, pa.string()))
+def as_read(table: pa.Table, version: int) -> pa.Table:
+    """``table`` as a run written in schema ``version`` reads: the columns added since NULL."""
+    for name, since in ADDED["steps"].items():
+        if since > version:
+            i = table.schema.get_field_index(name)
+            table = table.set_column(i, table.schema.field(i), pa.nulls(table.num_rows,
+                                                                         table.schema.field(i).type))
+    return table
 
 
-def test_schema_versions_1_to_3_are_read_newer_refused(tmp_path, versioned_roots):
-    assert SCHEMA_VERSION == 3
-    for version in (1, 2, 3):
+def test_schema_versions_1_to_4_are_read_newer_refused(tmp_path, versioned_roots):
+    assert SCHEMA_VERSION == 4
+    for version in (1, 2, 3, 4):
         assert check_shard_schema(shard_path(versioned_roots[f"v{version}"], "steps",
                                              ShardId(0, 0)), "steps") == version
     newer = tmp_path / "newer.parquet"
-    write_parquet_atomic(pq.read_table(shard_path(versioned_roots["v3"], "steps",
-                                                  ShardId(0, 0))), newer, {"schema_version": 4})
-    with pytest.raises(UbError, match="schema version 4, newer than this ub's 3: upgrade ub"):
+    write_parquet_atomic(pq.read_table(shard_path(versioned_roots["v4"], "steps",
+                                                  ShardId(0, 0))), newer, {"schema_version": 5})
+    with pytest.raises(UbError, match="schema version 5, newer than this ub's 4: upgrade ub"):
         check_shard_schema(newer, "steps")
 
 
 def test_old_and_mixed_runs_show_current_columns_in_ub_sql(versioned_roots, capsys):
     """``ub sql`` (a data folder, a run in a store) and ub's views show schema 1's
-    ``final_reward`` as ``env_reward`` and a NULL ``position`` before schema 3: the same rows
-    as a run written by this ub otherwise."""
+    ``final_reward`` as ``env_reward``, a NULL ``position`` before schema 3 and NULL legal
+    moves before schema 4: the same rows as a run written by this ub otherwise."""
     from ub.data.sql import table_dataset
     from ub.flows.cli import main
 
     everything = "SELECT * FROM steps ORDER BY round, game_id, turn"
-    expected = query(versioned_roots["v3"], everything)
+    expected = query(versioned_roots["v4"], everything)
     assert expected.column_names == STEPS_SCHEMA.names
     assert expected["env_reward"].null_count < expected.num_rows
     assert expected["position"].null_count == 0
-    for name in ("v1", "v2"):
-        got = query(versioned_roots[name], everything)
-        assert got.column_names == STEPS_SCHEMA.names, name
-        assert got.equals(without_positions(expected)), name
+    assert expected["legal_moves"].null_count == 0  # (random players: no mode of their own)
+    for version in (1, 2, 3):
+        got = query(versioned_roots[f"v{version}"], everything)
+        assert got.column_names == STEPS_SCHEMA.names, version
+        assert got.equals(as_read(expected, version)), version
     mixed = query(versioned_roots["mixed"], everything)
     assert mixed.column_names == STEPS_SCHEMA.names
-    old = pc.less(mixed["round"], 2)
-    assert mixed.filter(old).equals(without_positions(expected.filter(old)))
-    assert mixed.filter(pc.invert(old)).equals(expected.filter(pc.invert(old)))
+    for round_ in range(4):  # (round r written in schema r + 1)
+        where = pc.equal(mixed["round"], round_)
+        assert mixed.filter(where).equals(as_read(expected.filter(where), round_ + 1)), round_
     summary = "SELECT round, sum(env_reward) AS total, count(env_reward) AS n FROM steps " \
               "GROUP BY round ORDER BY round"
     outputs = []
-    for where in (str(versioned_roots["v3"]), str(versioned_roots["mixed"]),
+    for where in (str(versioned_roots["v4"]), str(versioned_roots["mixed"]),
                   f"file://{versioned_roots['mixed']}"):  # (a store: read in place)
         assert main(["sql", where, summary, "--format", "csv"]) == 0
         outputs.append(capsys.readouterr().out)
@@ -355,12 +363,13 @@ def test_old_and_mixed_runs_show_current_columns_in_ub_sql(versioned_roots, caps
     assert sorted(got.column_names) == sorted(STEPS_SCHEMA.names)  # (in another order)
     assert got["env_reward"].equals(expected["env_reward"])
     assert got["position"].equals(mixed["position"])
+    assert got["legal_moves"].equals(mixed["legal_moves"])
     # One round's files (what the per-round metrics read) in the current names too.
     folder = shard_path(versioned_roots["v1"], "steps", ShardId(1, 0)).parent
     one = query(versioned_roots["v1"], "SELECT sum(env_reward) AS s, count(position) AS p FROM r",
                 {"r": table_dataset(folder, "steps", sorted(folder.glob("shard-*.parquet")))})
     assert one["s"].to_pylist() == query(
-        versioned_roots["v3"], "SELECT sum(env_reward) AS s FROM steps WHERE round = 1"
+        versioned_roots["v4"], "SELECT sum(env_reward) AS s FROM steps WHERE round = 1"
     )["s"].to_pylist()
     assert one["p"].to_pylist() == [0]
 
@@ -372,15 +381,16 @@ def test_old_and_mixed_runs_assemble_the_same_batch(versioned_roots):
                          step=[{"name": "invalid_move_penalty", "penalty": -1.0}],
                          sampling=["normalize"])
     batches = {name: assemble_batch(root, config) for name, root in versioned_roots.items()}
-    expected = batches["v3"]
+    expected = batches["v4"]
     assert len(expected) == 48
-    for name in ("v1", "v2", "mixed"):
+    for name in ("v1", "v2", "v3", "mixed"):
         batch = batches[name]
         positions = batch.rows["position"]
         assert batch.rows.drop_columns(["position"]).equals(
             expected.rows.drop_columns(["position"])), name
-        if name == "mixed":  # rounds 2-3 have theirs
-            assert positions.equals(pc.if_else(pc.less(batch.rows["round"], 2),
+        if name in ("mixed", "v3"):  # (v3: every round has them; mixed: rounds 2-3)
+            assert positions.equals(pc.if_else(pc.less(batch.rows["round"],
+                                                       2 if name == "mixed" else 0),
                                                pa.nulls(48, pa.string()),
                                                expected.rows["position"]))
         else:
@@ -390,7 +400,7 @@ def test_old_and_mixed_runs_assemble_the_same_batch(versioned_roots):
             assert torch_equal(getattr(batch, tensor), getattr(expected, tensor)), tensor
         assert batch.final_state == expected.final_state
     assert "union_by_name" in batch_sql(versioned_roots["mixed"], config)
-    for name in ("v1", "v2", "v3"):
+    for name in ("v1", "v2", "v3", "v4"):
         assert "union_by_name" not in batch_sql(versioned_roots[name], config)
 
 
@@ -408,7 +418,7 @@ def test_a_position_keyed_transform_on_a_run_without_positions_keeps_the_episode
         a, b = assemble_batch(versioned_roots[name], plain), assemble_batch(
             versioned_roots[name], with_step)
         assert torch_equal(a.advantages, b.advantages), name
-    a, b = (assemble_batch(versioned_roots["v3"], c) for c in (plain, with_step))
+    a, b = (assemble_batch(versioned_roots["v4"], c) for c in (plain, with_step))
     assert not torch_equal(a.advantages, b.advantages)
 
 
@@ -429,8 +439,8 @@ def test_doctor_names_the_schema_versions_of_a_runs_rounds(versioned_roots, tmp_
     for round_ in range(4):
         shard = f"games/round-{round_:06d}/shard-0000.parquet"
         (run / "rounds" / f"round-{round_:06d}.json").write_text(json.dumps({"shards": [shard]}))
-    line = ("data schema v1: round 0; v2: round 1; v3: rounds 2-3 (v1, v2 older, read in the "
-            "current column names)")
+    line = ("data schema v1: round 0; v2: round 1; v3: round 2; v4: round 3 (v1, v2, v3 older, "
+            "read in the current column names)")
     assert examine(run).format_line.splitlines()[1] == line
     main(["doctor", str(run)])  # (the bare run has problems: no config, no checkpoints)
     assert line in capsys.readouterr().out.splitlines()

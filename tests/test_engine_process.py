@@ -64,6 +64,15 @@ def engine(model_dir: Path,  # noqa: F811  (the fixture imported above)
         worker.close_engine()
 
 
+def test_masked_moves_are_sampled_in_the_engine_process(engine: EngineHandle,
+                                                        model_dir: Path) -> None:  # noqa: F811
+    """The legal-move mask's logits processor loads in vLLM's engine process (by its import
+    path) and holds a reasoning completion's move to the legal ones there too."""
+    from test_legal_moves import check_spelled_moves
+
+    check_spelled_moves(engine, model_dir, "qwen3-zs")
+
+
 def engine_processes(handle: EngineHandle) -> list:
     """The engine's separate processes (``multiprocessing.Process``), none when in-process."""
     core = handle.engine._engine.engine_core

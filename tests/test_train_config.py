@@ -197,6 +197,16 @@ def test_bad_override_syntax():
         apply_overrides({"rounds": 3}, ["rounds.x=1"])
 
 
+def test_an_override_reaches_an_entry_of_a_list_by_its_position():
+    data = {"envs": [{"env_id": "A"}, {"env_id": "B"}]}
+    out = apply_overrides(data, ["envs.1.legal_moves=mask", "envs.0.weight=2"])
+    assert out["envs"] == [{"env_id": "A", "weight": 2}, {"env_id": "B", "legal_moves": "mask"}]
+    assert data["envs"][1] == {"env_id": "B"}  # (a copy)
+    for bad in ("envs.2.weight=1", "envs.x.weight=1", "envs.-1.weight=1"):
+        with pytest.raises(UbError, match=r"is not a position in a list of 2 \(0 to 1\)"):
+            apply_overrides(data, [bad])
+
+
 def test_stop_strings_reach_training_and_evaluation_sampling():
     from ub.run.steps.play import rollout_sampling
 

@@ -27,7 +27,9 @@ TEST_CONFIG = {
     "rounds": 2,
     "model": {"base": "tiny"},
     "sampling": {"temperature": 1.0, "max_tokens": 12, "stop": ["]"]},  # as tiny-cpu
-    "envs": [{"env_id": "TicTacToe-v0-train", "weight": 3}, {"env_id": "Nim-v0-train"}],
+    # Nim's moves held to the legal ones (legal_moves: mask), TicTacToe's free: a batch of both.
+    "envs": [{"env_id": "TicTacToe-v0-train", "weight": 3},
+             {"env_id": "Nim-v0-train", "legal_moves": "mask"}],
     "rollout": {"games_per_round": 12, "concurrency": 16},
     "opponents": [{"mode": "mirror", "weight": 1.0}],
     "batch": {"batch_size": 48},
@@ -292,6 +294,52 @@ def test_ub_eval_adds_an_unrated_shard_once_and_leaves_the_run_alone(reference_r
     assert main(["eval", "ref", "--root", str(paths.root.parent), "--checkpoint", "9"]) == 2
 
 
+def test_masked_moves_are_legal_and_scored_as_the_sampler_scored_them(reference_run):
+    """Nim plays under the legal-move mask (docs/training.md): no invalid move, the mode in
+    the data, and each update's first scores (one step: the weights that sampled the round)
+    equal the sampler's on every token of a batch that mixes masked and free decisions."""
+    from ub.run.folder.views import RunViews
+
+    rows = query(reference_run.train_data, """
+        SELECT env_id, list(DISTINCT legal_moves_mode) AS modes, count(*) AS decisions,
+               sum(invalid_move::INT) AS invalid, count(legal_moves) AS with_legal_moves
+        FROM steps GROUP BY env_id ORDER BY env_id""").to_pylist()
+    nim, tictactoe = rows
+    assert nim["modes"] == ["mask"] and nim["invalid"] == 0 and tictactoe["modes"] == ["free"]
+    assert nim["with_legal_moves"] == nim["decisions"]
+    assert tictactoe["with_legal_moves"] == tictactoe["decisions"]
+    gaps = RunViews(reference_run.root).learner()["logprob_abs_diff_max"].to_pylist()
+    assert len(gaps) == 2 and max(gaps) < 1e-3, gaps
+
+
+def test_ub_eval_plays_a_masked_env_free_when_asked(reference_run, capsys, monkeypatch):
+    """An env evaluated as it trains (Nim: masked); ``--legal-moves free`` plays the same games
+    unconstrained into an ad-hoc shard of its own, read again when asked again."""
+    from ub.flows.cli import main
+
+    paths = reference_run
+    monkeypatch.setenv("COLUMNS", "200")  # (the table's cells whole)
+    argv = ["eval", "ref", "--root", str(paths.root.parent), "--checkpoint", "0", "--envs",
+            "Nim-v0-train", "--games", "8"]
+
+    def evaluated(*extra: str) -> tuple[str, set[str]]:
+        assert main([*argv, *extra]) == 0
+        out = capsys.readouterr().out
+        shard = Path(out.split("games: ")[-1].split(" (stored earlier)")[0].strip())
+        steps = pq.read_table(str(shard).replace("/games/", "/steps/"),
+                              columns=["actor_kind", "legal_moves_mode"]).to_pylist()
+        return out, {s["legal_moves_mode"] for s in steps if s["actor_kind"] == "model"}
+
+    masked, masked_modes = evaluated()
+    free, free_modes = evaluated("--legal-moves", "free")
+    assert masked_modes == {"mask"} and free_modes == {"free"}
+    assert "│ Nim-v0-train (mask) │" in masked and "│ Nim-v0-train │" in free
+    assert masked.split("games: ")[-1] != free.split("games: ")[-1]
+    again, _ = evaluated("--legal-moves", "free")
+    assert again.split("games: ")[-1].strip() == free.split("games: ")[-1].strip() + \
+        " (stored earlier)"
+
+
 SQL_DOC = Path(__file__).resolve().parents[1] / "docs" / "sql.md"
 
 
@@ -547,8 +595,11 @@ def first_round_run(prefect_api, config_file, tiny_model, tmp_path_factory) -> R
 
 
 def written_by_schema_2(paths: RunPaths) -> None:
-    """Rewrite a run's shards as a ub of data schema 2 wrote them: no ``steps.position``, and
-    ``ub.schema_version`` 2 in every shard's metadata."""
+    """Rewrite a run's shards as a ub of data schema 2 wrote them: no ``steps.position`` (nor
+    the legal moves of schema 4), and ``ub.schema_version`` 2 in every shard's metadata."""
+    from ub.data.schema import ADDED
+
+    later = [name for name, since in ADDED["steps"].items() if since > 2]
     rewritten = 0
     for path in sorted(paths.root.rglob("*.parquet")):
         table = pq.read_table(path)
@@ -556,8 +607,7 @@ def written_by_schema_2(paths: RunPaths) -> None:
         if b"ub.schema_version" not in meta:
             continue  # (metrics, not a shard)
         meta[b"ub.schema_version"] = json.dumps(2).encode()
-        if "position" in table.column_names:
-            table = table.drop_columns(["position"])
+        table = table.drop_columns([c for c in later if c in table.column_names])
         pq.write_table(table.replace_schema_metadata(meta), path, compression="zstd")
         rewritten += 1
     assert rewritten >= 4  # steps and games, training and evaluation

@@ -77,6 +77,9 @@ class EvalRow:
     measured, e.g. against a model or hosted opponent). The bar a checkpoint has to clear."""
     baseline_low: float | None = None
     baseline_high: float | None = None
+    legal_moves: str | None = None
+    """The legal-move mode the actor played under (``mask``, ``free``; ``None``: not
+    recorded, a shard written before data schema 4)."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -134,7 +137,9 @@ def with_baseline(rows: list[EvalRow], baseline: dict[tuple[str, str], tuple[int
 
 
 def summarize(games: pa.Table, steps: pa.Table, actor: str) -> list[EvalRow]:
-    """Win/draw/loss of ``actor`` per (env, opponent) from eval ``games`` and ``steps`` tables.
+    """Win/draw/loss of ``actor`` per (env, opponent) from eval ``games`` and ``steps`` tables
+    (``steps``: ``game_id``, ``env_id``, ``actor``, ``invalid_move``, ``format_ok`` and, from
+    data schema 4, ``legal_moves_mode``).
 
     A decisive game is a win when the actor's seat has the highest reward; errored games count
     in ``errors`` and in neither rate's denominator.
@@ -152,7 +157,8 @@ def summarize(games: pa.Table, steps: pa.Table, actor: str) -> list[EvalRow]:
     moves: dict[tuple[str, str], list[int]] = {}
     opponent_of = {g["game_id"]: ",".join(sorted({a for a in g["actors"] if a != actor}))
                    for g in games.to_pylist()}
-    for s in steps.select(["game_id", "env_id", "actor", "invalid_move", "format_ok"]).to_pylist():
+    modes: dict[tuple[str, str], set[str]] = {}
+    for s in steps.to_pylist():
         if s["actor"] != actor:
             continue
         key = (s["env_id"], opponent_of.get(s["game_id"], ""))
@@ -160,6 +166,8 @@ def summarize(games: pa.Table, steps: pa.Table, actor: str) -> list[EvalRow]:
         m[0] += 1
         m[1] += bool(s["invalid_move"])
         m[2] += bool(s["format_ok"])
+        if s.get("legal_moves_mode") is not None:
+            modes.setdefault(key, set()).add(s["legal_moves_mode"])
     rows = []
     for (env_id, opponent), c in sorted(per.items()):
         decided = c["games"] - c["errors"]
@@ -171,5 +179,6 @@ def summarize(games: pa.Table, steps: pa.Table, actor: str) -> list[EvalRow]:
             win_rate=c["wins"] / decided if decided else 0.0, win_low=low, win_high=high,
             invalid_move_rate=m[1] / m[0] if m[0] else 0.0,
             format_rate=m[2] / m[0] if m[0] else 0.0,
+            legal_moves=",".join(sorted(modes.get((env_id, opponent), ()))) or None,
         ))
     return rows

@@ -44,8 +44,9 @@ def _pct(value: float | None) -> str:
 def _learning_curve(t: dict[str, list[dict]], fig) -> bool:
     ax = fig.subplots()
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
-    for row in t["evals"]:
-        groups[(row["env_id"], row["opponent"])].append(row)
+    for row in t["evals"]:  # (an env played under the legal-move mask says so)
+        mask = " masked" if row.get("legal_moves") == "mask" else ""
+        groups[(row["env_id"] + mask, row["opponent"])].append(row)
     for (env, opponent), rows in sorted(groups.items()):
         rows.sort(key=lambda r: r["update"])
         x = [r["update"] for r in rows]
@@ -296,11 +297,11 @@ def _curve_table(evals: list[dict]) -> str:
     """The learning curve as numbers: one row per (checkpoint, env, opponent)."""
     if not evals:
         return "<p>No evaluation yet.</p>"
-    head = ("checkpoint", "env", "opponent", "games", "win rate [95% CI]", "draws", "losses",
-            "invalid moves")
+    head = ("checkpoint", "env", "opponent", "moves", "games", "win rate [95% CI]", "draws",
+            "losses", "invalid moves")
     rows = []
     for r in sorted(evals, key=lambda r: (r["env_id"], r["opponent"], r["update"])):
-        cells = (r["update"], r["env_id"], r["opponent"], r["games"],
+        cells = (r["update"], r["env_id"], r["opponent"], r.get("legal_moves") or "-", r["games"],
                  f"{_pct(r['win_rate'])} [{_pct(r['win_low'])}, {_pct(r['win_high'])}]",
                  r["draws"], r["losses"], _pct(r["invalid_move_rate"]))
         rows.append("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in cells) + "</tr>")

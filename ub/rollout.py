@@ -28,6 +28,7 @@ from ub.data.schema import GAMES_SCHEMA, STEPS_SCHEMA
 from ub.faults import fault_point
 from ub.games.actions import get_extractor
 from ub.games.loop import Game
+from ub.games.move_mask import played_move, template_constraint
 from ub.games.specs import GameSpec
 from ub.games.templates import get_template
 from ub.seeding import derive_seed
@@ -287,13 +288,22 @@ class RolloutRunner:
             self._end_tokens[template.name] = template.end_token_ids(engine.tokenizer)
         seed = derive_seed(self.base_seed, self.seed_scope, item.assignment.game_index, g.turn,
                            "sample")
+        mask = None
+        if spec.legal_moves == "mask":
+            try:  # (preflight refuses a game without legal moves; a position without any:)
+                mask = template_constraint(template, g.legal_moves or [], engine.tokenizer)
+            except ValueError as exc:
+                g.fail(ValueError(f"legal_moves mask at turn {g.turn}: {exc}"))
+                return False
         request_id = f"{g.game_id}-t{g.turn}"
         request = GenerationRequest(request_id, ids, seed, actor.adapter, self.sampling,
-                                    stop_token_ids=self._end_tokens[template.name])
+                                    stop_token_ids=self._end_tokens[template.name],
+                                    move_mask=mask)
         engine.submit(request)
         self._waiting[request_id] = (item, {
             "template": template.name, "prompt": prompt, "prompt_token_ids": ids,
-            "sampling_seed": seed, "submitted": time.perf_counter(),
+            "sampling_seed": seed, "legal_moves_mode": spec.legal_moves,
+            "submitted": time.perf_counter(),
         })
         return True
 
@@ -307,6 +317,10 @@ class RolloutRunner:
         for gen in self._model_engine().step():
             item, det = self._waiting.pop(gen.request_id)
             action, format_ok = get_extractor(item.assignment.spec.extractor_name)(gen.text)
+            if det["legal_moves_mode"] == "mask":
+                # The move is the completion's first bracket, legal by construction (unless
+                # max_tokens cut it: then the extractor's reading, as unmasked).
+                action = played_move(gen.text, item.game.legal_moves or []) or action
             self.stats.model_decisions += 1
             self.stats.prompt_tokens += len(det["prompt_token_ids"])
             self.stats.generated_tokens += len(gen.completion_token_ids)
@@ -334,7 +348,8 @@ class RolloutRunner:
         prompt = (item.game.observation if template.name == "chat"
                   else template.render(item.game.observation, None))
         self._hosted_waiting[client.submit(prompt)] = (item, {
-            "template": template.name, "prompt": prompt, "submitted": time.perf_counter(),
+            "template": template.name, "prompt": prompt, "legal_moves_mode": "free",
+            "submitted": time.perf_counter(),
         })
         return True
 
@@ -409,6 +424,7 @@ def step_rows(a: GameAssignment, g: Game, where: dict[str, Any]) -> list[dict]:
             "finish_reason": det.get("finish_reason"),
             "sampling_seed": det.get("sampling_seed"),
             "gen_seconds": det.get("gen_seconds"), "env_seconds": d.env_seconds,
+            "legal_moves": d.legal_moves, "legal_moves_mode": det.get("legal_moves_mode"),
         })
     return rows
 

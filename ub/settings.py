@@ -139,17 +139,31 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str],
         if not sep or not key.strip():
             raise UbError(f"--set {item!r}: expected key=value, e.g. --set {example}")
         value = setting_value(text)
-        node = out
+        node: Any = out
         parts = key.strip().split(".")
         for part in parts[:-1]:
-            child = node.get(part)
-            if child is None:
-                child = node[part] = {}
-            if not isinstance(child, dict):
+            if isinstance(node, list):  # envs.0.legal_moves: an entry of a list, by position
+                child = node[_list_index(node, part, item)]
+            else:
+                child = node.get(part)
+                if child is None:
+                    child = node[part] = {}
+            if not isinstance(child, dict | list):
                 raise UbError(f"--set {item!r}: {part} is not a section")
             node = child
-        node[parts[-1]] = value
+        if isinstance(node, list):
+            node[_list_index(node, parts[-1], item)] = value
+        else:
+            node[parts[-1]] = value
     return out
+
+
+def _list_index(items: list[Any], part: str, item: str) -> int:
+    """``part`` as a position in ``items`` (an override's path through a list)."""
+    if not part.isdigit() or int(part) >= len(items):
+        raise UbError(f"--set {item!r}: {part} is not a position in a list of {len(items)} "
+                      f"(0 to {len(items) - 1})")
+    return int(part)
 
 
 class Section(BaseModel):

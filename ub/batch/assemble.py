@@ -16,7 +16,14 @@ import pyarrow as pa
 from ub.batch.collate import collate
 from ub.batch.config import BatchConfig
 from ub.batch.plan import connect, make_plan, run_final_stage, run_sql
-from ub.batch.sql import TOKEN_COLUMNS, attach_tokens, explain_empty, fetch_sql, select_sql
+from ub.batch.sql import (
+    MOVE_COLUMNS,
+    TOKEN_COLUMNS,
+    attach_tokens,
+    explain_empty,
+    fetch_sql,
+    select_sql,
+)
 from ub.errors import UbError
 
 if TYPE_CHECKING:  # (torch is imported where tensors are made: reading a config needs no torch)
@@ -58,6 +65,10 @@ class BatchStats:
         return out
 
 
+MaskedMoves = tuple[str, tuple[str, ...]]
+"""A decision sampled under the legal-move mask: its template and its legal moves."""
+
+
 @dataclass
 class Batch:
     """A training batch: tensors, the rows they came from, stats and the reward state. The one
@@ -88,6 +99,11 @@ class Batch:
     importance weights and trust region use them), and, for an algorithm with a value
     baseline, ``values`` (B,), its estimate of each row's return at the update's start;
     that algorithm's ``prepare`` sets ``returns`` (B,), the value head's targets.
+
+    ``masked_moves`` says, per row, what its decision was sampled under where that was the
+    legal-move mask (``envs[].legal_moves: mask``): ``(template, legal moves)``, from which the
+    learner rebuilds the constraint to score its tokens under (:mod:`ub.games.move_mask`);
+    ``None`` for a row sampled free. ``None`` for the whole batch: no row was masked.
     """
 
     input_ids: torch.Tensor
@@ -103,6 +119,7 @@ class Batch:
     old_logprobs: torch.Tensor | None = None
     values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    masked_moves: list[MaskedMoves | None] | None = None
 
     def __len__(self) -> int:
         return int(self.input_ids.shape[0])
@@ -156,7 +173,9 @@ class Batch:
             advantages=self.advantages[index], lengths=self.lengths[index],
             rows=None if self.rows is None else self.rows.take(pa.array(rows, pa.int64())),
             old_logprobs=by_token(self.old_logprobs), values=by_row(self.values),
-            returns=by_row(self.returns))
+            returns=by_row(self.returns),
+            masked_moves=None if self.masked_moves is None
+            else [self.masked_moves[r] for r in rows])
 
 
 @dataclass
@@ -261,6 +280,19 @@ def assemble_batch(root: Path, config: BatchConfig,
         input_ids=tensors.input_ids, completion_mask=tensors.completion_mask,
         behaviour_logprobs=tensors.behaviour_logprobs,
         advantages=torch.from_numpy(advantage.astype(np.float32)), lengths=tensors.lengths,
-        rows=rows.drop_columns(TOKEN_COLUMNS), stats=stats, final_state=selection.final_state,
+        rows=rows.drop_columns(TOKEN_COLUMNS + MOVE_COLUMNS), stats=stats,
+        final_state=selection.final_state,
         final_state_by_round=selection.final_state_by_round, sql=selection.sql,
+        masked_moves=masked_moves(rows),
     )
+
+
+def masked_moves(rows: pa.Table) -> list[MaskedMoves | None] | None:
+    """Per row, ``(template, legal moves)`` where it was sampled under the legal-move mask;
+    ``None`` when no row was."""
+    modes = rows["legal_moves_mode"].to_pylist()
+    if "mask" not in modes:
+        return None
+    templates, legal = rows["template"].to_pylist(), rows["legal_moves"].to_pylist()
+    return [(templates[i], tuple(legal[i])) if mode == "mask" else None
+            for i, mode in enumerate(modes)]

@@ -21,6 +21,9 @@ DECISION_COLUMNS = ["round", "shard", "game_id", "turn", "seat", "env_id", "role
                     "checkpoint", "format_ok", "invalid_move", "step_reward",
                     "num_prompt_tokens", "num_completion_tokens", "position"]
 TOKEN_COLUMNS = ["prompt_token_ids", "completion_token_ids", "completion_logprobs"]
+# What the learner needs to score a decision sampled under the legal-move mask under the same
+# constraint (ub.games.move_mask): fetched with the tokens, kept apart from the batch's rows.
+MOVE_COLUMNS = ["template", "legal_moves", "legal_moves_mode"]
 # Columns phase 1 computes only when a sampling transform reads them (its ``needs``): the
 # state a decision was taken in is the prompt the model saw, token for token.
 ON_DEMAND_COLUMNS = {"state_key": "hash(prompt_token_ids)"}
@@ -106,7 +109,8 @@ ORDER BY sample_key, game_id, turn"""
 
 
 def fetch_sql(plan: Plan, rows: pa.Table) -> str:
-    """Phase 2: the token lists of the given (round, shard, file_row_number) rows only.
+    """Phase 2: the token lists (and the legal-move mask's columns) of the given (round,
+    shard, file_row_number) rows only.
 
     One branch per shard file, each filtered by row number, so DuckDB decodes the lists of those
     rows only. (Joining the sampled rows in SQL instead was measured ~40% slower.)
@@ -116,7 +120,8 @@ def fetch_sql(plan: Plan, rows: pa.Table) -> str:
                        rows["file_row_number"].to_pylist(), strict=True):
         by_file.setdefault((r, s), []).append(n)
     parts = [
-        f"SELECT round, shard, file_row_number, game_id, turn, {', '.join(TOKEN_COLUMNS)}\n"
+        f"SELECT round, shard, file_row_number, game_id, turn, "
+        f"{', '.join(TOKEN_COLUMNS + MOVE_COLUMNS)}\n"
         f"FROM {plan.steps_sql([ShardId(r, s)], READ_OPTIONS)}\n"
         f"WHERE file_row_number IN ({', '.join(map(str, sorted(numbers)))})"
         for (r, s), numbers in sorted(by_file.items())
@@ -126,7 +131,8 @@ def fetch_sql(plan: Plan, rows: pa.Table) -> str:
 
 
 def attach_tokens(sampled: pa.Table, fetched: pa.Table, root: Path) -> pa.Table:
-    """``sampled`` plus the token columns of ``fetched``, matched on (round, shard, row)."""
+    """``sampled`` plus the token and move columns of ``fetched``, matched on (round, shard,
+    row)."""
     where = {(r, s, n): i for i, (r, s, n) in enumerate(zip(
         fetched["round"].to_pylist(), fetched["shard"].to_pylist(),
         fetched["file_row_number"].to_pylist(), strict=True))}
@@ -141,7 +147,7 @@ def attach_tokens(sampled: pa.Table, fetched: pa.Table, root: Path) -> pa.Table:
             and fetched["turn"].equals(sampled["turn"])):
         raise UbError(f"the sampled decisions changed between the two reads of {root}: was a "
                       "shard rewritten meanwhile? Retry the batch")
-    for name in TOKEN_COLUMNS:
+    for name in TOKEN_COLUMNS + MOVE_COLUMNS:
         sampled = sampled.append_column(name, fetched[name])
     return sampled
 

@@ -26,6 +26,10 @@ def add_parser(sub) -> None:
     evaluate.add_argument("--opponents", help="comma-separated actors (default: the run's)")
     evaluate.add_argument("--envs", help="comma-separated env ids (default: the run's)")
     evaluate.add_argument("--games", type=game_count, help="games per (env, opponent)")
+    evaluate.add_argument("--legal-moves", choices=("free", "mask"),
+                          help="play under this legal-move mode (default: each env as the "
+                          "run evaluates it; free on a masked run: would it still play an "
+                          "illegal move?)")
     bench = evaluate.add_argument_group("reasoning benchmarks (lm-evaluation-harness; "
                                         "docs/training.md)")
     bench.add_argument("--tasks", help="comma-separated harness tasks (gsm8k, minerva_math500, "
@@ -47,7 +51,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from ub.run.folder.lock import RunLock, removed_if_refused
     from ub.run.processes.worker import process_worker
     from ub.run.steps.evaluate import evaluate_checkpoint
-    from ub.run.steps.progress import baseline_cell, eval_cell
+    from ub.run.steps.progress import baseline_cell, env_cell, eval_cell
 
     if args.tasks is not None:
         return _cmd_benchmarks(args)
@@ -65,7 +69,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
     with removed_if_refused(paths):
         run, update, opponents, envs = _checked(args, paths)
     with RunLock(paths.lock):
-        custom = opponents is not None or envs is not None or args.games is not None
+        custom = (opponents is not None or envs is not None or args.games is not None
+                  or args.legal_moves is not None)
         shard = None if custom else 0  # None: the stored ad-hoc shard of these games or a new one
         result = evaluate_checkpoint(run, update, opponents=opponents, envs=envs,
                                      games=args.games, shard=shard, worker=process_worker())
@@ -74,7 +79,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
                    "draws", "losses", "invalid moves", "format ok"):
         table.add_column(column)
     for row in result["rows"]:
-        table.add_row(row["env_id"], row["opponent"], str(row["games"]), eval_cell(row),
+        table.add_row(env_cell(row), row["opponent"], str(row["games"]), eval_cell(row),
                       baseline_cell(row), str(row["draws"]), str(row["losses"]),
                       f"{row['invalid_move_rate']:.1%}", f"{row['format_rate']:.1%}")
     Console(highlight=False).print(table)
@@ -86,7 +91,7 @@ def _checked(args: argparse.Namespace, paths: RunPaths
              ) -> tuple[Run, int, list[str] | None, list[str] | None]:
     """The run, the checkpoint's update, the opponents and envs ``ub eval`` was asked for,
     each checked (the envs started with the seats the evaluation gives them)."""
-    from ub.games.specs import check_env
+    from ub.games.specs import check_env, check_legal_moves
     from ub.learner.checkpoint import read_adapter
     from ub.run.config.base_model import resolve_base_model
     from ub.run.config.load import game_specs
@@ -96,6 +101,12 @@ def _checked(args: argparse.Namespace, paths: RunPaths
 
     catch_up(paths)
     config, _ = resolve_run_config(paths, None)
+    if args.legal_moves is not None:  # (checked as a config is: mask needs the legal moves)
+        from ub.run.config.load import validate_config
+
+        data = config.model_dump(mode="json")
+        data["eval"]["legal_moves"] = args.legal_moves
+        config = validate_config(data, f"of {args.run} with --legal-moves {args.legal_moves}")
     [update] = _updates(args, paths)
     opponents = _names(args.opponents)
     envs = _names(args.envs)
@@ -105,6 +116,7 @@ def _checked(args: argparse.Namespace, paths: RunPaths
     try:  # each started with the seats and the prompt format the evaluation gives it
         for spec in game_specs(config, envs) if envs else []:
             check_env(spec)
+            check_legal_moves(spec)
     except (UbError, ValueError) as exc:  # (ValueError: no prompt format to take)
         raise UbError(f"--envs: {exc}") from None
     read_adapter(paths.checkpoint(update))  # safetensors that load, before vLLM meets them

@@ -37,20 +37,22 @@ def add_parser(sub) -> None:
     play.add_argument("--max-lora-rank", type=positive_int, default=16)
     play.add_argument("--concurrency", type=positive_int, default=128,
                       help="most games in flight at once")
+    play.add_argument("--legal-moves", choices=("free", "mask"), default="free",
+                      help="mask: the model samples only legal moves (docs/training.md)")
     play.set_defaults(func=cmd_play)
 
 
 def cmd_play(args: argparse.Namespace) -> int:
     from ub.actors.spec import parse_actor
     from ub.data.shards import next_free_shard, write_shard
-    from ub.games.specs import GameSpec, check_env
+    from ub.games.specs import GameSpec, check_env, check_legal_moves
     from ub.rollout import assign_games, play_games
 
     actors = [parse_actor(name) for name in args.players.split(",") if name.strip()]
     if not actors:
         raise UbError("--players needs at least one actor, e.g. --players model,random")
     spec = GameSpec.from_dict({"env_id": args.env, "num_players": len(actors),
-                               "template": args.template})
+                               "template": args.template, "legal_moves": args.legal_moves})
     if any(a.name == "expert" for a in actors):
         from ub.actors.expert import check_expert_supports
 
@@ -63,6 +65,7 @@ def cmd_play(args: argparse.Namespace) -> int:
     out = Path(args.out)
     check_can_create(out)  # (created by the first shard write: a refusal leaves nothing)
     check_env(spec)  # fail in a second, before the engine starts
+    check_legal_moves(spec)
 
     engine = None
     if any(a.kind == "model" for a in actors):

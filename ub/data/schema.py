@@ -10,14 +10,17 @@ metadata), and ub reads every version up to its own in the current column names
 - version 2: ``steps.final_reward`` renamed ``env_reward`` (the raw env reward of the seat; in
   a training batch, ``final_reward`` is the reward after the final-stage transforms);
 - version 3: ``steps.position`` added (the position a decision was taken in,
-  :mod:`ub.games.positions`); older shards read it as NULL.
+  :mod:`ub.games.positions`); older shards read it as NULL;
+- version 4: ``steps.legal_moves`` (the mover's legal moves, :mod:`ub.games.legal`) and
+  ``steps.legal_moves_mode`` (``mask`` or ``free``: whether the model's sampling was held to
+  them, ``envs[].legal_moves``) added; older shards read them as NULL.
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 OLDEST_SCHEMA_VERSION = 1
 """The oldest schema version this ub still reads."""
 
@@ -54,6 +57,9 @@ STEPS_SCHEMA = pa.schema(
         pa.field("env_seconds", pa.float32()),
         # Added in version 3, so last: a reader of older shards appends it as NULL.
         pa.field("position", pa.string()),
+        # Added in version 4 (the same way).
+        pa.field("legal_moves", pa.list_(pa.string())),
+        pa.field("legal_moves_mode", pa.string()),
     ]
 )
 
@@ -90,7 +96,7 @@ RENAMED: dict[str, dict[str, tuple[str, int]]] = {
 renamed it)."""
 
 ADDED: dict[str, dict[str, int]] = {
-    "steps": {"position": 3},
+    "steps": {"position": 3, "legal_moves": 4, "legal_moves_mode": 4},
 }
 """The columns added since version 1, by table: name -> the version that added it. They come
 last in their table's schema, and a reader shows them as NULL in older shards."""

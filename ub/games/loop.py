@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ub.faults import fault_point
+from ub.games.legal import legal_actions, supports_legal_actions
 from ub.games.positions import position_function, position_key
 from ub.games.specs import GameSpec, make_env
 
@@ -34,6 +35,7 @@ class Decision:
     action: str
     format_ok: bool
     position: str | None = None  # the position key (ub.games.positions); None: the game has none
+    legal_moves: list[str] | None = None  # (ub.games.legal); None: the game has no function
     invalid_move: bool = False
     env_seconds: float = 0.0
     details: dict[str, Any] = field(default_factory=dict)
@@ -96,11 +98,13 @@ class Game:
         self.current_seat: int = -1
         self.observation: str = ""
         self.position: str | None = None  # the current seat's position key
+        self.legal_moves: list[str] | None = None  # the current seat's legal moves, if known
         self._rng_state = random.Random(seed).getstate()
         self._started = time.perf_counter()
         self.env: Any = None  # a TextArena env (untyped); None if making it failed
         try:
             self._position_function = position_function(spec.env_id, spec.position)
+            self._knows_legal_moves = supports_legal_actions(spec.env_id)
             env = self.env = make_env(spec.env_id)
             self._isolated(lambda: env.reset(num_players=spec.num_players, seed=seed))
             self._set_invalid_move_retries(spec.invalid_move_retries)
@@ -144,6 +148,8 @@ class Game:
         self.current_seat = int(seat)
         self.observation = observation if isinstance(observation, str) else str(observation)
         self.position = position_key(self._position_function, self.env, self.current_seat)
+        if self._knows_legal_moves:
+            self.legal_moves = legal_actions(self.env)
 
     def act_with(self, choose: Callable[[Any], T]) -> T:
         """Call ``choose(env)`` with the game's randomness isolated (for scripted players)."""
@@ -155,7 +161,7 @@ class Game:
         state = getattr(self.env, "state", None)
         errors_before = getattr(state, "error_count", 0)
         decision = Decision(self.turn, self.current_seat, self.observation, action, format_ok,
-                            self.position, details=details)
+                            self.position, self.legal_moves, details=details)
         self.decisions.append(decision)
         t0 = time.perf_counter()
         try:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 import random
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field
 
@@ -89,6 +89,11 @@ class GameSpec(Section):
     invalid_move_retries: int = Field(0, ge=0, description="Invalid moves a seat may replace "
                                       "before the next one loses the game (0: the first loses "
                                       "it, as in evaluation).")
+    legal_moves: Literal["free", "mask"] = Field(
+        "free", description="mask: the model samples only moves the game accepts in the "
+        "position (the engine constrains its tokens to the legal moves; the learner scores "
+        "under the same constraint: docs/training.md); free: any text, an illegal move is "
+        "the game's to judge.")
     position: PositionFunctionPath | None = Field(
         None, description="The function that keys a decision's position (steps.position), "
         "package.module:function taking (env, seat); null: the game's built-in key, or none "
@@ -119,6 +124,17 @@ def registered_env_ids() -> list[str]:
     from textarena.envs.registration import ENV_REGISTRY
 
     return sorted(ENV_REGISTRY)
+
+
+def check_legal_moves(spec: GameSpec) -> None:
+    """Refuse ``legal_moves: mask`` on a game whose legal moves ub cannot read (naming the
+    games whose it can)."""
+    from ub.games.legal import SUPPORTED_GAMES, supports_legal_actions
+
+    if spec.legal_moves == "mask" and not supports_legal_actions(spec.env_id):
+        raise UbError(f"mask needs the legal moves of {spec.env_id}, which ub does not know; "
+                      f"the games that have them: {', '.join(SUPPORTED_GAMES)} (or set "
+                      "legal_moves: free)")
 
 
 def check_env_id(env_id: str) -> None:

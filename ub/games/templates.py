@@ -40,6 +40,11 @@ class PromptTemplate:
     :param chat: the prompt is a chat turn (a user message, the answer the assistant's): a run
         playing in it is scored on benchmarks through the chat template too
         (:func:`ub.benchmarks.chat_format`).
+    :param free_text: the answer may hold text before its move (reasoning); ``False``: the
+        completion is the move itself. The legal-move mask lets that text be
+        (:mod:`ub.games.move_mask`).
+    :param move_close: the text that closes a move in this format (``}`` of ``\\boxed{[4]}``),
+        which the legal-move mask adds after the move.
     """
 
     name: str
@@ -48,6 +53,8 @@ class PromptTemplate:
     _render: Callable[[str, Any], str]
     end: Callable[[Any], str | None] = lambda _tokenizer: None
     chat: bool = False
+    free_text: bool = False
+    move_close: str = ""
 
     def render(self, observation: str, tokenizer: Any = None) -> str:
         if self.needs_tokenizer and tokenizer is None:
@@ -106,8 +113,8 @@ TEMPLATES: dict[str, PromptTemplate] = {
     for t in (
         PromptTemplate("plain", "bracket", False, _plain),
         PromptTemplate("qwen3-zs", "boxed", False, _qwen3_zs, lambda _tokenizer: "<|im_end|>",
-                       chat=True),
-        PromptTemplate("chat", "bracket", True, _chat, _chat_end, chat=True),
+                       chat=True, free_text=True, move_close="}"),
+        PromptTemplate("chat", "bracket", True, _chat, _chat_end, chat=True, free_text=True),
     )
 }
 

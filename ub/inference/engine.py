@@ -89,6 +89,10 @@ if TYPE_CHECKING:
     from vllm.lora.request import LoRARequest
     from vllm.outputs import RequestOutput
 
+# vLLM imports the legal-move mask's logits processor by this path (in its engine process too);
+# a path, so that importing the engine module does not import vLLM.
+MOVE_MASK_PROCESSOR = "ub.inference.move_mask:MoveMaskProcessor"
+
 log = logging.getLogger("ub.inference.vllm_engine")
 
 
@@ -185,7 +189,9 @@ class VLLMEngine:
         on_cpu = current_platform.is_cpu()
         set_env_defaults(engine_env_defaults(on_cpu, cfg.model), replace_ours=False)
         self.can_sleep = cfg.sleep_mode and not on_cpu
-        kwargs = {**vllm_engine_args(cfg, on_cpu), "use_tqdm_on_load": False}
+        # The legal-move mask, for the requests that carry one (ub serve has no use for it).
+        kwargs = {**vllm_engine_args(cfg, on_cpu), "use_tqdm_on_load": False,
+                  "logits_processors": [MOVE_MASK_PROCESSOR]}
 
         hint = ""
         if self._model_config is None and os.environ.get("HF_HUB_OFFLINE") == "1":
@@ -310,7 +316,8 @@ class VLLMEngine:
             raise UbError(f"request {request.request_id!r} has no sampling and the engine no "
                           "default: pass GenerationRequest.sampling")
         lora = self.lora_request(request.adapter)
-        params = sampling_params(sampling, request.seed, request.stop_token_ids)
+        params = sampling_params(sampling, request.seed, request.stop_token_ids,
+                                 request.move_mask)
         engine_input = self._renderer.render_cmpl([{"prompt_token_ids": prompt}])[0]
         return engine_input, params, lora
 

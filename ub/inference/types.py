@@ -14,6 +14,7 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator
 
+from ub.games.move_mask import MoveConstraint
 from ub.settings import EXECUTION, Section
 
 # vLLM only accepts these values for max_lora_rank (vllm.config.lora.MaxLoRARanks).
@@ -122,6 +123,8 @@ class GenerationRequest:
         sampling: overrides the engine's default :class:`SamplingConfig` for this request.
         stop_token_ids: tokens that end the completion besides the model's EOS (e.g. the
             prompt format's end of turn), kept in it like EOS.
+        move_mask: the legal-move mask to sample under (``envs[].legal_moves: mask``); its
+            logprobs are then the constrained distribution's. ``None``: unconstrained.
     """
 
     request_id: str
@@ -130,6 +133,7 @@ class GenerationRequest:
     adapter: str | None = None
     sampling: SamplingConfig | None = None
     stop_token_ids: tuple[int, ...] = ()
+    move_mask: MoveConstraint | None = None
 
 
 @dataclass

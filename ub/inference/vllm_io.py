@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ub.games.move_mask import MoveConstraint
 from ub.inference.types import Generation, GenerationRequest, SamplingConfig
 
 if TYPE_CHECKING:
@@ -15,11 +16,14 @@ if TYPE_CHECKING:
     from vllm.outputs import RequestOutput
 
 
-def sampling_params(sampling: SamplingConfig, seed: int,
-                    stop_token_ids: tuple[int, ...] = ()) -> SamplingParams:
-    """vLLM's sampling parameters for one seeded request (ending at ``stop_token_ids`` too)."""
+def sampling_params(sampling: SamplingConfig, seed: int, stop_token_ids: tuple[int, ...] = (),
+                    move_mask: MoveConstraint | None = None) -> SamplingParams:
+    """vLLM's sampling parameters for one seeded request (ending at ``stop_token_ids`` too;
+    under ``move_mask``, which :mod:`ub.inference.move_mask` applies)."""
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
+
+    from ub.inference.move_mask import EXTRA_ARG
 
     return SamplingParams(
         temperature=sampling.temperature,
@@ -39,6 +43,7 @@ def sampling_params(sampling: SamplingConfig, seed: int,
         flat_logprobs=True,
         # Only the final output: no per-token RequestOutput objects for running requests.
         output_kind=RequestOutputKind.FINAL_ONLY,
+        extra_args=None if move_mask is None else {EXTRA_ARG: move_mask.to_args()},
     )
 
 

@@ -21,7 +21,12 @@ if the output weights train).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
+
+if TYPE_CHECKING:
+    from ub.learner.token_masks import TokenMasks
 
 CHUNK_BYTES = 128 * 2**20
 """float32 logits per chunk (~128 MiB: 220 tokens at Qwen3's vocabulary, 8,192 at the tiny
@@ -35,32 +40,43 @@ def chunk_tokens(vocab_size: int, chunk_bytes: int = CHUNK_BYTES) -> int:
 
 
 def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                  temperature: float) -> torch.Tensor:
+                  temperature: float, allowed: torch.Tensor | None = None) -> torch.Tensor:
     # In the model's dtype, like the plain lm_head call; the softmax in float32.
     logits = torch.nn.functional.linear(hidden, weight, bias).float()
-    return logits / temperature if temperature != 1.0 else logits
+    logits = logits / temperature if temperature != 1.0 else logits
+    # The legal-move mask, where a token was sampled under one: the distribution over what
+    # was allowed there (-inf elsewhere, as vLLM's logits processor leaves it).
+    return logits if allowed is None else logits.masked_fill_(~allowed, float("-inf"))
+
+
+def _zero_masked(logits: torch.Tensor, allowed: torch.Tensor | None) -> torch.Tensor:
+    """``logits`` with its -inf entries (masked tokens, probability 0) at 0, so that sums of
+    ``p * z`` are 0 there rather than NaN."""
+    return logits if allowed is None else logits.masked_fill_(~allowed, 0.0)
 
 
 class _ChunkedLogprobs(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor,
                 bias: torch.Tensor | None, targets: torch.Tensor, temperature: float,
-                chunk: int, with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                chunk: int, with_entropy: bool, masks: TokenMasks | None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
         n = hidden.shape[0]
         logprobs = torch.empty(n, dtype=torch.float32, device=hidden.device)
         entropy = torch.empty(n if with_entropy else 0, dtype=torch.float32,
                               device=hidden.device)
         for start in range(0, n, chunk):
             end = min(start + chunk, n)
-            logits = _chunk_logits(hidden[start:end], weight, bias, temperature)
+            allowed = None if masks is None else masks.allowed(start, end, weight.shape[0])
+            logits = _chunk_logits(hidden[start:end], weight, bias, temperature, allowed)
             lse = torch.logsumexp(logits, dim=-1)
             logprobs[start:end] = logits.gather(-1, targets[start:end, None]).squeeze(-1) - lse
             if with_entropy:  # H = logsumexp(z) - sum(p * z), with p = softmax(z)
-                entropy[start:end] = lse - torch.linalg.vecdot(torch.softmax(logits, dim=-1),
-                                                               logits)
+                p = torch.softmax(logits, dim=-1)
+                entropy[start:end] = lse - torch.linalg.vecdot(p, _zero_masked(logits, allowed))
             del logits
         ctx.save_for_backward(hidden, weight, bias, targets)
-        ctx.temperature, ctx.chunk = temperature, chunk
+        ctx.temperature, ctx.chunk, ctx.masks = temperature, chunk, masks
         if not with_entropy:
             ctx.mark_non_differentiable(entropy)
         ctx.set_materialize_grads(False)  # (an output the loss does not use gets None)
@@ -70,7 +86,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
     def backward(ctx, grad_logprobs: torch.Tensor | None, grad_entropy: torch.Tensor | None
                  ) -> tuple[torch.Tensor | None, ...]:
         hidden, weight, bias, targets = ctx.saved_tensors
-        temperature, chunk = ctx.temperature, ctx.chunk
+        temperature, chunk, masks = ctx.temperature, ctx.chunk, ctx.masks
         want_hidden, want_weight, want_bias = ctx.needs_input_grad[:3]
         grad_hidden = torch.empty_like(hidden) if want_hidden else None
         grad_weight = torch.zeros_like(weight, dtype=torch.float32) if want_weight else None
@@ -78,13 +94,15 @@ class _ChunkedLogprobs(torch.autograd.Function):
         for start in range(0, hidden.shape[0], chunk):
             end = min(start + chunk, hidden.shape[0])
             h = hidden[start:end]
-            logits = _chunk_logits(h, weight, bias, temperature)
+            allowed = None if masks is None else masks.allowed(start, end, weight.shape[0])
+            logits = _chunk_logits(h, weight, bias, temperature, allowed)
             g = None if grad_logprobs is None else grad_logprobs[start:end, None].float()
             # dlogp/dz = onehot(y) - p and dH/dz = -p * (z - sum(p * z)) (z: the tempered
             # logits), so dz = -p * (g_H * (z - sum(p * z)) + g) + onehot(y) * g, built in the
-            # softmax's buffer.
+            # softmax's buffer. (Masked tokens: p = 0, so dz = 0 there.)
             grad_logits = torch.softmax(logits, dim=-1)
             if grad_entropy is not None:
+                _zero_masked(logits, allowed)
                 logits -= torch.linalg.vecdot(grad_logits, logits)[:, None]
                 logits.mul_(grad_entropy[start:end, None].float())
                 if g is not None:
@@ -109,12 +127,12 @@ class _ChunkedLogprobs(torch.autograd.Function):
         return (grad_hidden,
                 None if grad_weight is None else grad_weight.to(weight.dtype),
                 None if grad_bias is None else grad_bias.to(bias.dtype),
-                None, None, None, None)
+                None, None, None, None, None)
 
 
 def chunked_token_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor,
                            temperature: float = 1.0, *, with_entropy: bool = True,
-                           chunk: int | None = None
+                           chunk: int | None = None, masks: TokenMasks | None = None
                            ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``log_softmax(head(hidden) / temperature)`` at ``targets``, and the entropy of the same
     distribution, chunk by chunk.
@@ -125,6 +143,8 @@ def chunked_token_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets:
     :param temperature: the sampling temperature (> 0).
     :param with_entropy: False skips the entropy (a softmax per chunk): ``None``.
     :param chunk: tokens per chunk; ``None``: :func:`chunk_tokens` of the vocabulary.
+    :param masks: per target, the tokens allowed where it was sampled under the legal-move
+        mask: its logprob and entropy are then the masked distribution's.
     :returns: ``(logprobs, entropy)``, both (N,) float32, both with their gradient (to
         ``hidden``, and to the head if it trains): an entropy bonus differentiates the
         entropy exactly.
@@ -132,7 +152,8 @@ def chunked_token_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets:
     if chunk is None:
         chunk = chunk_tokens(head.weight.shape[0])
     logprobs, entropy = _ChunkedLogprobs.apply(hidden, head.weight, head.bias, targets,
-                                               float(temperature), int(chunk), with_entropy)
+                                               float(temperature), int(chunk), with_entropy,
+                                               masks)
     return logprobs, entropy if with_entropy else None
 
 

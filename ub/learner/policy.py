@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 import torch
 
 from ub.errors import UbError
+from ub.games.move_mask import MoveConstraint, template_constraint
+from ub.games.templates import get_template
 from ub.learner.base_identity import model_identity
 from ub.learner.batching import pad_right, resolve_pad_to_multiple
 from ub.learner.config import LearnerConfig
@@ -30,6 +32,7 @@ from ub.learner.kernels import (
 from ub.learner.memory import MemoryFit, activation_bytes_per_token, device_budget, saved_bytes
 from ub.learner.output_layer import chunked_token_logprobs, is_plain_linear
 from ub.learner.precision import resolve_adapter_compute, set_adapter_compute
+from ub.learner.token_masks import TokenMasks, token_masks
 from ub.model.lora import LoraSettings
 
 if TYPE_CHECKING:
@@ -147,6 +150,10 @@ class Policy:
             PLAIN_LM_HEAD_MODELS and hasattr(self.causal_lm, "model") \
             and is_plain_linear(getattr(self.causal_lm, "lm_head", None))
         self.hidden_size = int(self.causal_lm.config.hidden_size)
+        # The legal-move mask's constraints, by (template, legal moves), built by the model's
+        # tokenizer (loaded with the first masked batch).
+        self._tokenizer: Any = None
+        self._constraints: dict[tuple[str, tuple[str, ...]], MoveConstraint] = {}
         self.load_seconds = time.perf_counter() - started
         self.configure(config)
 
@@ -199,7 +206,7 @@ class Policy:
 
     @_in_learner_shapes
     def score(self, input_ids: torch.Tensor, scored: torch.Tensor, *, with_entropy: bool = True,
-              with_states: bool = False) -> Scores:
+              with_states: bool = False, masks: TokenMasks | None = None) -> Scores:
         """Logprob (and entropy) of each scored token, flattened in row-major order, and for
         ``with_states`` the state each row's decision was made in: the last hidden state at
         the position that scores the row's first completion token (the end of its prompt).
@@ -208,6 +215,8 @@ class Policy:
         :param scored: (b, L - 1) bool: position ``j`` scores token ``input_ids[:, j + 1]``
             with the logits at ``j``.
         :param with_entropy: False skips the entropy (a pass over the vocabulary).
+        :param masks: the legal-move mask of the scored tokens sampled under one
+            (:meth:`token_masks`): they are scored over the tokens allowed there.
         """
         inputs = input_ids[:, :-1]
         targets = input_ids[:, 1:][scored]
@@ -217,7 +226,7 @@ class Policy:
             hidden = self.causal_lm.model(input_ids=inputs, use_cache=False).last_hidden_state
             logprobs, entropy = chunked_token_logprobs(
                 hidden[scored], self.causal_lm.lm_head, targets, self.config.temperature,
-                with_entropy=with_entropy)
+                with_entropy=with_entropy, masks=masks)
             return Scores(logprobs, entropy, _decision_states(hidden, scored)
                           if with_states else None)
         # Another head (soft-capped or scaled logits, a LoRA on lm_head): the model's own
@@ -227,6 +236,9 @@ class Policy:
         logits = out.logits[scored].float()
         if self.config.temperature != 1.0:
             logits = logits / self.config.temperature
+        allowed = None if masks is None else masks.allowed(0, len(logits), logits.shape[-1])
+        if allowed is not None:
+            logits = logits.masked_fill(~allowed, float("-inf"))
         all_logprobs = torch.log_softmax(logits, dim=-1)
         token_logprobs = all_logprobs.gather(-1, targets[:, None]).squeeze(-1)
         if not with_entropy:
@@ -234,8 +246,32 @@ class Policy:
         # With its gradient only for an entropy bonus: autograd would otherwise keep a
         # (tokens x vocab) tensor of probabilities for nothing.
         with torch.set_grad_enabled(torch.is_grad_enabled() and bool(self.config.entropy_coef)):
-            entropy = -(all_logprobs.exp() * all_logprobs).sum(-1)
+            p_logp = all_logprobs.exp() * all_logprobs
+            if allowed is not None:  # (0 * -inf where masked)
+                p_logp = p_logp.masked_fill(~allowed, 0.0)
+            entropy = -p_logp.sum(-1)
         return Scores(token_logprobs, entropy, states)
+
+    def token_masks(self, batch: Batch, scored: torch.Tensor) -> TokenMasks | None:
+        """The legal-move masks of ``batch``'s scored tokens (``None``: no row was sampled
+        under the mask), each row's constraint built by the model's tokenizer as the engine
+        built it."""
+        if batch.masked_moves is None:
+            return None
+        vocab = int(self.causal_lm.get_output_embeddings().weight.shape[0])
+        return token_masks(batch, scored, vocab, self._move_constraint, self.device)
+
+    def _move_constraint(self, template: str, legal_moves: tuple[str, ...]) -> MoveConstraint:
+        key = (template, legal_moves)
+        found = self._constraints.get(key)
+        if found is None:
+            if self._tokenizer is None:
+                from transformers import AutoTokenizer
+
+                self._tokenizer = AutoTokenizer.from_pretrained(self.config.base_model)
+            found = self._constraints[key] = template_constraint(
+                get_template(template), legal_moves, self._tokenizer)
+        return found
 
     def measure_memory(self) -> MemoryFit:
         """``micro_batch_tokens: auto``: a probe's activation bytes per token against the
@@ -287,7 +323,8 @@ class Policy:
                 if not scored.any():
                     continue
                 scores = self.score(mb.input_ids.to(self.device), scored.to(self.device),
-                                    with_entropy=False, with_states=value_head is not None)
+                                    with_entropy=False, with_states=value_head is not None,
+                                    masks=self.token_masks(mb, scored))
                 width = mb.input_ids.shape[1]
                 block = torch.zeros(len(rows), width - 1)
                 block[scored] = scores.logprobs.float().cpu()

@@ -39,6 +39,7 @@ from ub.learner.policy import Policy
 
 if TYPE_CHECKING:
     from ub.batch import Batch
+    from ub.learner.token_masks import TokenMasks
     from ub.learner.value import ValueBaseline
 
 log = logging.getLogger("ub.learner.learner")
@@ -97,14 +98,16 @@ def update(policy: Policy, optimizer: torch.optim.Optimizer | None, algorithm: A
                 mb = step_batch.select(mb_rows)
                 input_ids = mb.input_ids.to(policy.device)
                 scored = mb.completion_mask[:, 1:].to(policy.device) > 0
-                scores = policy.score(input_ids, scored, with_states=value is not None)
+                masks = policy.token_masks(mb, scored)  # (the legal-move mask's, if any)
+                scores = policy.score(input_ids, scored, with_states=value is not None,
+                                      masks=masks)
                 tokens = token_batch(mb, mb_rows, scores.logprobs, scored, normalizer)
                 loss, stats = algorithm.loss(tokens)
                 assert scores.entropy is not None  # asked for by default
                 if config.entropy_coef:
                     loss = loss - config.entropy_coef * scores.entropy.sum() / normalizer
                 if config.kl_coef:
-                    kl = kl_to_base(policy, input_ids, scored, scores.logprobs)
+                    kl = kl_to_base(policy, input_ids, scored, scores.logprobs, masks)
                     loss = loss + config.kl_coef * kl.sum() / normalizer
                     stats = {**stats, "kl_to_base": kl.detach().sum()}
                     del kl
@@ -120,7 +123,7 @@ def update(policy: Policy, optimizer: torch.optim.Optimizer | None, algorithm: A
                 tally.add(loss, mb, tokens, scores.entropy, stats)
                 # This micro-batch's graph (the output layer keeps its inputs for backward)
                 # goes before the next forward, not after it: the peak is one micro-batch's.
-                del loss, scores, tokens
+                del loss, scores, tokens, masks
             if ranks.world > 1:  # every rank gets every rank's figures (and checks the losses)
                 tally = tally.merged(ranks)
             tally.refuse_non_finite(trained_params, len(groups))
@@ -195,13 +198,14 @@ def token_batch(mb: Batch, mb_rows: list[int], logprobs: torch.Tensor, scored: t
 
 
 def kl_to_base(policy: Policy, input_ids: torch.Tensor, scored: torch.Tensor,
-               logprobs: torch.Tensor) -> torch.Tensor:
+               logprobs: torch.Tensor, masks: TokenMasks | None = None) -> torch.Tensor:
     """Per scored token, GRPO's k3 term ``exp(d) - d - 1`` with ``d = logp_base - logp``
     (the base model: the adapter switched off). Its mean estimates KL(current || base) on
     on-policy tokens; as a loss its gradient is, in expectation, that of KL(base ||
     current), which charges the policy for dropping what the base model plays."""
     with torch.no_grad(), policy.model.disable_adapter():
-        base_logprobs = policy.score(input_ids, scored, with_entropy=False).logprobs
+        base_logprobs = policy.score(input_ids, scored, with_entropy=False,
+                                     masks=masks).logprobs
     d = base_logprobs - logprobs
     return torch.exp(d) - d - 1
 

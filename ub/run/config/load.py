@@ -128,7 +128,7 @@ def validate_config(data: dict[str, Any], source: str = "") -> TrainConfig:
 
 def _check_sections(config: TrainConfig, source: str) -> None:
     from ub.data.schema import int_column_range
-    from ub.games.specs import EnvStartError, check_env
+    from ub.games.specs import EnvStartError, check_env, check_legal_moves
     from ub.inference.validation import ENGINE_SEEDS
 
     def fail(field: str, message: str) -> UbError:
@@ -157,6 +157,13 @@ def _check_sections(config: TrainConfig, source: str) -> None:
                        "the checkpoint and an opponent)") from None
         except UbError as exc:
             raise fail("eval.envs", str(exc)) from None
+    for field, spec in [*((f"envs.{i}.legal_moves", e) for i, e in enumerate(config.envs)),
+                        *(("eval.legal_moves", s) for s in game_specs(
+                            config, config.eval.envs or [e.env_id for e in config.envs]))]:
+        try:
+            check_legal_moves(spec)
+        except UbError as exc:
+            raise fail(field, str(exc)) from None
     from ub.actors.expert import check_expert_supports
     from ub.actors.spec import parse_actor
 

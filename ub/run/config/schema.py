@@ -108,6 +108,10 @@ class EvalSection(Section):
         "template and extractor) unless its entry says otherwise.")
     temperature: float = Field(0.0, ge=0, description="Sampling temperature of the learner in "
                                "eval games (0: greedy).")
+    legal_moves: Literal["free", "mask"] | None = Field(
+        None, description="The legal-move mode of eval games (envs[].legal_moves); null: "
+        "each env as it trains (an env not trained on: free). free on a masked run shows how "
+        "often its policy would still play an illegal move.")
     benchmarks: BenchmarksSection = Field(
         default_factory=BenchmarksSection, description="Reasoning benchmarks "
         "(lm-evaluation-harness tasks) scored on checkpoints as the run goes "
@@ -211,16 +215,17 @@ class TrainConfig(Section):
         format would score its moves invalid), unless its entry gives its own."""
         entry = EvalEnvSection(env_id=env) if isinstance(env, str) else env
         trained = next((e for e in self.envs if e.env_id == entry.env_id), None)
+        mode = {} if self.eval.legal_moves is None else {"legal_moves": self.eval.legal_moves}
         if entry.template is not None:  # the entry's format: its extractor, or the template's
             base = trained or EnvSection(env_id=entry.env_id)
             return base.model_copy(update={"template": entry.template,
-                                           "extractor": entry.extractor})
+                                           "extractor": entry.extractor, **mode})
         if trained is None:
             template, extractor = self.prompt_format(entry.env_id)
             trained = EnvSection(env_id=entry.env_id, template=template, extractor=extractor)
         if entry.extractor is not None:
-            return trained.model_copy(update={"extractor": entry.extractor})
-        return trained
+            return trained.model_copy(update={"extractor": entry.extractor, **mode})
+        return trained.model_copy(update=mode) if mode else trained
 
     def prompt_format(self, env_id: str) -> tuple[str, str | None]:
         """The training envs' (template, extractor), which an eval env not trained on takes;

@@ -36,6 +36,7 @@ EVALS_SCHEMA = pa.schema([
     ("wins", pa.int64()), ("draws", pa.int64()), ("losses", pa.int64()), ("errors", pa.int64()),
     ("win_rate", pa.float64()), ("win_low", pa.float64()), ("win_high", pa.float64()),
     ("invalid_move_rate", pa.float64()), ("format_rate", pa.float64()),
+    ("legal_moves", pa.string()),  # the legal-move mode played under (NULL: not recorded)
 ])
 RATINGS_SCHEMA = pa.schema([
     ("round", pa.int64()), ("name", pa.string()), ("kind", pa.string()),
@@ -52,7 +53,8 @@ CHECKPOINTS_SCHEMA = pa.schema([
 LEARNER_METRICS = pa.schema([
     ("update", pa.int64()), ("loss", pa.float64()),
     ("grad_norm", pa.float64()), ("entropy_mean", pa.float64()),
-    ("logprob_mean", pa.float64()), ("clip_fraction", pa.float64()),
+    ("logprob_mean", pa.float64()), ("logprob_abs_diff_max", pa.float64()),
+    ("clip_fraction", pa.float64()),
     ("ratio_mean", pa.float64()), ("approx_kl", pa.float64()), ("kl_to_base", pa.float64()),
     ("tis_ratio_mean", pa.float64()), ("tis_ratio_max", pa.float64()),
     ("tis_capped_fraction", pa.float64()), ("value_mse", pa.float64()),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from ub.data.shards import ShardId, committed_shards, next_free_shard, shard_path
@@ -50,7 +51,8 @@ def evaluate_checkpoint(run: Run, update: int, *, opponents: list[str] | None = 
     config = run.config
     actor = actor_spec(run, checkpoint_name(update))
     rivals = [actor_spec(run, n) for n in (opponents or config.eval.opponents)]
-    specs = game_specs(config, envs or config.eval.envs)
+    # (as evaluated: eval.legal_moves applies to the training envs too)
+    specs = game_specs(config, envs or config.eval.envs or [e.env_id for e in config.envs])
     assignments = eval_assignments(actor, rivals, specs, games or config.eval.games,
                                    derive_seed(config.seed, "eval"))
     sampling = rollout_sampling(config, evaluation=True)
@@ -62,8 +64,7 @@ def evaluate_checkpoint(run: Run, update: int, *, opponents: list[str] | None = 
     played = play_shard(worker, run, run.paths.eval_data, sid, assignments, sampling=sampling,
                          kind="eval")
     games_table = pq.read_table(shard_path(run.paths.eval_data, "games", sid))
-    steps = pq.read_table(shard_path(run.paths.eval_data, "steps", sid),
-                          columns=["game_id", "env_id", "actor", "invalid_move", "format_ok"])
+    steps = read_columns(shard_path(run.paths.eval_data, "steps", sid), SUMMARY_COLUMNS)
     summary = summarize(games_table, steps, actor.name)
     if all(r.kind == "scripted" for r in rivals):  # the bar to clear: random on the same seeds
         baseline = random_baseline(assignments, actor.name, config.seed)
@@ -81,14 +82,31 @@ def evaluate_checkpoint(run: Run, update: int, *, opponents: list[str] | None = 
 
 def stored_eval_shard(root: Path, update: int, assignments: list[GameAssignment]) -> int | None:
     """The committed ad-hoc evaluation shard (>= 1) of checkpoint ``update`` whose games are
-    exactly ``assignments`` (the same envs, seeds and seating), or None."""
+    exactly ``assignments`` (the same envs, seeds and seating) played under the same
+    legal-move modes, or None."""
     wanted = sorted((a.game_index, a.spec.env_id, a.seed, [x.name for x in a.actors])
                     for a in assignments)
+    modes = {a.spec.legal_moves for a in assignments if any(x.kind == "model" for x in a.actors)}
     for sid in committed_shards(root):
         if sid.round != update or sid.shard < 1:
             continue
         games = pq.read_table(shard_path(root, "games", sid),
                               columns=["game_index", "env_id", "seed", "actors"]).to_pylist()
-        if sorted((g["game_index"], g["env_id"], g["seed"], g["actors"]) for g in games) == wanted:
+        if sorted((g["game_index"], g["env_id"], g["seed"], g["actors"]) for g in games) != wanted:
+            continue
+        steps = read_columns(shard_path(root, "steps", sid), ["actor_kind", "legal_moves_mode"])
+        played = {s.get("legal_moves_mode") or "free" for s in steps.to_pylist()
+                  if s["actor_kind"] == "model"}
+        if played == modes:
             return sid.shard
     return None
+
+
+SUMMARY_COLUMNS = ["game_id", "env_id", "actor", "invalid_move", "format_ok", "legal_moves_mode"]
+"""What :func:`ub.evaluation.summarize` reads of an eval steps shard."""
+
+
+def read_columns(path: Path, columns: list[str]) -> pa.Table:
+    """``columns`` of a shard, those it has (a shard of an older schema lacks later ones)."""
+    have = set(pq.read_schema(path).names)
+    return pq.read_table(path, columns=[c for c in columns if c in have])

@@ -30,6 +30,11 @@ def eval_cell(row: dict[str, Any]) -> str:
     return f"{_pct(row['win_rate'])} [{_pct(row['win_low'])}, {_pct(row['win_high'])}]"
 
 
+def env_cell(row: dict[str, Any]) -> str:
+    """An eval row's env, and ``(mask)`` where its moves were held to the legal ones."""
+    return row["env_id"] + (" (mask)" if row.get("legal_moves") == "mask" else "")
+
+
 def baseline_cell(row: dict[str, Any]) -> str:
     """The random player's win rate in the same seats on the same seeds, or ``-``."""
     if row.get("baseline_win_rate") is None:
@@ -73,7 +78,7 @@ class Progress:
         for update, rows in sorted(m["evals"].items(), key=lambda kv: int(kv[0])):
             for row in rows:
                 line += (f"\n    eval ckpt {int(update)} vs {row['opponent']} on "
-                         f"{row['env_id']}: win {eval_cell(row)}, "
+                         f"{env_cell(row)}: win {eval_cell(row)}, "
                          f"invalid {_pct(row['invalid_move_rate'])}")
         self.console.print(f"{line}  [dim]({t['round']:.0f} s)[/dim]")
         tracking = self.run.config.tracking
@@ -89,7 +94,7 @@ class Progress:
                        "random in its seats", "draws", "invalid moves"):
             table.add_column(column)
         for update, row in curve:
-            table.add_row(str(update), row["env_id"], row["opponent"], str(row["games"]),
+            table.add_row(str(update), env_cell(row), row["opponent"], str(row["games"]),
                           eval_cell(row), baseline_cell(row), str(row["draws"]),
                           _pct(row["invalid_move_rate"]))
         if curve:
@@ -119,7 +124,7 @@ def round_summary_markdown(run: Run, round_: int, m: dict[str, Any]) -> str:
              f"learner {t['learner']:.1f}, other {t['other']:.1f})"]
     for update, rows in sorted(m["evals"].items(), key=lambda kv: int(kv[0])):
         for row in rows:
-            lines.append(f"- eval checkpoint {update} vs {row['opponent']} on {row['env_id']}: "
+            lines.append(f"- eval checkpoint {update} vs {row['opponent']} on {env_cell(row)}: "
                          f"win {eval_cell(row)}")
     where = run.paths.location
     lines += ["", f"Data: `{where}`; query it with `ub sql {where}`."]
