@@ -1,19 +1,26 @@
-"""A user's own algorithm, reward transforms and position key, outside the ub package: a config
-names them by import path (``own_components:AsymmetricClip``), with this folder on
-``PYTHONPATH``. None of them is registered: the path alone finds them
-(tests/test_own_components.py)."""
+"""A user's own algorithms, reward transforms and position key, outside the ub package: a config
+names them by import path (``own_components:EnvBaseline``), with this folder on ``PYTHONPATH``.
+None of them is registered: the path alone finds them (tests/test_own_components.py). No file
+of ub knows them: ``EnvBaseline`` owns state (a module it trains, a file of its own in each
+checkpoint, a statistic) only through what ``ub.learner.Algorithm`` lets it declare."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import dataclasses
+import random
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
 
-from ub.learner import Algorithm, TokenBatch
+from ub.learner import Algorithm, TokenBatch, Trained
+from ub.learner.algorithms import PolicyView, Reduction
 from ub.rewards import FinalTransform, SeatRows, StepTransform, sql_float
+
+if TYPE_CHECKING:
+    from ub.batch import Batch
 
 
 class AsymmetricClip(Algorithm):
@@ -38,6 +45,61 @@ class AsymmetricClip(Algorithm):
             stats = {"clip_low_fraction": (ratio < 1 - self.clip_low).float().sum(),
                      "clip_high_fraction": (ratio > 1 + self.clip_high).float().sum()}
         return loss, stats
+
+
+class Baselines(torch.nn.Module):
+    """One learned number per env, 0 at the start."""
+
+    def __init__(self, envs: int) -> None:
+        super().__init__()
+        self.values = torch.nn.Parameter(torch.zeros(envs))
+
+
+class EnvBaseline(AsymmetricClip):
+    """AsymmetricClip on the return less a learned baseline per env: each env's baseline is
+    trained towards its decisions' returns (mean squared error, by its own AdamW), saved in a
+    file of its own in each checkpoint (``env_baseline.safetensors``); its statistic,
+    ``baseline_mse``, is the baseline's squared error per row."""
+
+    reads = ("returns",)  # each decision's reward after the final and step stages
+    statistics: ClassVar[Mapping[str, Reduction]] = {"baseline_mse": "row"}  # per row
+
+    def __init__(self, envs: Sequence[str] = (), learning_rate: float = 0.1,
+                 clip_low: float = 0.2, clip_high: float = 0.28) -> None:
+        super().__init__(clip_low, clip_high)
+        if not envs or not learning_rate > 0:
+            raise ValueError(f"need the env ids the run trains (envs) and a learning_rate > 0, "
+                             f"got {envs}, {learning_rate}")
+        self.envs = list(envs)
+        self.learning_rate = learning_rate
+        self.baselines: Baselines | None = None
+
+    def build(self, policy: PolicyView) -> dict[str, Trained]:
+        self.baselines = Baselines(len(self.envs)).to(policy.device)
+        return {"env_baseline": Trained(self.baselines, learning_rate=self.learning_rate)}
+
+    def baseline(self, batch: Batch) -> torch.Tensor:
+        """Each row's env's baseline (with its gradient)."""
+        assert self.baselines is not None and batch.rows is not None
+        index = []
+        for env in batch.rows.column("env_id").to_pylist():
+            if env not in self.envs:
+                raise ValueError(f"env {env} is not one of envs {self.envs}")
+            index.append(self.envs.index(env))
+        return self.baselines.values[torch.tensor(index, device=self.baselines.values.device)]
+
+    def prepare(self, batch: Batch, rng: random.Random) -> Batch:
+        assert batch.returns is not None
+        with torch.no_grad():  # the baseline at the update's start
+            return dataclasses.replace(batch, advantages=batch.returns - self.baseline(batch).cpu())
+
+    def loss(self, tokens: TokenBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        loss, stats = super().loss(tokens)
+        assert tokens.batch is not None and tokens.batch.returns is not None
+        baseline = self.baseline(tokens.batch)
+        error = (baseline - tokens.batch.returns.to(baseline.device)) ** 2
+        stats["baseline_mse"] = error.detach().sum()
+        return loss + error.sum() / tokens.batch_rows, stats
 
 
 @dataclass

@@ -181,7 +181,7 @@ def test_resume_reproduces_the_next_update_exactly(learner: Learner, model_dir: 
 
     # Without the RNG state (another seed's dropout masks) the bytes differ: the test is real.
     resumed.start(first)
-    resumed._torch_rng = {"torch_cpu": torch.Generator().manual_seed(99).get_state()}
+    resumed.streams.torch = {"torch_cpu": torch.Generator().manual_seed(99).get_state()}
     resumed.update(b2)
     other = resumed.save(tmp_path / "update-2-other-rng")
     assert file_bytes(other) != file_bytes(straight)

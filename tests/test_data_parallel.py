@@ -14,7 +14,7 @@ import torch
 from faults.runs import free_port
 from safetensors.torch import load_file
 
-from ub.learner.checkpoint import ADAPTER_WEIGHTS, OPTIMIZER_STATE, VALUE_HEAD_FILE
+from ub.learner.checkpoint import ADAPTER_WEIGHTS, OPTIMIZER_STATE, module_file
 from ub.learner.testing import build_random_model
 
 METRICS = ("loss", "grad_norm", "entropy_mean", "logprob_mean")
@@ -59,7 +59,7 @@ def test_two_ranks_take_the_one_process_update(model_dir, tmp_path, micro_batch_
             assert two[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
     for update in (1, 2):
         names = (ADAPTER_WEIGHTS, OPTIMIZER_STATE) + (
-            (VALUE_HEAD_FILE,) if algorithm == "a2c" else ())
+            (module_file("value_head"),) if algorithm == "a2c" else ())
         for name in names:
             expected = load_file(tmp_path / "one" / f"ckpt-{update}" / name)
             found = load_file(tmp_path / "two" / f"ckpt-{update}" / name)

@@ -239,9 +239,8 @@ def assert_scored_at_its_start(learner: Learner, batch: Batch) -> None:
     """The old log-probs a multi-step update measures against are the learner's at its start,
     on every completion token of ``batch``."""
     start = learner.token_logprobs(batch)
-    old = scored_at_start(learner.policy, batch, learner.algorithm, learner.config, None,
-                          Ranks(), None, old_logprobs=True).old_logprobs
-    assert old is not None
+    old = scored_at_start(learner.policy, batch, learner.algorithm, learner.config,
+                          Ranks(), None, old_logprobs=True).measured["old_logprobs"]
     mask = batch.completion_mask.bool()
     assert torch.allclose(old[mask], start[mask], atol=1e-5)
 

@@ -1,6 +1,10 @@
 """An algorithm and reward transforms of one's own, outside the ub package, named by import path
-(tests/own_components.py, found through ``PYTHONPATH``): a real ``ub train`` round of the tiny
-model trains with them, the run records them, and its resume takes the same classes."""
+(tests/own_components.py, found through ``PYTHONPATH``): two real ``ub train`` rounds of the
+tiny model train with them, the run records them, and its resume takes the same classes. The
+algorithm owns state (a learned baseline per env, in a file of its own) and a statistic of its
+own, declared to ub, which no file of ub names: the statistic reaches the round manifest, the
+learner view and the tracked metrics (W&B's), and a resume after round 1 writes checkpoint 2
+bit for bit as the uninterrupted run did."""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from pathlib import Path
 import own_components
 import pytest
 import yaml
+from safetensors.torch import load_file
 
 from ub.data.sql import query
 from ub.errors import UbError
@@ -25,16 +30,16 @@ from ub.run.folder.layout import RunPaths, read_json
 from ub.run.steps.rounds import resolve_run_config
 
 HERE = Path(__file__).resolve().parent
-ALGORITHM = "own_components:AsymmetricClip"
+ALGORITHM = "own_components:EnvBaseline"  # (AsymmetricClip's loss, less a learned baseline)
 FINAL = "own_components:CountedScale"
 STEP = "own_components:LengthPenalty"
 POSITION = "own_components:tictactoe_cells"
 GAMES = 8
 
-# One round of a few TicTacToe games, as tests/test_train_flow.py's config but smaller.
+# Two rounds of a few TicTacToe games, as tests/test_train_flow.py's config but smaller.
 CONFIG = {
     "seed": 5,
-    "rounds": 1,
+    "rounds": 2,
     "model": {"base": "tiny"},
     "sampling": {"temperature": 1.0, "max_tokens": 12, "stop": ["]"]},
     "envs": [{"env_id": "TicTacToe-v0-train", "position": POSITION}],
@@ -43,11 +48,16 @@ CONFIG = {
     "batch": {"batch_size": 32,
               "final": ["win_draw_loss", {"name": FINAL, "factor": 0.5}],
               "step": [{"name": STEP, "cost": 0.01}],
-              "sampling": ["normalize_per_env", "position_advantage"]},
+              # (The algorithm reads the returns and makes its own advantages: no sampling.)
+              "sampling": []},
     # Two optimizer steps: the second one's ratios move off 1, so the clip range matters.
-    "learner": {"algorithm": ALGORITHM, "algorithm_params": {"clip_low": 0.2, "clip_high": 0.28},
+    "learner": {"algorithm": ALGORITHM,
+                "algorithm_params": {"envs": ["TicTacToe-v0-train"], "learning_rate": 0.1,
+                                     "clip_low": 0.2, "clip_high": 0.28},
                 "minibatches": 2, "learning_rate": 1e-3, "lora": {"rank": 8, "alpha": 16}},
 }
+OWN_STATISTIC = "baseline_mse"  # EnvBaseline's own, a per-row mean it declares
+LOSS_STATISTICS = ("clip_low_fraction", "clip_high_fraction")  # its loss's, undeclared
 
 
 @pytest.fixture(scope="module")
@@ -66,21 +76,103 @@ def run(tiny_model, tmp_path_factory) -> RunPaths:
     return RunPaths.of(root, "own")
 
 
-def test_a_round_trains_with_ones_own_algorithm_and_transforms(run):
-    assert run.committed_rounds() == [0]
-    metrics = json.loads((run.checkpoint(1) / "metrics.json").read_text())
-    # The algorithm's own statistics: its loss ran, in both optimizer steps.
-    assert {"clip_low_fraction", "clip_high_fraction"} <= set(metrics)
-    assert metrics["optimizer_steps"] == 2
+def test_rounds_train_with_ones_own_algorithm_and_transforms(run):
+    assert run.committed_rounds() == [0, 1]
+    for update in (1, 2):
+        checkpoint = run.checkpoint(update)
+        metrics = json.loads((checkpoint / "metrics.json").read_text())
+        # The algorithm's statistics: its loss ran, in both optimizer steps.
+        assert metrics["algorithm_statistics"] == sorted((*LOSS_STATISTICS, OWN_STATISTIC))
+        assert metrics["optimizer_steps"] == 2 and metrics[OWN_STATISTIC] > 0
+        # Its module, in the file it named, its AdamW state beside the adapter's.
+        manifest = json.loads((checkpoint / "ub_checkpoint.json").read_text())
+        assert "env_baseline.safetensors" in manifest["files"]
+        baseline = load_file(checkpoint / "env_baseline.safetensors")["env_baseline.values"]
+        assert baseline.shape == (1,) and float(baseline[0]) != 0.0  # learned from 0
+        assert "exp_avg/env_baseline.values" in load_file(checkpoint / "optimizer.safetensors")
     # The final transform of one's own folded every game of the round, under its path.
     state = read_json(run.final_rewards_state(0))
     assert state["transforms"][1] == {"name": FINAL, "params": {"factor": 0.5},
                                       "state": {"games": GAMES}}
 
 
+def test_its_statistics_reach_the_manifest_the_learner_view_and_the_tracked_metrics(
+        run, capsys):
+    """Its own statistic and its loss's, though no file of ub names them: in each round's
+    manifest, a column of the learner view (``ub sql``), and the tracked metrics W&B logs."""
+    from ub.flows.cli import main
+
+    statistics = (OWN_STATISTIC, *LOSS_STATISTICS)
+    for round_ in (0, 1):
+        learner = json.loads(run.manifest(round_).read_text())["learner"]
+        assert set(statistics) <= set(learner), round_
+    assert main(["sql", str(run.root), f"SELECT round, {', '.join(statistics)} FROM learner "
+                 "ORDER BY round", "--format", "csv"]) == 0
+    header, *rows = capsys.readouterr().out.split()
+    assert header == f"round,{','.join(statistics)}"
+    assert [row.split(",")[0] for row in rows] == ["0", "1"]
+    assert all(value for row in rows for value in row.split(","))  # none NULL
+    # The round's tracked figures (metrics/round-N.parquet), which W&B's history rows carry.
+    from ub.run.folder.views import RunViews
+    from ub.run.steps.tracking import read_metrics, wandb_rows
+
+    tracked = {(r["round"], r["metric"]) for r in RunViews(run.root).metrics().to_pylist()}
+    assert {(r, f"learner/{name}") for r in (0, 1) for name in statistics} <= tracked
+    (_, logged), *_ = wandb_rows(1, read_metrics(run, 1), {})
+    assert {f"learner/{name}" for name in statistics} <= set(logged)
+
+
+def test_a_resume_after_round_1_writes_checkpoint_2_bit_for_bit(run, tmp_path):
+    """Round 1's learn step again in a fresh learner (this process's, as a resumed run's
+    process starts one) from checkpoint 1: every file of checkpoint 2 as the uninterrupted run
+    wrote it (the baseline's file and AdamW state included), but the update's timings."""
+    from ub.run.config.base_model import resolve_base_model
+    from ub.run.processes.worker import Worker
+    from ub.run.steps.learn import learn_round
+    from ub.run.steps.rounds import Run
+
+    copy = RunPaths.of(tmp_path, "own")
+    shutil.copytree(run.root, copy.root)
+    shutil.rmtree(copy.checkpoint(2))
+    config, _ = resolve_run_config(copy, None)
+    worker = Worker()
+    try:
+        metrics = learn_round(Run(copy, config, resolve_base_model(config)), 1, worker=worker)
+    finally:
+        worker.close()
+    assert not metrics.get("reused")
+    found, expected = copy.checkpoint(2), run.checkpoint(2)
+    assert sorted(p.name for p in found.iterdir()) == sorted(p.name for p in expected.iterdir())
+    for path in sorted(expected.iterdir()):
+        if path.name not in ("metrics.json", "ub_checkpoint.json"):
+            assert (found / path.name).read_bytes() == path.read_bytes(), path.name
+    # metrics.json: the same figures but the timings and where the run lives
+    differ = ("seconds", "tokens_per_second", "peak_rss_mb", "from_checkpoint", "batch")
+    mine, theirs = ({k: v for k, v in json.loads((c / "metrics.json").read_text()).items()
+                     if k not in differ} for c in (found, expected))
+    assert mine == theirs
+    mine, theirs = (json.loads((c / "ub_checkpoint.json").read_text()) for c in (found, expected))
+    for manifest in (mine, theirs):
+        del manifest["files"]["metrics.json"]
+    assert mine == theirs
+
+
+def test_a_batch_that_the_algorithm_would_not_read_is_refused_in_one_line():
+    """It reads returns and makes its own advantages: a sampling stage is refused before the
+    run starts, in one line."""
+    with pytest.raises(UbError) as refusal:
+        validate_config({**CONFIG, "batch": {**CONFIG["batch"],
+                                             "sampling": ["normalize_per_env"]}}, "own.yaml")
+    assert str(refusal.value) == (
+        "invalid config own.yaml: batch.sampling: [normalize_per_env] makes the batch's "
+        f"advantages, and learner.algorithm {ALGORITHM!r} reads its returns (each decision's "
+        "reward after the final and step stages), not its advantages: set batch.sampling: [] "
+        "(the algorithm makes its own advantages)")
+
+
 def test_a_game_keyed_by_ones_own_position_function(run):
     """Every decision's position is the function's key of the board its seat faced (the
-    cells the earlier moves filled): the run trained with position_advantage over these keys."""
+    cells the earlier moves filled)."""
     steps = query(run.root, "SELECT game_id, turn, seat, action, position FROM steps "
                             "ORDER BY game_id, turn").to_pylist()
     assert len(steps) > GAMES * 4
@@ -105,7 +197,7 @@ def test_the_run_records_each_component_and_its_source(run):
         "learner.algorithm": ALGORITHM,
         "batch.final": ["ub.rewards.final:WinDrawLoss", FINAL],
         "batch.step": [STEP],
-        "batch.sampling": ["ub.rewards.sql:NormalizePerEnv", "ub.rewards.sql:PositionAdvantage"],
+        "batch.sampling": [],
         "envs.position": {"TicTacToe-v0-train": POSITION},
         "sources": {"own_components": source},
     }
@@ -113,7 +205,7 @@ def test_the_run_records_each_component_and_its_source(run):
 
 def test_a_resume_takes_the_same_classes_and_refuses_others(run):
     config, _ = resolve_run_config(run, None)
-    assert algorithm_class(config.learner.algorithm) is own_components.AsymmetricClip
+    assert algorithm_class(config.learner.algorithm) is own_components.EnvBaseline
     final = config.batch.transforms.final
     assert [type(t) for t in final][1] is own_components.CountedScale
     other = validate_config({**CONFIG, "learner": {**CONFIG["learner"], "algorithm": "ppo",
@@ -131,11 +223,11 @@ def test_a_resume_says_when_the_code_of_ones_own_component_changed(run, tmp_path
     assert preflight(RunRequest(name="own", root=str(run.root.parent))).notes == ()
     copy = RunPaths.of(tmp_path, "own")
     shutil.copytree(run.root, copy.root)
-    manifest = json.loads(copy.manifest(0).read_text())
+    manifest = json.loads(copy.manifest(1).read_text())  # (the last round's)
     manifest["components"]["sources"]["own_components"] = "0" * 64  # as an older file had it
-    copy.manifest(0).write_text(json.dumps(manifest))
+    copy.manifest(1).write_text(json.dumps(manifest))
     (note,) = preflight(RunRequest(name="own", root=str(tmp_path))).notes
-    assert note.startswith("own_components changed since round 0 recorded it (sha256 "
+    assert note.startswith("own_components changed since round 1 recorded it (sha256 "
                            "000000000000, now ")
     assert "the rounds from here train with the code as it is now" in note
 
@@ -159,5 +251,56 @@ def test_doctor_in_a_shell_without_the_components_module_checks_the_data_and_say
             "the config as well; the run's data was checked without it")
         assert len(notes) == 4  # the algorithm, two transforms and the position function
         assert "problem" not in done.stdout and "quarantined" not in done.stdout
-        assert "own: 1 committed round(s), ok" in done.stdout
+        assert "own: 2 committed round(s), ok" in done.stdout
     assert not (run.root / "quarantine").exists()
+
+
+def test_a_loss_only_algorithms_statistics_answer_in_the_learner_view(tiny_model, tmp_path,
+                                                                      capsys):
+    """AsymmetricClip declares nothing but its loss: the statistics that loss returns reach the
+    round manifest (as a round makes it from the update's metrics) and answer in ``ub sql``'s
+    learner view (one update of a random model, in this process)."""
+    from ub.flows.cli import main
+    from ub.learner import Learner, LearnerConfig
+    from ub.learner.testing import build_random_model, synthetic_batch
+    from ub.model.lora import LoraSettings
+    from ub.run.steps.manifest import round_manifest
+    from ub.run.steps.rounds import Run, commit_round, open_run
+
+    loss_only = "own_components:AsymmetricClip"
+    learner = Learner(LearnerConfig(
+        base_model=str(build_random_model(tmp_path / "model")), algorithm=loss_only,
+        lora=LoraSettings(rank=8, alpha=16), minibatches=2, length_normalizer=16, seed=3))
+    metrics = learner.update(synthetic_batch(8, vocab_size=500, seed=1))
+    assert metrics["algorithm_statistics"] == ["clip_high_fraction", "clip_low_fraction"]
+    paths = RunPaths.of(tmp_path, "loss-only")
+    config = open_run(paths, validate_config({**CONFIG, "learner": {
+        **CONFIG["learner"], "algorithm": loss_only, "algorithm_params": {}}}))
+    run = Run(paths, config, "tiny")
+    commit_round(run, 0, round_manifest(run, [], metrics, {}, [], 1.0, {}))
+    assert main(["sql", str(paths.root), "SELECT round, clip_low_fraction, clip_high_fraction "
+                 "FROM learner", "--format", "csv"]) == 0
+    assert capsys.readouterr().out.split() == [
+        "round,clip_low_fraction,clip_high_fraction",
+        f"0,{metrics['clip_low_fraction']},{metrics['clip_high_fraction']}"]
+
+
+def test_a_run_written_before_reads_with_its_statistics_as_columns(tmp_path, capsys):
+    """Manifests of an older ub (its closed list of learner figures, ppo's among them) and of
+    this one (an algorithm's own statistic) read side by side: a column each, typed."""
+    from ub.flows.cli import main
+    from ub.run.folder.layout import mark_run_format, write_json_atomic
+
+    paths = RunPaths.of(tmp_path, "old")
+    paths.root.mkdir(parents=True)
+    mark_run_format(paths.root)
+    write_json_atomic(paths.manifest(0), {"round": 0, "learner": {
+        "update": 1, "loss": 0.5, "clip_fraction": 0.25, "ratio_mean": 1.0, "reused": False}})
+    write_json_atomic(paths.manifest(1), {"round": 1, "learner": {
+        "update": 2, "loss": 0.25, "baseline_mse": 0.125, "early_stopped": True}})
+    assert main(["sql", str(paths.root), "SELECT round, update, loss, clip_fraction, "
+                 "baseline_mse, early_stopped FROM learner ORDER BY round", "--format",
+                 "csv"]) == 0
+    assert capsys.readouterr().out.split() == [
+        "round,update,loss,clip_fraction,baseline_mse,early_stopped",
+        "0,1,0.5,0.25,,", "1,2,0.25,,0.125,True"]

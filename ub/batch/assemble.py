@@ -83,9 +83,12 @@ class Batch:
     - ``behaviour_logprobs`` (B, T) float32: at completion positions, the sampling logprob of
       the token *at that position* (``input_ids[b, t]``), 0 elsewhere; a learner that scores
       token ``t`` with the logits at ``t - 1`` compares them directly;
-    - ``advantages`` (B,) float32: one per sequence (an algorithm with a value baseline reads
-      them as returns);
-    - ``lengths`` (B,) int64: real tokens per row.
+    - ``advantages`` (B,) float32: one per sequence, after the sampling stage (the
+      ``advantage`` column);
+    - ``lengths`` (B,) int64: real tokens per row;
+    - ``returns`` (B,) float32: each decision's return, its reward after the final and step
+      stages (the ``reward`` column: the sampling stage does not touch it), for an algorithm
+      that reads returns (``Algorithm.reads``); ``None`` for a batch made without them.
 
     ``rows`` has one row per batch row, same order: identifiers (``game_id``, ``turn``, ``seat``,
     ``round``, ``shard``, ``env_id``, ...) and ``raw_reward``, ``final_reward``, ``reward``,
@@ -94,11 +97,11 @@ class Batch:
     the next window's first round; see ``docs/rewards.md``). A batch made in memory (a test, a
     benchmark) may leave them empty.
 
-    The learner fills in, for one update: ``old_logprobs`` (B, T), like ``behaviour_logprobs``
-    but its own at the weights an update of several steps started from (the algorithms'
-    importance weights and trust region use them), and, for an algorithm with a value
-    baseline, ``values`` (B,), its estimate of each row's return at the update's start;
-    that algorithm's ``prepare`` sets ``returns`` (B,), the value head's targets.
+    ``measured`` holds what an update measured at its start, at the weights it began from (no
+    gradient), by name: ``old_logprobs`` (B, T), like ``behaviour_logprobs`` but the learner's
+    own, where an update of several steps measures its importance weights and trust region
+    against them, and the (B,) columns the algorithm declares it adds (``Algorithm.adds``,
+    e.g. a2c's ``values``). A batch as assembled has none; the update's copy gains them.
 
     ``masked_moves`` says, per row, what its decision was sampled under where that was the
     legal-move mask (``envs[].legal_moves: mask``): ``(template, legal moves)``, from which the
@@ -116,9 +119,8 @@ class Batch:
     final_state: dict[str, Any] = field(default_factory=dict)
     final_state_by_round: dict[int, dict[str, Any]] = field(default_factory=dict)
     sql: str = ""
-    old_logprobs: torch.Tensor | None = None
-    values: torch.Tensor | None = None
     returns: torch.Tensor | None = None
+    measured: dict[str, torch.Tensor] = field(default_factory=dict)
     masked_moves: list[MaskedMoves | None] | None = None
 
     def __len__(self) -> int:
@@ -160,11 +162,8 @@ class Batch:
         index = torch.tensor(rows, dtype=torch.int64)
         width = int(self.lengths[index].max())
 
-        def by_row(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t[index]
-
-        def by_token(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t[index, :width]
+        def by_row(t: torch.Tensor) -> torch.Tensor:  # (B,) or (B, T)
+            return t[index] if t.dim() == 1 else t[index, :width]
 
         return dataclasses.replace(
             self, input_ids=self.input_ids[index, :width],
@@ -172,8 +171,8 @@ class Batch:
             behaviour_logprobs=self.behaviour_logprobs[index, :width],
             advantages=self.advantages[index], lengths=self.lengths[index],
             rows=None if self.rows is None else self.rows.take(pa.array(rows, pa.int64())),
-            old_logprobs=by_token(self.old_logprobs), values=by_row(self.values),
-            returns=by_row(self.returns),
+            returns=None if self.returns is None else self.returns[index],
+            measured={name: by_row(t) for name, t in self.measured.items()},
             masked_moves=None if self.masked_moves is None
             else [self.masked_moves[r] for r in rows])
 
@@ -280,6 +279,7 @@ def assemble_batch(root: Path, config: BatchConfig,
         input_ids=tensors.input_ids, completion_mask=tensors.completion_mask,
         behaviour_logprobs=tensors.behaviour_logprobs,
         advantages=torch.from_numpy(advantage.astype(np.float32)), lengths=tensors.lengths,
+        returns=torch.from_numpy(reward.astype(np.float32)),
         rows=rows.drop_columns(TOKEN_COLUMNS + MOVE_COLUMNS), stats=stats,
         final_state=selection.final_state,
         final_state_by_round=selection.final_state_by_round, sql=selection.sql,

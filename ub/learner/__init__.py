@@ -1,11 +1,12 @@
 """The learner: LoRA policy-gradient updates on stored token ids, and their checkpoints.
 
-Entry points: :func:`learn_step` (assemble a batch from shards, update, write a checkpoint),
-:func:`learn_on_batch`, :func:`write_initial_checkpoint` and their parts
-(:mod:`ub.learner.entry`), the :class:`Learner` class they use, and the update it runs,
-:func:`ub.learner.update.update` (one function to read top to bottom). Algorithms are
-pluggable (:mod:`ub.learner.algorithms`); checkpoints are described in
-:mod:`ub.learner.checkpoint`. Importing this package loads no model.
+Entry points: :func:`learn_on_batch` (the learn step: reuse, or start, update and write a
+checkpoint), :func:`learn_step` (a batch assembled from shards first) and
+:func:`write_initial_checkpoint` (:mod:`ub.learner.entry`), the :class:`Learner` class they
+use, and the update it runs, :func:`ub.learner.update.update` (one function to read top to
+bottom). Algorithms are pluggable and declare what they own (:mod:`ub.learner.algorithms`);
+checkpoints are described in :mod:`ub.learner.checkpoint`. Importing this package loads no
+model.
 """
 
 from ub.learner.algorithms import (
@@ -15,7 +16,9 @@ from ub.learner.algorithms import (
     Algorithm,
     Reinforce,
     TokenBatch,
+    Trained,
     algorithm_names,
+    gae,
     make_algorithm,
     register_algorithm,
 )
@@ -35,13 +38,10 @@ from ub.learner.entry import (
     committed_update,
     learn_on_batch,
     learn_step,
-    save_update,
-    started_learner,
     write_initial_checkpoint,
 )
 from ub.learner.learner import Learner
 from ub.learner.update import NonFiniteError
-from ub.learner.value import ValueBaseline, gae
 
 __all__ = [
     "A2C",
@@ -56,7 +56,7 @@ __all__ = [
     "NonFiniteError",
     "Reinforce",
     "TokenBatch",
-    "ValueBaseline",
+    "Trained",
     "algorithm_names",
     "committed_update",
     "gae",
@@ -71,7 +71,5 @@ __all__ = [
     "read_manifest",
     "read_metrics",
     "register_algorithm",
-    "save_update",
-    "started_learner",
     "write_initial_checkpoint",
 ]

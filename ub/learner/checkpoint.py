@@ -6,6 +6,8 @@ Layout of a checkpoint folder::
     adapter_config.json        PEFT LoRA config   } folder itself as a LoRA adapter
     optimizer.safetensors      AdamW state: exp_avg/<param>, exp_avg_sq/<param>, step/<param>
     rng.safetensors            torch RNG states: torch_cpu (and torch_cuda on a GPU)
+    NAME.safetensors           each module the algorithm trains besides the adapter
+                               (``Algorithm.build``; its AdamW state in optimizer.safetensors)
     metrics.json               the metrics of the update that produced the checkpoint
     ub_checkpoint.json         the manifest, written last: update index, base model identity
                                (portable name + config fingerprint + source: a tiny build's
@@ -31,6 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,10 +53,28 @@ ADAPTER_CONFIG = "adapter_config.json"
 MODEL_CARD = "README.md"  # written by PEFT's save_pretrained
 OPTIMIZER_STATE = "optimizer.safetensors"
 RNG_STATE = "rng.safetensors"
-VALUE_HEAD_FILE = "value_head.safetensors"  # a value baseline's head (ub.learner.value)
 METRICS = "metrics.json"
 # Files a complete checkpoint must have (the manifest lists them with sizes and hashes).
 REQUIRED_FILES = (ADAPTER_WEIGHTS, ADAPTER_CONFIG, OPTIMIZER_STATE, RNG_STATE, METRICS)
+MODULE_SUFFIX = ".safetensors"  # an algorithm's module NAME is saved as NAME.safetensors
+
+
+def module_file(name: str) -> str:
+    """The file of an algorithm's module ``name`` in a checkpoint folder."""
+    file = name + MODULE_SUFFIX
+    if not re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*", name) or file in (
+            ADAPTER_WEIGHTS, OPTIMIZER_STATE, RNG_STATE):
+        raise UbError(f"an algorithm's module is named {name!r}: give it a name of letters, "
+                      "digits and _ that no file of a checkpoint has (not adapter_model, "
+                      "optimizer or rng)")
+    return file
+
+
+def module_files(listed: Mapping[str, Any]) -> dict[str, str]:
+    """The algorithm's module files among a manifest's ``files``, by module name."""
+    return {name.removesuffix(MODULE_SUFFIX): name for name in sorted(listed)
+            if name.endswith(MODULE_SUFFIX) and name not in (ADAPTER_WEIGHTS, OPTIMIZER_STATE,
+                                                              RNG_STATE)}
 
 
 # --------------------------------------------------------------------------------------------
@@ -75,8 +96,8 @@ class CheckpointState:
     :param python_rng: the learner's ``random.Random`` state, as JSON lists.
     :param learner_config: :meth:`LearnerConfig.to_dict` of the learner that wrote it.
     :param metrics: the update's metrics (JSON-able).
-    :param value_head: a value baseline's head (:mod:`ub.learner.value`), saved as
-        ``value_head.safetensors``; empty: none.
+    :param modules: the state of each module the algorithm trains besides the adapter, by
+        its name (``Algorithm.build``), saved as ``NAME.safetensors``; empty: none.
     """
 
     update: int
@@ -88,7 +109,7 @@ class CheckpointState:
     python_rng: list[Any] = field(default_factory=list)
     learner_config: dict[str, Any] = field(default_factory=dict)
     metrics: dict[str, Any] = field(default_factory=dict)
-    value_head: dict[str, torch.Tensor] = field(default_factory=dict)
+    modules: dict[str, dict[str, torch.Tensor]] = field(default_factory=dict)
 
 
 def sha256_file(path: Path) -> str:
@@ -164,8 +185,8 @@ def read_checkpoint(path: str | os.PathLike[str]) -> CheckpointState:
         python_rng=list(manifest.get("python_rng", [])),
         learner_config=dict(manifest.get("learner_config", {})),
         metrics=read_metrics(ckpt),
-        value_head=_load_safetensors(ckpt / VALUE_HEAD_FILE, ckpt)
-        if VALUE_HEAD_FILE in manifest.get("files", {}) else {},
+        modules={name: _load_safetensors(ckpt / file, ckpt)
+                 for name, file in module_files(manifest.get("files", {})).items()},
     )
 
 

@@ -26,9 +26,9 @@ from ub.learner.checkpoint import (
     MODEL_CARD,
     OPTIMIZER_STATE,
     RNG_STATE,
-    VALUE_HEAD_FILE,
     VERSION,
     CheckpointState,
+    module_file,
     sha256_file,
 )
 
@@ -73,9 +73,9 @@ def write_checkpoint(out_dir: str | os.PathLike[str], state: CheckpointState,
                   str(tmp / OPTIMIZER_STATE), metadata={"format": "pt"})
         save_file({k: v.detach().cpu().contiguous() for k, v in state.rng.items()},
                   str(tmp / RNG_STATE), metadata={"format": "pt"})
-        if state.value_head:
-            save_file({k: v.detach().cpu().contiguous() for k, v in state.value_head.items()},
-                      str(tmp / VALUE_HEAD_FILE), metadata={"format": "pt"})
+        for name, tensors in state.modules.items():  # the algorithm's own modules
+            save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
+                      str(tmp / module_file(name)), metadata={"format": "pt"})
         (tmp / METRICS).write_text(_dumps(state.metrics))
         files = {}
         for path in sorted(tmp.iterdir()):

@@ -1,11 +1,11 @@
 """The learner's entry points: one update from a checkpoint to the next, written atomically.
 
-:func:`learn_step` (``ub learn``: assemble a batch from shards, update, write),
-:func:`learn_on_batch` (one process or one data-parallel rank: every rank updates, rank 0
-writes) and :func:`write_initial_checkpoint` (update 0). Each reuses a finished output
-checkpoint (:func:`committed_update`) instead of redoing it. The round's learner step
-(:func:`ub.run.steps.learn.learn_round`) takes the same three steps as :func:`learn_on_batch`
-from its parts: :func:`started_learner`, ``Learner.update``, :func:`save_update`.
+:func:`learn_on_batch`, **the learn step**, the one composition of it: reuse a finished
+output checkpoint (:func:`committed_update`), else start the learner at the input checkpoint,
+update, write (one process or one data-parallel rank: every rank updates, rank 0 writes).
+``ub learn`` reaches it through :func:`learn_step` (assemble a batch from shards first), a
+run's round through :func:`ub.run.steps.learn.learn_round` (which hands it what to do around
+the update: the engine asleep). :func:`write_initial_checkpoint` writes update 0.
 
 They take the learner from ``worker`` (anything with ``learner(config) -> Learner``, such as
 a :class:`KeptLearner` or the process's :class:`ub.run.processes.worker.Worker`, which keeps
@@ -14,8 +14,9 @@ the base model loaded across rounds with one); without one they load a learner f
 
 from __future__ import annotations
 
+import contextlib
 import gc
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -95,42 +96,30 @@ def _path_str(path: str | Path | None) -> str | None:
 
 def learn_on_batch(batch: Any, learner_config: LearnerConfig,
                    from_checkpoint: str | Path | None, out_checkpoint: str | Path, *,
-                   overwrite: bool = False, worker: LearnerSource | None = None
-                   ) -> dict[str, Any]:
+                   overwrite: bool = False, worker: LearnerSource | None = None,
+                   around_update: Callable[[], contextlib.AbstractContextManager[Any]] | None
+                   = None) -> dict[str, Any]:
     """One update on ``batch`` from ``from_checkpoint`` (``None``: cold start), written to
     ``out_checkpoint``. An existing finished ``out_checkpoint`` is returned as is (its metrics
-    with ``"reused": True``) unless ``overwrite``. Returns the update's metrics. The learner
-    comes from ``worker`` (``None``: one loaded for this call).
+    with ``"reused": True``) unless ``overwrite``. Returns the update's metrics (with where it
+    started and the batch's stats under ``"batch"``). The learner comes from ``worker``
+    (``None``: one loaded for this call); ``around_update`` (a run's: its engine asleep) is
+    entered around the learner's start, update and save, only when there is an update to do.
     """
     out = Path(out_checkpoint)
     if not overwrite and (done := committed_update(out, from_checkpoint)) is not None:
         return done
-    learner = started_learner(worker, learner_config, from_checkpoint)
-    metrics = learner.update(batch)
-    save_update(learner, batch, metrics, from_checkpoint, out, overwrite=overwrite)
+    with around_update() if around_update is not None else contextlib.nullcontext():
+        learner = _learner(worker, learner_config)
+        learner.start(from_checkpoint)
+        metrics = learner.update(batch)
+        metrics["from_checkpoint"] = _path_str(from_checkpoint)
+        if hasattr(batch, "stats"):
+            metrics["batch"] = batch.stats.to_dict()
+        if rank_and_world()[0] == 0:  # data-parallel ranks hold the same state: one writes it
+            learner.save(out, metrics, overwrite=overwrite)
+        barrier()  # no rank goes on (e.g. to start from ``out``) before it is written
     return metrics
-
-
-def started_learner(worker: LearnerSource | None, learner_config: LearnerConfig,
-                    from_checkpoint: str | Path | None) -> Learner:
-    """The learner for ``learner_config`` (from ``worker``; ``None``: one loaded for the call)
-    at ``from_checkpoint`` (``None``: a cold start)."""
-    learner = _learner(worker, learner_config)
-    learner.start(from_checkpoint)
-    return learner
-
-
-def save_update(learner: Learner, batch: Any, metrics: dict[str, Any],
-                from_checkpoint: str | Path | None, out: Path, *, overwrite: bool = False
-                ) -> None:
-    """Write the update just taken (``metrics``, which gain where it started and the batch's
-    stats) as the checkpoint ``out``: rank 0 writes, every data-parallel rank waits for it."""
-    metrics["from_checkpoint"] = _path_str(from_checkpoint)
-    if hasattr(batch, "stats"):
-        metrics["batch"] = batch.stats.to_dict()
-    if rank_and_world()[0] == 0:  # data-parallel ranks hold the same state: one writes it
-        learner.save(out, metrics, overwrite=overwrite)
-    barrier()  # no rank goes on (e.g. to start from ``out``) before it is written
 
 
 def learn_step(root: str | Path, batch_config: Any, learner_config: LearnerConfig,
@@ -152,10 +141,15 @@ def learn_step(root: str | Path, batch_config: Any, learner_config: LearnerConfi
     :returns: the update's metrics, with the batch's stats under ``"batch"``.
     """
     from ub.batch import assemble_batch
+    from ub.learner.algorithms import sampling_refusal
 
     out = Path(out_checkpoint)
     if not overwrite and (done := committed_update(out, from_checkpoint)) is not None:
         return done
+    refusal = sampling_refusal(learner_config.algorithm, learner_config.algorithm_params,
+                               [t.config_name() for t in batch_config.transforms.sampling])
+    if refusal:
+        raise UbError(f"batch.sampling: {refusal}")
     if from_checkpoint is not None:
         read_checkpoint(from_checkpoint)  # a bad checkpoint fails before the batch is assembled
     batch = assemble_batch(Path(root), batch_config, final_rewards_state)

@@ -1,6 +1,7 @@
 """The policy the learner trains: a base model loaded once with a PEFT LoRA adapter on it, the
 settings that can change without reloading it (LoRA dropout, gradient checkpointing), and how
-it scores completion tokens (and, for a value baseline, the state each decision was made in).
+it scores completion tokens (and, for an algorithm that reads them, the state each decision was
+made in), and its adapter's weights (a fresh adapter, or one read from a file).
 
 :class:`Policy` is one part of :class:`ub.learner.Learner`, which adds the optimizer, the
 algorithm and the training state; the update itself is :func:`ub.learner.update.update`.
@@ -10,8 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -306,13 +308,14 @@ class Policy:
 
     @torch.no_grad()
     def score_batch(self, batch: Batch, micro_batch_size: int = 16,
-                    value_head: torch.nn.Module | None = None
-                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    measure: Callable[[torch.Tensor], Mapping[str, torch.Tensor]] | None = None
+                    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """(B, T) logprobs of each completion token under the current policy (0 elsewhere),
-        aligned with ``batch.behaviour_logprobs``, and with ``value_head`` its (B,) values of
-        the rows' states; no gradient, no state change."""
+        aligned with ``batch.behaviour_logprobs``, and with ``measure`` the (B,) columns it
+        makes of the rows' decision states (an algorithm's :meth:`measure`); no gradient, no
+        state change."""
         out = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-        values = None if value_head is None else torch.zeros(len(batch), dtype=torch.float32)
+        columns: dict[str, torch.Tensor] = {}
         was_training = self.model.training
         self.model.eval()
         try:
@@ -323,17 +326,57 @@ class Policy:
                 if not scored.any():
                     continue
                 scores = self.score(mb.input_ids.to(self.device), scored.to(self.device),
-                                    with_entropy=False, with_states=value_head is not None,
+                                    with_entropy=False, with_states=measure is not None,
                                     masks=self.token_masks(mb, scored))
                 width = mb.input_ids.shape[1]
                 block = torch.zeros(len(rows), width - 1)
                 block[scored] = scores.logprobs.float().cpu()
                 out[start:start + len(rows), 1:width] = block
-                if values is not None and value_head is not None:
-                    values[start:start + len(rows)] = value_head(scores.states).float().cpu()
+                if measure is not None:
+                    assert scores.states is not None
+                    for name, values in measure(scores.states).items():
+                        column = columns.setdefault(name, torch.zeros(len(batch)))
+                        column[start:start + len(rows)] = values.float().cpu()
         finally:
             self.model.train(was_training)
-        return out, values
+        return out, columns
+
+    # -- the adapter's weights ---------------------------------------------------------------
+
+    def adapter_weights(self) -> dict[str, torch.Tensor]:
+        """Copies of the LoRA weights, by parameter name."""
+        return {name: p.detach().clone() for name, p in self.params.items()}
+
+    def fresh_adapter(self, seed: int) -> None:
+        """PEFT's default LoRA initialisation (A ~ kaiming uniform, B = 0), from ``seed``."""
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, p in self.params.items():
+                if ".lora_A." in name:
+                    w = torch.empty(p.shape, dtype=torch.float32)
+                    torch.nn.init.kaiming_uniform_(w, a=math.sqrt(5), generator=generator)
+                    p.copy_(w)
+                else:
+                    p.zero_()
+
+    def load_adapter(self, weights: Mapping[str, torch.Tensor], where: str) -> None:
+        """Copy PEFT-format adapter tensors into the LoRA parameters, checking names/shapes."""
+        expected = {name.replace(f".{ADAPTER_NAME}.", "."): name for name in self.params}
+        missing = sorted(set(expected) - set(weights))
+        extra = sorted(set(weights) - set(expected))
+        if missing or extra:
+            example = (missing or extra)[0]
+            raise UbError(f"{where} does not fit the learner's LoRA modules ({len(missing)} "
+                          f"missing, {len(extra)} unexpected tensors, e.g. {example}): it was "
+                          "trained with other target modules or on another model")
+        for key, name in expected.items():
+            if tuple(weights[key].shape) != tuple(self.params[name].shape):
+                raise UbError(f"{where}: {key} has shape {tuple(weights[key].shape)}, the "
+                              f"learner expects {tuple(self.params[name].shape)}: it was "
+                              "trained on another base model or LoRA rank")
+        with torch.no_grad():
+            for key, name in expected.items():
+                self.params[name].copy_(weights[key])
 
 
 @dataclass

@@ -137,8 +137,10 @@ def synthetic_batch(num_rows: int, vocab_size: int, *, seed: int = 0,
             [-rng.uniform(0.05, 6.0) for _ in completion])
     advantages = torch.tensor([rng.gauss(0.0, 1.0) for _ in rows])
     lengths = torch.tensor([len(p) + len(c) for p, c in rows], dtype=torch.int64)
+    # (No sampling stage: the returns are the advantages.)
     return Batch(input_ids=input_ids, completion_mask=completion_mask,
-                 behaviour_logprobs=behaviour, advantages=advantages, lengths=lengths)
+                 behaviour_logprobs=behaviour, advantages=advantages, lengths=lengths,
+                 returns=advantages.clone())
 
 
 def data_parallel_updates(rank: int, world: int, address: str, model_dir: str | Path,

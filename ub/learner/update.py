@@ -9,11 +9,14 @@ and it is back-propagated; then the gradient norm is clipped and AdamW steps at 
 schedule's learning rate. An update of several steps stops early once the policy moved
 ``target_kl`` from where it started.
 
-What wraps it is handed in: ``budget`` (how many tokens a micro-batch may hold:
-:class:`ub.learner.memory.MicroBatchBudget`), ``ranks`` (data-parallel learners' share of
-the micro-batches and the summed gradients: :class:`ub.distributed.Ranks`) and ``value`` (a
-learned value baseline: :class:`ub.learner.value.ValueBaseline`). The retry at half the
-micro-batch after running out of memory, and the rollback of a failed update, are
+What wraps it is handed in: ``optimizers`` (the adapter's AdamW and one per module the
+algorithm trains besides it: :class:`ub.learner.optimizers.Optimizers`), ``budget`` (how many
+tokens a micro-batch may hold: :class:`ub.learner.memory.MicroBatchBudget`) and ``ranks``
+(data-parallel learners' share of the micro-batches and the summed gradients:
+:class:`ub.distributed.Ranks`). Of the algorithm it knows only what it declares
+(:class:`ub.learner.algorithms.Algorithm`): the columns it adds at the start, whether its loss
+reads the decision states, how its statistics reduce. The retry at half the micro-batch after
+running out of memory, and the rollback of a failed update, are
 :meth:`ub.learner.Learner.update`'s, around this function.
 """
 
@@ -32,15 +35,15 @@ import torch
 from ub.distributed import Ranks
 from ub.errors import UbError
 from ub.faults import fault_point
-from ub.learner.algorithms import Algorithm, TokenBatch
+from ub.learner.algorithms import Algorithm, Reduction, TokenBatch
 from ub.learner.batching import plan_micro_batches
 from ub.learner.config import LearnerConfig
-from ub.learner.policy import Policy
+from ub.learner.policy import Policy, Scores
 
 if TYPE_CHECKING:
     from ub.batch import Batch
+    from ub.learner.optimizers import Optimizers
     from ub.learner.token_masks import TokenMasks
-    from ub.learner.value import ValueBaseline
 
 log = logging.getLogger("ub.learner.learner")
 
@@ -49,24 +52,22 @@ class NonFiniteError(UbError):
     """The loss or the gradient of an update is NaN or infinite (nothing was changed)."""
 
 
-def update(policy: Policy, optimizer: torch.optim.Optimizer | None, algorithm: Algorithm,
-           batch: Batch, config: LearnerConfig, *, rng: random.Random, first_step: int,
+def update(policy: Policy, optimizers: Optimizers, algorithm: Algorithm, batch: Batch,
+           config: LearnerConfig, *, rng: random.Random, first_step: int,
            micro_batch_tokens: Callable[[], int | None], ranks: Ranks,
-           value: ValueBaseline | None = None) -> dict[str, Any]:
+           step: bool = True) -> dict[str, Any]:
     """One update on ``batch``: ``config.epochs`` passes of ``config.minibatches`` optimizer
     steps (the schedule's step numbers start at ``first_step``). Returns the update's metrics
     (see :meth:`ub.learner.Learner.update`). ``rng`` (the learner's saved stream) shuffles
-    the minibatches. ``optimizer=None`` is a diagnostic: the first step's gradients are left
-    in the parameters' ``.grad``, nothing steps.
+    the minibatches. ``step=False`` is a diagnostic: the first step's gradients are left in
+    the parameters' ``.grad``, nothing steps.
 
     :raises NonFiniteError: a NaN or infinite loss or gradient norm (the caller rolls back).
     """
     params = list(policy.params.values())
-    # Everything with a gradient: what data-parallel ranks sum (a value head's too).
-    trained_params = params + ([] if value is None else list(value.params().values()))
+    trained_params = optimizers.parameters()  # what data-parallel ranks sum (modules' too)
     steps = config.steps_per_update
-    batch = scored_at_start(policy, batch, algorithm, config, value, ranks,
-                            micro_batch_tokens(),
+    batch = scored_at_start(policy, batch, algorithm, config, ranks, micro_batch_tokens(),
                             old_logprobs=steps > 1 and algorithm.needs_old_logprobs)
     # A shallow copy: prepare() may replace tensors without touching the caller's batch.
     batch = algorithm.prepare(dataclasses.replace(batch), rng)
@@ -92,35 +93,29 @@ def update(policy: Policy, optimizer: torch.optim.Optimizer | None, algorithm: A
             policy.model.train()
             for p in trained_params:
                 p.grad = None
-            tally = Tally(torch.zeros((), device=policy.device))
+            tally = Tally(torch.zeros((), device=policy.device), algorithm.reduction)
             for group in ranks.share(groups):
                 mb_rows = [trained[i] for i in group]
                 mb = step_batch.select(mb_rows)
                 input_ids = mb.input_ids.to(policy.device)
                 scored = mb.completion_mask[:, 1:].to(policy.device) > 0
                 masks = policy.token_masks(mb, scored)  # (the legal-move mask's, if any)
-                scores = policy.score(input_ids, scored, with_states=value is not None,
+                scores = policy.score(input_ids, scored, with_states=algorithm.reads_states,
                                       masks=masks)
-                tokens = token_batch(mb, mb_rows, scores.logprobs, scored, normalizer)
+                tokens = token_batch(mb, mb_rows, scores, scored, normalizer, len(step_batch))
                 loss, stats = algorithm.loss(tokens)
+                own: dict[str, torch.Tensor] = {}
                 assert scores.entropy is not None  # asked for by default
                 if config.entropy_coef:
                     loss = loss - config.entropy_coef * scores.entropy.sum() / normalizer
                 if config.kl_coef:
                     kl = kl_to_base(policy, input_ids, scored, scores.logprobs, masks)
                     loss = loss + config.kl_coef * kl.sum() / normalizer
-                    stats = {**stats, "kl_to_base": kl.detach().sum()}
+                    own["kl_to_base"] = kl.detach().sum()
                     del kl
-                if value is not None:
-                    assert scores.states is not None and mb.returns is not None
-                    value_loss, row_stats = value.loss(
-                        scores.states, mb.returns.to(policy.device), len(step_batch))
-                    loss = loss + value_loss
-                    tally.add_rows(row_stats, len(mb_rows))
-                    del value_loss
                 loss.backward()  # a NaN loss only spoils the gradients, dropped below
                 fault_point("learn.mid-update")
-                tally.add(loss, mb, tokens, scores.entropy, stats)
+                tally.add(loss, mb, tokens, scores.entropy, stats, own)
                 # This micro-batch's graph (the output layer keeps its inputs for backward)
                 # goes before the next forward, not after it: the peak is one micro-batch's.
                 del loss, scores, tokens, masks
@@ -133,7 +128,7 @@ def update(policy: Policy, optimizer: torch.optim.Optimizer | None, algorithm: A
             ranks.sum_gradients(trained_params)
             metrics = tally.metrics(rows=len(step_batch), rows_trained=len(trained),
                                     micro_batches=len(groups), normalizer=normalizer)
-            if optimizer is None:
+            if not step:
                 return metrics
             if per_step and config.target_kl is not None \
                     and metrics.get("approx_kl", 0.0) > config.target_kl:
@@ -148,17 +143,12 @@ def update(policy: Policy, optimizer: torch.optim.Optimizer | None, algorithm: A
             if not math.isfinite(grad_norm):
                 raise NonFiniteError(f"the gradient norm is {grad_norm}")
             learning_rate = scheduled_learning_rate(config, first_step + len(per_step))
-            for param_group in optimizer.param_groups:
-                param_group["lr"] = learning_rate
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            if value is not None:
-                value.step()
+            optimizers.step(learning_rate)
             per_step.append({**metrics, "grad_norm": grad_norm, "learning_rate": learning_rate,
                              "grad_clipped": max_norm is not None and grad_norm > max_norm})
         if stopped_kl is not None:
             break
-    metrics = combine_steps(per_step)
+    metrics = combine_steps(per_step, algorithm.reduction)
     metrics.update(optimizer_steps=len(per_step), early_stopped=stopped_kl is not None,
                    **({} if stopped_kl is None else {"stopped_at_kl": stopped_kl}))
     return metrics
@@ -180,20 +170,24 @@ def rows_with_gradient(batch: Batch, algorithm: Algorithm, config: LearnerConfig
     return torch.nonzero(has_tokens).flatten().tolist()
 
 
-def token_batch(mb: Batch, mb_rows: list[int], logprobs: torch.Tensor, scored: torch.Tensor,
-                normalizer: float) -> TokenBatch:
-    """The completion tokens of micro-batch ``mb`` (rows ``mb_rows`` of the step's batch),
-    flattened, as the algorithm sees them."""
-    device = logprobs.device
+def token_batch(mb: Batch, mb_rows: list[int], scores: Scores, scored: torch.Tensor,
+                normalizer: float, batch_rows: int) -> TokenBatch:
+    """The completion tokens of micro-batch ``mb`` (rows ``mb_rows`` of the step's batch of
+    ``batch_rows`` rows), flattened, with the rows and their decision states, as the algorithm
+    sees them."""
+    device = scores.logprobs.device
     row_ids = torch.tensor(mb_rows, device=device)[:, None].expand_as(scored)
+    old = mb.measured.get("old_logprobs")
     return TokenBatch(
-        logprobs=logprobs,
+        logprobs=scores.logprobs,
         behaviour_logprobs=mb.behaviour_logprobs[:, 1:].to(device)[scored].float(),
         advantages=mb.advantages.to(device)[:, None].expand_as(scored)[scored].float(),
         rows=row_ids[scored],
         normalizer=normalizer,
-        old_logprobs=None if mb.old_logprobs is None
-        else mb.old_logprobs[:, 1:].to(device)[scored].float(),
+        old_logprobs=None if old is None else old[:, 1:].to(device)[scored].float(),
+        batch=mb,
+        states=scores.states,
+        batch_rows=batch_rows,
     )
 
 
@@ -223,58 +217,88 @@ def scheduled_learning_rate(config: LearnerConfig, step: int) -> float:
 
 
 def scored_at_start(policy: Policy, batch: Batch, algorithm: Algorithm, config: LearnerConfig,
-                    value: ValueBaseline | None, ranks: Ranks, budget: int | None, *,
-                    old_logprobs: bool) -> Batch:
-    """``batch`` with what the update measures against the weights it starts from:
-    ``old_logprobs`` (an update of several steps measures its later steps' trust region and
-    importance weights against them; one step reads them from its own forward pass) and,
-    with a value baseline, ``values``. No gradient, no dropout; on data-parallel ranks each
-    scores a share of the rows and they exchange them: the rows the steps train, or with a
-    value baseline every row with a completion (``prepare`` gives a return of 0 an advantage
-    of ``-V``)."""
-    if not old_logprobs and value is None:
+                    ranks: Ranks, budget: int | None, *, old_logprobs: bool) -> Batch:
+    """``batch`` with what the update measures against the weights it starts from, in
+    ``measured``: ``old_logprobs`` (an update of several steps measures its later steps' trust
+    region and importance weights against them; one step reads them from its own forward
+    pass) and the columns the algorithm adds (:meth:`Algorithm.measure` of the rows' decision
+    states). No gradient, no dropout; on data-parallel ranks each scores a share of the rows
+    and they exchange them: the rows the steps train, or with columns to add every row with a
+    completion (``prepare`` may give a row of advantage 0 another)."""
+    adds = algorithm.adds
+    if not old_logprobs and not adds:
         return batch
-    rows = rows_with_gradient(batch, algorithm, config) if value is None else \
-        torch.nonzero(batch.completion_mask[:, 1:].sum(1) > 0).flatten().tolist()
+    rows = torch.nonzero(batch.completion_mask[:, 1:].sum(1) > 0).flatten().tolist() if adds \
+        else rows_with_gradient(batch, algorithm, config)
     mine = ranks.share(rows)
-    parts: list[tuple[list[int], torch.Tensor, torch.Tensor | None]] = []
+    parts: list[tuple[list[int], torch.Tensor, dict[str, torch.Tensor]]] = []
     if mine:
         part = batch.select(mine)
         # A no-grad pass holds far less than a training micro-batch: that many tokens fit.
         per_pass = max(1, (budget or part.input_ids.numel()) // int(part.lengths.max()))
-        logprobs, values = policy.score_batch(
-            part, micro_batch_size=per_pass, value_head=None if value is None else value.head)
-        parts.append((mine, logprobs, values))
+        logprobs, columns = policy.score_batch(part, micro_batch_size=per_pass,
+                                               measure=algorithm.measure if adds else None)
+        parts.append((mine, logprobs, columns))
     logprob_table = torch.zeros(batch.input_ids.shape, dtype=torch.float32)
-    value_table = torch.zeros(len(batch), dtype=torch.float32)
-    for part_rows, part_logprobs, part_values in (
+    tables = {name: torch.zeros(len(batch), dtype=torch.float32) for name in adds}
+    for part_rows, part_logprobs, part_columns in (
             p for rank_parts in ranks.gather(parts) for p in rank_parts):
         logprob_table[part_rows, :part_logprobs.shape[1]] = part_logprobs
-        if part_values is not None:
-            value_table[part_rows] = part_values
-    return dataclasses.replace(batch, old_logprobs=logprob_table if old_logprobs else None,
-                               values=value_table if value is not None else None)
+        if set(part_columns) != set(adds):
+            raise UbError(f"algorithm {algorithm.name or type(algorithm).__name__}'s measure() "
+                          f"gave {sorted(part_columns)}; it declares adds {list(adds)}")
+        for name, values in part_columns.items():
+            tables[name][part_rows] = values
+    measured = {**batch.measured, **tables}
+    if old_logprobs:
+        measured["old_logprobs"] = logprob_table
+    return dataclasses.replace(batch, measured=measured)
+
+
+LEARNER_FIGURES = frozenset({
+    # this update's
+    "loss", "logprob_mean", "behaviour_logprob_mean", "entropy_mean", "approx_kl",
+    "kl_to_base", "completion_tokens", "logprob_abs_diff_max", "tokens", "padded_tokens",
+    "padding_fraction", "rows", "rows_trained", "micro_batches", "normalizer", "grad_norm",
+    "grad_norm_max", "learning_rate", "grad_clipped", "optimizer_steps", "early_stopped",
+    "stopped_at_kl", "algorithm_statistics",
+    # the Learner's, the learn step's and a round's (the learner view's batch columns too)
+    "micro_batch_tokens", "update", "algorithm", "seconds", "tokens_per_second", "kernels",
+    "liger_kernels", "adapter_compute", "attention_kernel", "pad_to_multiple", "peak_rss_mb",
+    "peak_gpu_gib", "from_checkpoint", "batch", "reused", "assemble_seconds", "round",
+    "batch_size", "batch_tokens", "truncated", "reward_mean", "advantage_std"})
+"""The learner's own figures of an update, and the names beside them in a round's record: an
+algorithm's statistic may not take one (it would stand for two things)."""
 
 
 @dataclass
 class Tally:
     """A step's statistics over its micro-batches. They stay on the device until the end: one
-    host sync per step, not per micro-batch (which matters on a GPU)."""
+    host sync per step, not per micro-batch (which matters on a GPU). ``reduce`` says how an
+    algorithm's statistic is reduced (:meth:`Algorithm.reduction`)."""
 
     diff_max: torch.Tensor
+    reduce: Callable[[str], Reduction]
     losses: list[torch.Tensor] = field(default_factory=list)
     totals: dict[str, torch.Tensor] = field(default_factory=dict)
-    row_totals: dict[str, torch.Tensor] = field(default_factory=dict)
+    reported: set[str] = field(default_factory=set)  # the algorithm's statistics' names
     rows: int = 0
     tokens: int = 0
     padded: int = 0
 
     def add(self, loss: torch.Tensor, mb: Batch, tokens: TokenBatch, entropy: torch.Tensor,
-            stats: dict[str, torch.Tensor]) -> None:
-        """One micro-batch's figures: token sums, divided by the token count at the end."""
+            stats: dict[str, torch.Tensor], own: dict[str, torch.Tensor]) -> None:
+        """One micro-batch's figures: the algorithm's ``stats`` and the learner's ``own``
+        (token sums, divided by the token count at the end; row sums by the rows)."""
+        clash = sorted(stats.keys() & LEARNER_FIGURES)
+        if clash:
+            raise UbError(f"the algorithm reports a statistic named {clash[0]!r}, a figure of "
+                          "the learner's own: give it another name")
         self.losses.append(loss.detach())
+        self.rows += len(mb)
         self.tokens += int(mb.lengths.sum())
         self.padded += int(mb.input_ids.numel())
+        self.reported.update(stats)
         with torch.no_grad():
             # k3 estimate of KL(start || current), start the policy the update began from (the
             # learner's scores where it made them first, else the sampler's): unbiased, >= 0;
@@ -289,32 +313,37 @@ class Tally:
                 "completion_tokens": torch.tensor(tokens.logprobs.numel(),
                                                   device=tokens.logprobs.device),
                 **stats,
+                **own,
             }
             for key, value in sums.items():
-                _add_statistic(self.totals, key, value.detach().double())
+                self._add(key, value.detach().double())
             self.diff_max = torch.maximum(
                 self.diff_max, (tokens.logprobs.detach() - tokens.behaviour_logprobs).abs().max())
 
-    def add_rows(self, stats: dict[str, torch.Tensor], rows: int) -> None:
-        """Per-row sums (a value head's), divided by the rows at the end."""
-        self.rows += rows
-        for key, value in stats.items():
-            _add_statistic(self.row_totals, key, value.detach().double())
+    def _reduction(self, key: str) -> Reduction:
+        """How figure ``key`` is reduced: as the algorithm says for its own statistics."""
+        if key in self.reported:
+            return self.reduce(key)
+        return "max" if key.endswith("_max") else "token"
+
+    def _add(self, key: str, value: torch.Tensor) -> None:
+        """Fold ``value`` into ``totals[key]``: the larger for a maximum, else the sum."""
+        known = self.totals.get(key)
+        self.totals[key] = value if known is None else (
+            torch.maximum(known, value) if self._reduction(key) == "max" else known + value)
 
     def merged(self, ranks: Ranks) -> Tally:
         """The step's figures over every rank's micro-batches (in rank order)."""
         parts = ranks.gather((
             torch.stack(self.losses).cpu().tolist() if self.losses else [],
-            {k: float(v) for k, v in self.totals.items()},
-            {k: float(v) for k, v in self.row_totals.items()},
+            {k: float(v) for k, v in self.totals.items()}, sorted(self.reported),
             float(self.diff_max), self.rows, self.tokens, self.padded))
-        out = Tally(torch.tensor(max(part[3] for part in parts)))
-        for losses, sums, row_sums, _, rows, tokens, padded in parts:
+        out = Tally(torch.tensor(max(part[3] for part in parts)), self.reduce)
+        for losses, sums, reported, _, rows, tokens, padded in parts:
             out.losses += [torch.tensor(x) for x in losses]
+            out.reported.update(reported)
             for key, value in sums.items():
-                _add_statistic(out.totals, key, torch.tensor(value, dtype=torch.float64))
-            for key, value in row_sums.items():
-                _add_statistic(out.row_totals, key, torch.tensor(value, dtype=torch.float64))
+                out._add(key, torch.tensor(value, dtype=torch.float64))
             out.rows, out.tokens, out.padded = out.rows + rows, out.tokens + tokens, \
                 out.padded + padded
         return out
@@ -336,21 +365,23 @@ class Tally:
         completion_tokens = int(sums.pop("completion_tokens", 0))
         out: dict[str, Any] = {
             "loss": float(torch.stack(self.losses).cpu().sum()) if self.losses else 0.0}
-        out.update({k: v if _is_max(k) else v / completion_tokens if completion_tokens
-                    else 0.0 for k, v in sums.items()})
-        out.update({k.removesuffix("_row"): float(v) / self.rows
-                    for k, v in self.row_totals.items() if self.rows})
+        for key, value in sums.items():
+            reduction = self._reduction(key)
+            per = self.rows if reduction == "row" else completion_tokens
+            out[key] = value if reduction == "max" else value / per if per else 0.0
         out.update(logprob_abs_diff_max=float(self.diff_max),
                    completion_tokens=completion_tokens, tokens=self.tokens,
                    padded_tokens=self.padded,
                    padding_fraction=1.0 - self.tokens / self.padded if self.padded else 0.0,
-                   **counts)
+                   algorithm_statistics=sorted(self.reported), **counts)
         return out
 
 
-def combine_steps(per_step: list[dict[str, Any]]) -> dict[str, Any]:
+def combine_steps(per_step: list[dict[str, Any]], reduce: Callable[[str], Reduction]
+                  ) -> dict[str, Any]:
     """One update's metrics from its steps': the step's own with one step; else float means,
-    int sums, ``grad_norm_max`` and ``grad_clipped`` if any step was clipped.
+    int sums, maxima of the statistics ``reduce`` calls maxima, ``grad_norm_max``,
+    ``grad_clipped`` if any step was clipped, and every statistic any step reported.
 
     A step whose rows were all skipped (every advantage zero) has no token means: a figure is
     combined over the steps that report it.
@@ -364,26 +395,15 @@ def combine_steps(per_step: list[dict[str, Any]]) -> dict[str, Any]:
         first = values[0]
         if isinstance(first, bool):
             out[key] = any(values)
-        elif isinstance(first, float) and _is_max(key):
+        elif isinstance(first, float) and reduce(key) == "max":
             out[key] = max(values)
         elif isinstance(first, int):
             out[key] = sum(values)
         elif isinstance(first, float):
             out[key] = sum(values) / len(values)
+        elif isinstance(first, list):
+            out[key] = sorted({name for names in values for name in names})
         else:
             out[key] = first
     out["grad_norm_max"] = max(m["grad_norm"] for m in per_step)
     return out
-
-
-def _is_max(key: str) -> bool:
-    """An algorithm's statistic that is a maximum over tokens (and micro-batches, ranks and
-    steps), not a sum to be divided by the token count."""
-    return key.endswith("_max")
-
-
-def _add_statistic(totals: dict[str, torch.Tensor], key: str, value: torch.Tensor) -> None:
-    """Fold ``value`` into ``totals[key]``: the larger for a maximum, else the sum."""
-    known = totals.get(key)
-    totals[key] = value if known is None else (
-        torch.maximum(known, value) if _is_max(key) else known + value)

@@ -186,6 +186,12 @@ def _check_sections(config: TrainConfig, source: str) -> None:
         # (what learner_config() would give the learner, which scores at a temperature > 0)
         raise fail("learner.temperature", "null takes sampling.temperature, 0 (greedy), but the "
                    "learner scores tokens at a temperature > 0: give learner.temperature")
+    from ub.learner.algorithms import sampling_refusal
+
+    refusal = sampling_refusal(config.learner.algorithm, config.learner.algorithm_params,
+                               [t.config_name() for t in config.batch.transforms.sampling])
+    if refusal:
+        raise fail("batch.sampling", refusal)
     lora = config.learner.lora
     if lora.rank > config.engine.max_lora_rank:
         raise fail("learner.lora.rank", f"{lora.rank} exceeds engine.max_lora_rank "

@@ -6,7 +6,8 @@ Besides ``steps`` and ``games`` (the training shards), a run has:
 - ``evals``: one row per (checkpoint, env, opponent) evaluation, with Wilson intervals;
 - ``ratings``: one row per (round, pool member): TrueSkill mu, sigma, record after the round;
 - ``checkpoints``: one row per checkpoint (update, path, what it was trained from);
-- ``learner``: one row per round: the update's loss, gradient norm, tokens, batch figures;
+- ``learner``: one row per round: the update's loss, gradient norm, tokens, batch figures, and
+  every statistic the run's algorithm reported (a column each, whatever the algorithm);
 - ``rounds``: one row per committed round: counts and the time breakdown;
 - ``benchmarks``: one row per (checkpoint, task, metric) of the reasoning benchmarks
   (``benchmarks/ckpt-NNNNNN/TASK.parquet``, :mod:`ub.run.steps.benchmarks`);
@@ -48,22 +49,24 @@ CHECKPOINTS_SCHEMA = pa.schema([
     ("update", pa.int64()), ("name", pa.string()), ("path", pa.string()),
     ("from_checkpoint", pa.string()), ("loss", pa.float64()), ("grad_norm", pa.float64()),
 ])
-# The update's metrics a round's manifest keeps (ub.run.steps.manifest) and the learner view
-# shows: a new learner metric is added here, once.
+# The learner's own figures of an update (whatever the algorithm), which a round's manifest
+# keeps (ub.run.steps.manifest) and the learner view shows with these types; beside them, the
+# manifest keeps each statistic the algorithm reported (the update's algorithm_statistics) and
+# the view shows a column for each one the run's manifests hold (LEARNER_NOT_SHOWN aside).
 LEARNER_METRICS = pa.schema([
     ("update", pa.int64()), ("loss", pa.float64()),
     ("grad_norm", pa.float64()), ("entropy_mean", pa.float64()),
     ("logprob_mean", pa.float64()), ("logprob_abs_diff_max", pa.float64()),
-    ("clip_fraction", pa.float64()),
-    ("ratio_mean", pa.float64()), ("approx_kl", pa.float64()), ("kl_to_base", pa.float64()),
-    ("tis_ratio_mean", pa.float64()), ("tis_ratio_max", pa.float64()),
-    ("tis_capped_fraction", pa.float64()), ("value_mse", pa.float64()),
-    ("value_mean", pa.float64()), ("optimizer_steps", pa.int64()),
+    ("approx_kl", pa.float64()), ("kl_to_base", pa.float64()),
+    ("optimizer_steps", pa.int64()),
     ("early_stopped", pa.bool_()), ("learning_rate", pa.float64()),
     ("tokens", pa.int64()), ("tokens_per_second", pa.float64()),
     ("seconds", pa.float64()), ("micro_batch_tokens", pa.int64()), ("kernels", pa.string()),
     ("liger_kernels", pa.list_(pa.string())), ("peak_gpu_gib", pa.float64()),
 ])
+LEARNER_NOT_SHOWN = frozenset({"reused", "assemble_seconds"})
+"""What a manifest's ``learner`` holds besides figures of the update (the ``rounds`` view has
+the round's times)."""
 LEARNER_SCHEMA = pa.schema([
     ("round", pa.int64()), *LEARNER_METRICS,
     ("batch_size", pa.int64()), ("batch_tokens", pa.int64()),
@@ -188,16 +191,26 @@ class RunViews:
         return pa.Table.from_pylist(rows, schema=CHECKPOINTS_SCHEMA)
 
     def learner(self) -> pa.Table:
-        rows = []
+        """One row per round: the learner's own figures (:data:`LEARNER_METRICS`), then a
+        column for each statistic the manifests hold (an algorithm's, typed from its
+        values), then the batch's figures."""
+        rows: list[dict[str, Any]] = []
+        reported: dict[str, None] = {}  # (first-seen order)
         for round_, m in self._manifests():
             learner, batch = m.get("learner", {}), m.get("batch", {})
-            rows.append({**{name: learner.get(name) for name in LEARNER_METRICS.names},
-                         "round": round_, "batch_size": batch.get("size"),
+            rows.append({**learner, "round": round_, "batch_size": batch.get("size"),
                          "batch_tokens": batch.get("total_tokens"),
                          "truncated": batch.get("truncated"),
                          "reward_mean": batch.get("reward_mean"),
                          "advantage_std": batch.get("advantage_std")})
-        return pa.Table.from_pylist(rows, schema=LEARNER_SCHEMA)
+            for key in learner:
+                if key not in LEARNER_SCHEMA.names and key not in LEARNER_NOT_SHOWN:
+                    reported.setdefault(key, None)
+        extra = [pa.field(key, _column_type([r.get(key) for r in rows])) for key in reported]
+        fixed = len(LEARNER_METRICS) + 1  # (round, then the learner's own figures)
+        schema = pa.schema([*LEARNER_SCHEMA][:fixed] + extra + [*LEARNER_SCHEMA][fixed:])
+        return pa.Table.from_pylist([{f.name: _cell(r.get(f.name), f.type) for f in schema}
+                                     for r in rows], schema=schema)
 
     def rounds(self) -> pa.Table:
         rows = []
@@ -239,6 +252,30 @@ class RunViews:
             "benchmarks": self.benchmarks,
         }
         return {name: build() for name, build in builders.items()}
+
+
+def _column_type(values: list[Any]) -> pa.DataType:
+    """The Arrow type of a reported statistic's values (``None``: absent that round):
+    booleans, integers, numbers (integers among floats: float), text, lists of text; anything
+    else is shown as its JSON text."""
+    present = [v for v in values if v is not None]
+    if present and all(isinstance(v, bool) for v in present):
+        return pa.bool_()
+    if present and all(isinstance(v, int) and not isinstance(v, bool) for v in present):
+        return pa.int64()
+    if present and all(isinstance(v, int | float) and not isinstance(v, bool) for v in present):
+        return pa.float64()
+    if present and all(isinstance(v, list) and all(isinstance(x, str) for x in v)
+                       for v in present):
+        return pa.list_(pa.string())
+    return pa.string()
+
+
+def _cell(value: Any, type_: pa.DataType) -> Any:
+    """``value`` as a column of ``type_`` holds it (a statistic of mixed types: its JSON)."""
+    if value is None or not pa.types.is_string(type_) or isinstance(value, str):
+        return value
+    return json.dumps(value)
 
 
 def is_run(root: Path) -> bool:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import time
 from typing import TYPE_CHECKING, Any
@@ -48,7 +47,7 @@ def learn_round(run: Run, round_: int, *, worker: Worker) -> dict[str, Any]:
     """
     from ub.batch import assemble_batch
     from ub.distributed import rank_and_world
-    from ub.learner import committed_update, save_update, started_learner
+    from ub.learner import learn_on_batch
 
     config = run.config
     writer = rank_and_world()[0] == 0  # data-parallel ranks: rank 0 writes for all
@@ -72,15 +71,11 @@ def learn_round(run: Run, round_: int, *, worker: Worker) -> dict[str, Any]:
         publish(paths, write_json_atomic(paths.final_rewards_state(round_), batch.final_state))
     fault_point("learn.after-state")
     start, out = paths.checkpoint(round_), paths.checkpoint(round_ + 1)
-    metrics = committed_update(out, start)
-    if metrics is None:
-        # Not pipelined, the engine idles while the learner updates: on a GPU it lends the
-        # learner its memory (a no-op on the CPU, and where no engine lives in this process).
-        lend = config.engine_sleeps_during_updates
-        with worker.engine_asleep() if lend else contextlib.nullcontext():
-            learner = started_learner(worker, run.learner_config, start)
-            metrics = learner.update(batch)
-            save_update(learner, batch, metrics, start, out)
+    # Not pipelined, the engine idles while the learner updates: on a GPU it lends the learner
+    # its memory (a no-op on the CPU, and where no engine lives in this process).
+    metrics = learn_on_batch(batch, run.learner_config, start, out, worker=worker,
+                             around_update=worker.engine_asleep
+                             if config.engine_sleeps_during_updates else None)
     if writer:  # (also a reused one: the crash may have come before its upload)
         publish_checkpoint(paths, out)
     metrics["assemble_seconds"] = assemble_seconds
