@@ -25,7 +25,7 @@ Not a test. Two modes, both on a finished run's own data (``RUN`` is its folder)
     move. This is the probe of issue 59.
 
 The moves of the tiny model are whole tokens (``[2 5]`` is one token), which is what lets a
-token's probability stand for a move's. docs/learning.md has what these showed (issue 42).
+token's probability stand for a move's. docs/learning-log.md has what these showed (issue 42).
 """
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ one core. It is deliberately the plainest recipe:
   seats at every evaluation, with a 95% interval.
 
 Its figures are not the demo's: ub's preset also plays Nim, itself and its older checkpoints,
-prices an invalid move with a step penalty and uses PPO's ratio. docs/learning.md compares them.
+prices an invalid move with a step penalty and uses PPO's ratio. docs/learning-log.md compares them.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ balanced), so they can be compared game by game: the mean per-game gain in score
 1/2, loss 0) must exceed 2.58 standard errors of the paired differences (one-sided, about
 99.5%). The evaluation samples (temperature 1), as training does: three short rounds move the
 policy's distribution clearly but its greedy moves only a little. (The demo's 16 rounds are
-judged greedily, against the random player's own win rate: docs/learning.md.)
+judged greedily, against the random player's own win rate: docs/learning-log.md.)
 
 Slow (~4 minutes on two cores, the suite's longest module): a Prefect server and three rounds
 of 128 games, each trained by PPO on 512 rows (half of the time), then 600 evaluation games; a

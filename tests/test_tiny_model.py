@@ -326,5 +326,5 @@ def test_default_model_plays_legal_moves() -> None:
     # Sampled play (the rollouts') only has a floor: its rate moves with the build's bytes, which
     # depend on the CPU's kernels. On these positions 82.5-93.5% across the 4-layer 1400-step
     # builds measured before issue 42; the lowest (Nim) was built with torch held to AVX2
-    # kernels (docs/learning.md).
+    # kernels (docs/learning-log.md).
     assert min(sampled.values()) >= 0.75, sampled

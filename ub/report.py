@@ -213,7 +213,7 @@ def _move_quality(t: dict[str, list[dict]], fig) -> bool:
 
 def _entropy(t: dict[str, list[dict]], fig) -> bool:
     """Per env, the sampler's entropy in the training games; the learner's over its batch. A
-    fall towards 0 is a policy collapsing onto one move (docs/learning.md)."""
+    fall towards 0 is a policy collapsing onto one move (docs/learning-log.md)."""
     ax = fig.subplots()
     drawn = _collection(t, ("entropy",), ax, "nats per completion token")
     points = [(r["round"], r["entropy_mean"]) for r in t["learner"]

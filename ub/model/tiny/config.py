@@ -43,7 +43,7 @@ class TinyModelConfig(Section):
     hidden_size: int = Field(256, ge=1, description="Width of the residual stream "
                              "(num_heads * head_dim).")
     # (4, with intermediate_size 768 and 1400 steps, until issue 42: twice the CPU time, and it
-    # learned TicTacToe no better and Nim worse; docs/learning.md)
+    # learned TicTacToe no better and Nim worse; docs/learning-log.md)
     num_layers: int = Field(3, ge=1, description="Transformer blocks.")
     num_heads: int = Field(4, ge=1, description="Query heads per block.")
     num_kv_heads: int = Field(2, ge=1, description="Key/value heads per block (grouped-query "
@@ -59,7 +59,7 @@ class TinyModelConfig(Section):
     # train_steps: ~0.14 s each on 2 AMD EPYC AVX2 cores at the default sizes (2m15s). The
     # 4-layer model of before needed 1400 for 100% greedy legal moves on 1,000 fresh TicTacToe
     # positions (98.5% after 1000); this one is checked by test_default_model_plays_legal_moves
-    # (docs/learning.md).
+    # (docs/learning-log.md).
     train_steps: int = Field(1000, ge=1, description="Optimizer steps of pre-training.")
     # (small batches and more steps learned faster per CPU second than 2k or 4k-token batches)
     batch_tokens: int = Field(1024, ge=1, description="Token budget per batch, padding "
