@@ -2,11 +2,15 @@
 lm-evaluation-harness scoring the tiny model through the real vLLM engine, on a local task in
 the harness's own YAML format (arithmetic with known answers), offline.
 
-What is asserted is the pipeline (rows, view, report, replace-not-duplicate, resume, refusals),
-not the tiny model's score. Slow, and why: the harness indexes its thousands of task files once
-per process (~15 s on 2 cores: its TaskManager, cached per include path), and the tests share
-the process's engine with the rest of the suite (the `engine` fixture); each scoring is a
-handful of examples of a few tokens. The one flow test (~75 s: a Prefect test server, two
+What is asserted is the pipeline (rows, view, report, replace-not-duplicate, resume, refusals)
+and that a score is the mean of its samples, not the tiny model's score. The module's run
+(``runs``: checkpoints 0 and 1, nothing scored) is read-only; a test that scores copies it first
+(``run_copy``), so no test sees another's scores, whatever order they run in.
+
+Slow, and why: the harness indexes its thousands of task files once per process (~15 s on 2
+cores: its TaskManager, cached per include path), and the tests share the process's engine with
+the rest of the suite (the `engine` fixture); each scoring is a handful of examples of a few
+tokens. The one flow test (~75 s: a Prefect test server, two
 flow runs of one tiny round) is the only place the step is seen inside a round.
 """
 
@@ -52,6 +56,40 @@ metadata:
   version: 1.0
 """
 
+MARKED = """\
+task: ub_marked
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {data}
+test_split: test
+output_type: generate_until
+doc_to_text: "Question: What is {{{{a}}}} + {{{{b}}}}?\\nAnswer:"
+doc_to_target: "{{{{'-' if a < b else answer}}}}"
+generation_kwargs:
+  until: ["\\n"]
+  max_gen_toks: 2
+  do_sample: false
+filter_list:
+  - name: nothing
+    filter:
+      - function: regex
+        regex_pattern: "(?!)"
+        fallback: "-"
+      - function: take_first
+metric_list:
+  - metric: exact_match
+    aggregation: mean
+    higher_is_better: true
+metadata:
+  version: 1.0
+"""
+"""A task whose score is known from its data alone: its filter reads nothing from the answer
+(a regex that never matches: every response becomes ``-``), and a question is right where its
+target is ``-`` (``a < b``). The tiny model answers no sum right, so ub_arith's samples are all
+wrong; this task's mix of right and wrong is what tells a mean from a sum, a maximum or one
+sample."""
+
 HUB_ONLY = """\
 task: ub_hub_only
 dataset_path: ub-test/not-in-any-cache
@@ -86,6 +124,7 @@ def tasks_dir(tmp_path_factory) -> Path:
     data.write_text("".join(json.dumps({"a": a, "b": b, "answer": str(a + b)}) + "\n"
                             for a, b in QUESTIONS))
     (folder / "arith.yaml").write_text(ARITH.format(data=data))
+    (folder / "marked.yaml").write_text(MARKED.format(data=data))
     (folder / "hub_only.yaml").write_text(HUB_ONLY)
     (folder / "choice.yaml").write_text(CHOICE.format(data=data))
     return folder
@@ -123,28 +162,54 @@ def runs(tmp_path_factory, tiny_model) -> Path:
     return root
 
 
+@pytest.fixture()
+def run_copy(runs, tmp_path) -> Path:
+    """A copy of ``runs`` for a test that scores into it (two LoRA checkpoints of the tiny
+    model: a copy is cheap; the checkpoints are not made again)."""
+    copy = tmp_path / "runs"
+    shutil.copytree(runs, copy)
+    return copy
+
+
+def _mean_and_stderr(values: list[float]) -> tuple[float, float]:
+    """The harness's ``mean`` aggregation and its standard error (sample deviation / sqrt n)."""
+    mean = sum(values) / len(values)
+    deviation = (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+    return mean, deviation / len(values) ** 0.5
+
+
+def _samples(folder: Path, task: str) -> list[dict]:
+    return [json.loads(line) for line in (folder / f"{task}.samples.jsonl").read_text()
+            .splitlines()]
+
+
 def ub(capsys, *argv: str) -> tuple[int, str, str]:
     code = main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
 
 
-def test_scores_every_checkpoint_as_rows_of_the_run(capsys, engine, runs, tasks_dir):
-    run = runs / "bench"
-    code, out, err = ub(capsys, "eval", "bench", "--root", str(runs), "--tasks", "ub_arith",
+def test_scores_every_checkpoint_as_rows_of_the_run(capsys, engine, run_copy, tasks_dir):
+    run = run_copy / "bench"
+    code, out, err = ub(capsys, "eval", "bench", "--root", str(run_copy), "--tasks", "ub_arith",
                         "--checkpoint", "all", "--include-path", str(tasks_dir), "--limit", "4")
     assert code == 0, err
     assert "ub_arith" in out and "exact_match" in out
+    expected = {}
     for update in (0, 1):
         folder = run / "benchmarks" / f"ckpt-{update:06d}"
         assert sorted(p.name for p in folder.iterdir()) == [
             "ub_arith.parquet", "ub_arith.samples.jsonl"]
-        samples = [json.loads(line) for line in
-                   (folder / "ub_arith.samples.jsonl").read_text().splitlines()]
+        samples = _samples(folder, "ub_arith")
         assert len(samples) == 4  # the per-example outputs, as the harness logged them
         assert samples[0]["doc"] == {"a": 1, "b": 2, "answer": "3"}
         assert samples[0]["arguments"][0][0] == "Question: What is 1 + 2?\nAnswer:"
         assert all("\n" not in s["resps"][0][0] for s in samples)  # cut at `until`
+        # Each sample is right where its first number is the sum; the score is their mean.
+        right = [float(s["filtered_resps"][0] == str(s["doc"]["a"] + s["doc"]["b"]))
+                 for s in samples]
+        assert [s["exact_match"] for s in samples] == right
+        expected[update] = _mean_and_stderr(right)
 
     code, out, err = ub(capsys, "sql", str(run), "SELECT checkpoint, task, metric, filter, "
                         "value, stderr, n, \"limit\", prompt_format, harness_version FROM "
@@ -156,7 +221,7 @@ def test_scores_every_checkpoint_as_rows_of_the_run(capsys, engine, runs, tasks_
         checkpoint, task, metric, filter_, value, stderr, n, limit, fmt, version = row.split(",")
         assert (checkpoint, task, metric, filter_, n, limit) == (
             str(update), "ub_arith", "exact_match", "number", "4", "4")
-        assert 0 <= float(value) <= 1 and float(stderr) >= 0
+        assert (float(value), float(stderr)) == pytest.approx(expected[update])
         assert fmt == "plain" and version == "0.4.13"  # tiny-cpu plays in plain text
     # Plain DuckDB reads the files beside the games.
     count = duckdb.sql(f"SELECT count(*) FROM read_parquet('{run}/benchmarks/*/*.parquet')"
@@ -164,12 +229,33 @@ def test_scores_every_checkpoint_as_rows_of_the_run(capsys, engine, runs, tasks_
     assert count == [(2,)]
 
 
-def test_report_plots_each_benchmark_by_checkpoint(capsys, engine, runs, tasks_dir):
-    run = runs / "bench"
-    if not (run / "benchmarks").exists():
-        assert ub(capsys, "eval", "bench", "--root", str(runs), "--tasks", "ub_arith",
-                  "--checkpoint", "all", "--include-path", str(tasks_dir), "--limit", "4")[0] == 0
-    code, _, err = ub(capsys, "report", "bench", "--root", str(runs), "--out",
+def test_a_score_is_the_mean_of_its_samples(capsys, engine, run_copy, tasks_dir):
+    """ub_marked's questions are right where a < b: 3 of the first 4 and 3 of all 6, whatever
+    the model answers. Each checkpoint's row is the mean of its own samples (and its stderr
+    theirs), not a sum, a maximum, one sample or another checkpoint's."""
+    # (mean, sample deviation / sqrt n) by hand: 3 of 4 right, and 3 of 6.
+    cases = {0: (4, 0.75, 0.25), 1: (6, 0.5, (0.3 / 6) ** 0.5)}
+    for update, (limit, _, _) in cases.items():
+        code, _, err = ub(capsys, "eval", "bench", "--root", str(run_copy), "--tasks",
+                          "ub_marked", "--checkpoint", str(update), "--include-path",
+                          str(tasks_dir), "--limit", str(limit))
+        assert code == 0, err
+    for update, (limit, mean, stderr) in cases.items():
+        folder = run_copy / "bench" / "benchmarks" / f"ckpt-{update:06d}"
+        samples = sorted(_samples(folder, "ub_marked"), key=lambda s: s["doc_id"])
+        right = [float(a < b) for a, b in QUESTIONS[:limit]]
+        assert [s["exact_match"] for s in samples] == right
+        assert _mean_and_stderr(right) == pytest.approx((mean, stderr))
+        [row] = pq.read_table(folder / "ub_marked.parquet").to_pylist()
+        assert (row["task"], row["filter"], row["n"]) == ("ub_marked", "nothing", limit)
+        assert (row["value"], row["stderr"]) == pytest.approx((mean, stderr))
+
+
+def test_report_plots_each_benchmark_by_checkpoint(capsys, engine, run_copy, tasks_dir):
+    run = run_copy / "bench"
+    assert ub(capsys, "eval", "bench", "--root", str(run_copy), "--tasks", "ub_arith",
+              "--checkpoint", "all", "--include-path", str(tasks_dir), "--limit", "4")[0] == 0
+    code, _, err = ub(capsys, "report", "bench", "--root", str(run_copy), "--out",
                       str(run / "report"))
     assert code == 0, err
     png = run / "report" / "benchmarks.png"
@@ -187,13 +273,13 @@ def test_scores_go_to_wandb_on_the_checkpoint_step():
     assert steps[7] == {"round": 3, "learner/loss": 1.0}
 
 
-def test_scoring_again_replaces_the_rows(capsys, engine, runs, tasks_dir):
-    run = runs / "bench"
+def test_scoring_again_replaces_the_rows(capsys, engine, run_copy, tasks_dir):
+    run = run_copy / "bench"
     scores = run / "benchmarks" / "ckpt-000001" / "ub_arith.parquet"
-    if not scores.exists():
-        assert ub(capsys, "eval", "bench", "--root", str(runs), "--tasks", "ub_arith",
-                  "--include-path", str(tasks_dir), "--limit", "4")[0] == 0
-    code, _, err = ub(capsys, "eval", "bench", "--root", str(runs), "--tasks", "ub_arith",
+    assert ub(capsys, "eval", "bench", "--root", str(run_copy), "--tasks", "ub_arith",
+              "--include-path", str(tasks_dir), "--limit", "4")[0] == 0
+    assert pq.read_table(scores).column("n").to_pylist() == [4]
+    code, _, err = ub(capsys, "eval", "bench", "--root", str(run_copy), "--tasks", "ub_arith",
                       "--checkpoint", "latest", "--include-path", str(tasks_dir),
                       "--limit", "6")
     assert code == 0, err
@@ -203,12 +289,12 @@ def test_scoring_again_replaces_the_rows(capsys, engine, runs, tasks_dir):
     assert out.splitlines() == ["checkpoint,n", "1,6"]  # replaced, not a second copy
 
 
-def test_a_chat_format_prompts_through_the_chat_template(capsys, engine, runs, tasks_dir):
-    code, _, err = ub(capsys, "eval", "bench", "--root", str(runs), "--tasks", "ub_arith",
+def test_a_chat_format_prompts_through_the_chat_template(capsys, engine, run_copy, tasks_dir):
+    code, _, err = ub(capsys, "eval", "bench", "--root", str(run_copy), "--tasks", "ub_arith",
                       "--checkpoint", "1", "--include-path", str(tasks_dir), "--limit", "2",
                       "--format", "chat")
     assert code == 0, err
-    folder = runs / "bench" / "benchmarks" / "ckpt-000001"
+    folder = run_copy / "bench" / "benchmarks" / "ckpt-000001"
     [sample, _] = [json.loads(line) for line in
                    (folder / "ub_arith.samples.jsonl").read_text().splitlines()]
     assert sample["arguments"][0][0] == ("<|im_start|>user\nQuestion: What is 1 + 2?\n"
@@ -217,7 +303,7 @@ def test_a_chat_format_prompts_through_the_chat_template(capsys, engine, runs, t
         "prompt_format").to_pylist() == ["chat"]
 
 
-def test_training_resume_scores_a_checkpoint_once(engine, runs, tasks_dir):
+def test_training_resume_scores_a_checkpoint_once(engine, run_copy, tasks_dir):
     from ub.benchmarks import BenchmarksSection
     from ub.run.config.base_model import resolve_base_model
     from ub.run.folder.layout import RunPaths
@@ -225,7 +311,7 @@ def test_training_resume_scores_a_checkpoint_once(engine, runs, tasks_dir):
     from ub.run.steps.benchmarks import score_checkpoints
     from ub.run.steps.rounds import Run, resolve_run_config
 
-    paths = RunPaths.of(runs, "bench")
+    paths = RunPaths.of(run_copy, "bench")
     config, _ = resolve_run_config(paths, None)
     run = Run(paths, config, resolve_base_model(config))
     section = BenchmarksSection(tasks=["ub_arith"], every=1, limit=2,

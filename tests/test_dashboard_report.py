@@ -158,23 +158,48 @@ def test_dashboard_once_prints_every_panel(run_dir, capsys):
         assert title in out
 
 
+def _screen(session: str, *expected: str, seconds: float = 30) -> str:
+    """The tmux pane's text once it shows every one of ``expected`` (or after ``seconds``)."""
+    screen, deadline = "", time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        time.sleep(0.5)
+        screen = subprocess.run(["tmux", "capture-pane", "-p", "-t", session],
+                                capture_output=True, text=True).stdout
+        if all(text in screen for text in expected):
+            break
+    return screen
+
+
 @pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
-def test_dashboard_in_a_real_terminal_refreshes_and_quits_on_q(run_dir):
+def test_dashboard_in_a_real_terminal_refreshes_and_quits_on_q(run_dir, tmp_path):
+    """The live view reads the run again every ``--refresh``: what a process driving the run
+    writes after the first frame (a longer config, a fresh log line) shows on the next one."""
+    from datetime import datetime
+
+    copy = tmp_path / "live"  # (this test writes into the run: a copy of the module's)
+    shutil.copytree(run_dir, copy)
     session = f"ubdash{time.monotonic_ns()}"
     # The test process may export COLUMNS/LINES for its own output; the pane has its own size.
-    command = (f"env -u COLUMNS -u LINES {sys.executable} -m ub.flows.cli dashboard {run_dir} "
+    command = (f"env -u COLUMNS -u LINES {sys.executable} -m ub.flows.cli dashboard {copy} "
                "--refresh 0.5")
     subprocess.run(["tmux", "new-session", "-d", "-s", session, "-x", "120", "-y", "60",
                     command], check=True)
     try:
-        screen, expected = "", ("TrueSkill ladder", "ckpt-000001", "q quits")
-        for _ in range(60):
-            time.sleep(0.5)
-            screen = subprocess.run(["tmux", "capture-pane", "-p", "-t", session],
-                                    capture_output=True, text=True).stdout
-            if all(text in screen for text in expected):
-                break
-        assert all(text in screen for text in expected), screen
+        first = ("round 2/2  [finished]", "TrueSkill ladder", "ckpt-000001", "q quits")
+        screen = _screen(session, *first, seconds=30)
+        assert all(text in screen for text in first), screen
+        assert "refreshed-by-the-test" not in screen
+        # A deployment's worker takes the run on to 5 rounds and logs from its evaluation.
+        config = yaml.safe_load((copy / "config.yaml").read_text())
+        (copy / "config.yaml").write_text(yaml.safe_dump({**config, "rounds": 5}))
+        stamp = datetime.now().strftime("%Y-%m-%d %H:%M:%S,000")
+        with (copy / "logs" / "eval.log").open("a") as log:
+            log.write(f"{stamp} INFO ub.eval [pid 7] refreshed-by-the-test: 1/8 games\n")
+        second = ("round 2/5  [running (log ", "s ago): evaluating]",
+                  "now: " + stamp, "refreshed-by-the-test")
+        screen = _screen(session, *second, seconds=15)
+        assert all(text in screen for text in second), screen
+        assert "[finished]" not in screen
         subprocess.run(["tmux", "send-keys", "-t", session, "q"], check=True)
         for _ in range(20):
             time.sleep(0.25)

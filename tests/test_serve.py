@@ -276,8 +276,8 @@ def test_a_served_checkpoint_plays_as_a_hosted_opponent_and_killing_ub_serve_tak
 def test_bad_input_is_one_clear_line(served_run, tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("VLLM_API_KEY", raising=False)
     root = str(served_run.root.parent)
-    empty = served_run.root.parent / "empty"
-    empty.mkdir(exist_ok=True)
+    empty = tmp_path / "empty"  # (a run of its own: the module's root stays as it was made)
+    empty.mkdir()
     for name in ("config.yaml", "ub-run.json"):
         (empty / name).write_bytes((served_run.root / name).read_bytes())
     with socket.socket() as busy:
@@ -286,7 +286,7 @@ def test_bad_input_is_one_clear_line(served_run, tmp_path, capsys, monkeypatch):
         port = str(busy.getsockname()[1])
         cases = {
             "no run 'nope'": ["serve", "nope", "--root", root],
-            "has no finished checkpoint": ["serve", "empty", "--root", root],
+            "has no finished checkpoint": ["serve", "empty", "--root", str(tmp_path)],
             "has no checkpoint 7: it has 0, 1": ["serve", RUN, "--root", root,
                                                  "--checkpoint", "7"],
             "--checkpoint takes a checkpoint number": ["serve", RUN, "--root", root,
