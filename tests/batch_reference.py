@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import hashlib
-import heapq
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -17,11 +16,17 @@ from ub.data.shards import committed_shards, shard_path
 from ub.rewards import GameView
 
 
-def sample_key(seed: int, run: str, game_id: str, turn: int) -> int:
+def sample_key(seed: int, run: str, game_id: str, turn: int, branch_group: str | None = None
+               ) -> int:
     """The sampling key of a decision, as the batch query computes it (``md5_number``): the
-    game id less its run's name, so that the key depends on the seed, not the run's name."""
-    game_key = game_id[len(run) + 1:] if game_id.startswith(f"{run}-") else game_id
-    return int.from_bytes(hashlib.md5(f"{seed}/{game_key}/{turn}".encode()).digest(), "little")
+    game id (or the branch group) less its run's name, so that the key depends on the seed,
+    not the run's name; a branch point's decisions share theirs."""
+    def less_run(text: str) -> str:
+        return text[len(run) + 1:] if text.startswith(f"{run}-") else text
+
+    group = (f"{less_run(branch_group)}/branch" if branch_group is not None
+             else f"{less_run(game_id)}/{turn}")
+    return int.from_bytes(hashlib.md5(f"{seed}/{group}".encode()).digest(), "little")
 
 
 def _final_rewards(root: Path, shards: list, config: BatchConfig,
@@ -73,11 +78,9 @@ def reference_rows(root: Path, config: BatchConfig,
 
     final, game_min = _final_rewards(root, shards, config, final_rewards_state, first, last)
 
-    # steps: filter, shape, keep the batch_size smallest sample keys
+    # steps: filter, shape, keep the batch_size smallest (sample key, game id, turn)
     steps = config.transforms.step
-    # A min-heap of (-key, n, row) keeps the batch_size smallest keys. md5 keys of distinct
-    # (game_id, turn) never collide in practice, so the SQL tie-breakers are not needed here.
-    best: list[tuple[int, int, dict]] = []
+    pool: list[tuple[int, str, int, dict]] = []
     for sid in shards:
         if not first <= sid.round <= last:
             continue
@@ -108,13 +111,11 @@ def reference_rows(root: Path, config: BatchConfig,
             row["reward"] = reward
             if config.drop_zero_reward and abs(reward) <= ZERO_EPS:
                 continue
-            key = sample_key(config.seed, row["run"], row["game_id"], row["turn"])
-            item = (-key, len(best), row)
-            if len(best) < config.batch_size:
-                heapq.heappush(best, item)
-            elif item[0] > best[0][0]:
-                heapq.heapreplace(best, item)
-    picked = [item[2] for item in sorted(best, key=lambda x: x[0], reverse=True)]
+            key = sample_key(config.seed, row["run"], row["game_id"], row["turn"],
+                             row["branch_group"])
+            pool.append((key, row["game_id"], row["turn"], row))
+    pool.sort(key=lambda item: item[:3])
+    picked = [item[3] for item in pool[:config.batch_size]]
     values = [r["reward"] for r in picked]
     for t in config.transforms.sampling:
         values = t.apply_rows(values, picked)

@@ -258,14 +258,15 @@ def _write_old_shard(root: Path, sid: ShardId, steps: pa.Table, games: pa.Table,
     """A shard exactly as an older ub wrote it (schema ``version``), with plain pyarrow: the
     steps columns of that version under its names (``env_reward`` was ``final_reward`` in
     version 1; ``position`` came in version 3, ``legal_moves`` and ``legal_moves_mode`` in
-    version 4), ``ub.*`` JSON metadata saying
-    ``schema_version``, zstd."""
+    version 4, the branching columns of both tables in version 5), ``ub.*`` JSON metadata
+    saying ``schema_version``, zstd."""
     import json
 
     current = [name for name in STEPS_SCHEMA.names if ADDED["steps"].get(name, 1) <= version]
     steps = steps.cast(STEPS_SCHEMA).select(current).rename_columns(
         column_names("steps", version))
-    for table, data in (("steps", steps), ("games", games.cast(GAMES_SCHEMA))):
+    games = games.cast(GAMES_SCHEMA).select(column_names("games", version))
+    for table, data in (("steps", steps), ("games", games)):
         meta = {"schema_version": version, "table": table, "ub_version": "0.1.0", "run": "run",
                 "round": sid.round, "shard": sid.shard, "created_at": "2026-01-01T00:00:00Z",
                 "host": "old"}
@@ -278,15 +279,16 @@ def _write_old_shard(root: Path, sid: ShardId, steps: pa.Table, games: pa.Table,
 
 @pytest.fixture(scope="module")
 def versioned_roots(rollout, tmp_path_factory):
-    """Rounds 0-3 of the same games five times: written by this ub (schema 4), by older ubs
-    (schemas 1, 2 and 3), and by older ubs then resumed by newer ones (round r in schema
+    """Rounds 0-3 of the same games six times: written by this ub (schema 5), by older ubs
+    (schemas 1 to 4), and by older ubs then resumed by newer ones (round r in schema
     r + 1: round 3 by this ub)."""
-    roots = {name: tmp_path_factory.mktemp(name) for name in ("v4", "v3", "v2", "v1", "mixed")}
+    roots = {name: tmp_path_factory.mktemp(name)
+             for name in ("v5", "v4", "v3", "v2", "v1", "mixed")}
     for round_ in range(4):
         steps, games = _round_of(rollout, round_)
         sid = ShardId(round_, 0)
-        write_shard(roots["v4"], sid, "run", steps, games)
-        for version in (1, 2, 3):
+        write_shard(roots["v5"], sid, "run", steps, games)
+        for version in (1, 2, 3, 4):
             _write_old_shard(roots[f"v{version}"], sid, steps, games, version)
         if round_ < 3:
             _write_old_shard(roots["mixed"], sid, steps, games, round_ + 1)
@@ -297,6 +299,8 @@ def versioned_roots(rollout, tmp_path_factory):
     assert "position" not in pq.read_schema(shard_path(roots["v2"], "steps", ShardId(3, 0))).names
     assert "legal_moves" not in pq.read_schema(shard_path(roots["v3"], "steps",
                                                           ShardId(3, 0))).names
+    assert "parent_game_id" not in pq.read_schema(shard_path(roots["v4"], "games",
+                                                             ShardId(3, 0))).names
     return roots
 
 
@@ -310,15 +314,15 @@ def as_read(table: pa.Table, version: int) -> pa.Table:
     return table
 
 
-def test_schema_versions_1_to_4_are_read_newer_refused(tmp_path, versioned_roots):
-    assert SCHEMA_VERSION == 4
-    for version in (1, 2, 3, 4):
+def test_schema_versions_1_to_5_are_read_newer_refused(tmp_path, versioned_roots):
+    assert SCHEMA_VERSION == 5
+    for version in (1, 2, 3, 4, 5):
         assert check_shard_schema(shard_path(versioned_roots[f"v{version}"], "steps",
                                              ShardId(0, 0)), "steps") == version
     newer = tmp_path / "newer.parquet"
-    write_parquet_atomic(pq.read_table(shard_path(versioned_roots["v4"], "steps",
-                                                  ShardId(0, 0))), newer, {"schema_version": 5})
-    with pytest.raises(UbError, match="schema version 5, newer than this ub's 4: upgrade ub"):
+    write_parquet_atomic(pq.read_table(shard_path(versioned_roots["v5"], "steps",
+                                                  ShardId(0, 0))), newer, {"schema_version": 6})
+    with pytest.raises(UbError, match="schema version 6, newer than this ub's 5: upgrade ub"):
         check_shard_schema(newer, "steps")
 
 
@@ -330,12 +334,12 @@ def test_old_and_mixed_runs_show_current_columns_in_ub_sql(versioned_roots, caps
     from ub.flows.cli import main
 
     everything = "SELECT * FROM steps ORDER BY round, game_id, turn"
-    expected = query(versioned_roots["v4"], everything)
+    expected = query(versioned_roots["v5"], everything)
     assert expected.column_names == STEPS_SCHEMA.names
     assert expected["env_reward"].null_count < expected.num_rows
     assert expected["position"].null_count == 0
     assert expected["legal_moves"].null_count == 0  # (random players: no mode of their own)
-    for version in (1, 2, 3):
+    for version in (1, 2, 3, 4):
         got = query(versioned_roots[f"v{version}"], everything)
         assert got.column_names == STEPS_SCHEMA.names, version
         assert got.equals(as_read(expected, version)), version
@@ -347,7 +351,7 @@ def test_old_and_mixed_runs_show_current_columns_in_ub_sql(versioned_roots, caps
     summary = "SELECT round, sum(env_reward) AS total, count(env_reward) AS n FROM steps " \
               "GROUP BY round ORDER BY round"
     outputs = []
-    for where in (str(versioned_roots["v4"]), str(versioned_roots["mixed"]),
+    for where in (str(versioned_roots["v5"]), str(versioned_roots["mixed"]),
                   f"file://{versioned_roots['mixed']}"):  # (a store: read in place)
         assert main(["sql", where, summary, "--format", "csv"]) == 0
         outputs.append(capsys.readouterr().out)
@@ -369,7 +373,7 @@ def test_old_and_mixed_runs_show_current_columns_in_ub_sql(versioned_roots, caps
     one = query(versioned_roots["v1"], "SELECT sum(env_reward) AS s, count(position) AS p FROM r",
                 {"r": table_dataset(folder, "steps", sorted(folder.glob("shard-*.parquet")))})
     assert one["s"].to_pylist() == query(
-        versioned_roots["v4"], "SELECT sum(env_reward) AS s FROM steps WHERE round = 1"
+        versioned_roots["v5"], "SELECT sum(env_reward) AS s FROM steps WHERE round = 1"
     )["s"].to_pylist()
     assert one["p"].to_pylist() == [0]
 
@@ -381,14 +385,14 @@ def test_old_and_mixed_runs_assemble_the_same_batch(versioned_roots):
                          step=[{"name": "invalid_move_penalty", "penalty": -1.0}],
                          sampling=["normalize"])
     batches = {name: assemble_batch(root, config) for name, root in versioned_roots.items()}
-    expected = batches["v4"]
+    expected = batches["v5"]
     assert len(expected) == 48
-    for name in ("v1", "v2", "v3", "mixed"):
+    for name in ("v1", "v2", "v3", "v4", "mixed"):
         batch = batches[name]
         positions = batch.rows["position"]
         assert batch.rows.drop_columns(["position"]).equals(
             expected.rows.drop_columns(["position"])), name
-        if name in ("mixed", "v3"):  # (v3: every round has them; mixed: rounds 2-3)
+        if name in ("mixed", "v3", "v4"):  # (v3, v4: every round has them; mixed: 2-3)
             assert positions.equals(pc.if_else(pc.less(batch.rows["round"],
                                                        2 if name == "mixed" else 0),
                                                pa.nulls(48, pa.string()),
@@ -400,7 +404,7 @@ def test_old_and_mixed_runs_assemble_the_same_batch(versioned_roots):
             assert torch_equal(getattr(batch, tensor), getattr(expected, tensor)), tensor
         assert batch.final_state == expected.final_state
     assert "union_by_name" in batch_sql(versioned_roots["mixed"], config)
-    for name in ("v1", "v2", "v3", "v4"):
+    for name in ("v1", "v2", "v3", "v4", "v5"):
         assert "union_by_name" not in batch_sql(versioned_roots[name], config)
 
 
@@ -418,7 +422,7 @@ def test_a_position_keyed_transform_on_a_run_without_positions_keeps_the_episode
         a, b = assemble_batch(versioned_roots[name], plain), assemble_batch(
             versioned_roots[name], with_step)
         assert torch_equal(a.advantages, b.advantages), name
-    a, b = (assemble_batch(versioned_roots["v4"], c) for c in (plain, with_step))
+    a, b = (assemble_batch(versioned_roots["v5"], c) for c in (plain, with_step))
     assert not torch_equal(a.advantages, b.advantages)
 
 
@@ -439,7 +443,7 @@ def test_doctor_names_the_schema_versions_of_a_runs_rounds(versioned_roots, tmp_
     for round_ in range(4):
         shard = f"games/round-{round_:06d}/shard-0000.parquet"
         (run / "rounds" / f"round-{round_:06d}.json").write_text(json.dumps({"shards": [shard]}))
-    line = ("data schema v1: round 0; v2: round 1; v3: round 2; v4: round 3 (v1, v2, v3 older, "
+    line = ("data schema v1: round 0; v2: round 1; v3: round 2; v5: round 3 (v1, v2, v3 older, "
             "read in the current column names)")
     assert examine(run).format_line.splitlines()[1] == line
     main(["doctor", str(run)])  # (the bare run has problems: no config, no checkpoints)

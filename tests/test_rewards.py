@@ -334,7 +334,7 @@ def test_step_transforms_in_duckdb():
     assert python == got
 
 
-def _sampling(spec, values, envs, invalid=None, positions=None, rewards=None):
+def _sampling(spec, values, envs, invalid=None, positions=None, rewards=None, groups=None):
     """``spec``'s sampling transforms, in order, in DuckDB (one query layer each, as the batch
     query runs them) and in Python; they must agree. ``rewards`` (the step stage's output, the
     ``reward`` column) default to ``values``, as the batch's first layer starts from them."""
@@ -342,16 +342,18 @@ def _sampling(spec, values, envs, invalid=None, positions=None, rewards=None):
     invalid = [False] * n if invalid is None else invalid
     positions = [None] * n if positions is None else positions
     rewards = list(values) if rewards is None else rewards
+    groups = [None] * n if groups is None else groups
     columns = {"env_id": envs, "invalid_move": invalid,
                "position": pa.array(positions, pa.string()),
-               "reward": pa.array(rewards, pa.float64())}
+               "reward": pa.array(rewards, pa.float64()),
+               "branch_group": pa.array(groups, pa.string())}
     con = duckdb.connect()
     con.register("t0", pa.table({"i": range(n), **columns,
                                  "advantage": pa.array(values, pa.float64())}))
     transforms = build_transforms("sampling", spec if isinstance(spec, list) else [spec])
     python = list(values)
     rows = [dict(zip(columns, row, strict=True)) for row in zip(
-        envs, invalid, positions, rewards, strict=True)]
+        envs, invalid, positions, rewards, groups, strict=True)]
     for k, t in enumerate(transforms):
         con.sql(f"CREATE TABLE t{k + 1} AS SELECT * REPLACE ({t.sql('advantage')} AS advantage) "
                 f"FROM t{k}")
@@ -473,3 +475,44 @@ def test_state_baseline_keyed_on_the_position():
     assert got == pytest.approx([1.0 - (-0.25), -1.0 - 0.75, 0.5 - 0.0, 2.0, 0.3, 0.9])
     with pytest.raises(UbError, match="state_baseline key must be one of prompt, position"):
         build_transforms("sampling", [{"name": "state_baseline", "key": "prompts"}])
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_branch_keyed_transforms_sql_python_and_hand_agree(seed):
+    """``key: branch`` (rollout.branch's groups: the moves sampled from one position of one
+    game) on random batches with groups of every size and decisions at no branch point:
+    ``state_baseline`` subtracts the mean of the group's other moves, ``position_advantage``
+    adds the move's standardized return within its group only (other decisions in the same
+    position are not in it); DuckDB, Python and the hand computation agree, and a decision
+    outside every group keeps its value."""
+    rng = np.random.default_rng(100 + seed)
+    n = int(rng.integers(1, 50))
+    envs = [str(e) for e in rng.choice(["nim", "ttt"], n)]
+    groups = [None if rng.random() < 0.3 else f"g{rng.integers(0, 5)}" for _ in range(n)]
+    # (a branch point's moves share one position; other decisions may share it too)
+    positions = [f"p-{g}" if g is not None else f"p-g{rng.integers(0, 5)}" for g in groups]
+    values = [float(x) for x in rng.choice([-1.0, -0.5, 0.0, 0.5, 1.0, 2.0], n)]
+    rewards = [float(x) for x in rng.choice([-1.0, 0.0, 1.0], n)]
+    members = {}
+    for i, (e, g) in enumerate(zip(envs, groups, strict=True)):
+        if g is not None:
+            members.setdefault((e, g), []).append(i)
+    baseline, step = list(values), [0.0] * n
+    for group in members.values():
+        if len(group) < 2:
+            continue
+        mean = sum(rewards[i] for i in group) / len(group)
+        std = math.sqrt(sum((rewards[i] - mean) ** 2 for i in group) / len(group))
+        for i in group:
+            others = [values[j] for j in group if j != i]
+            baseline[i] = values[i] - sum(others) / len(others)
+            step[i] = (rewards[i] - mean) / std if std > 1e-6 else 0.0
+    got = _sampling({"name": "state_baseline", "key": "branch"}, values, envs,
+                    positions=positions, rewards=rewards, groups=groups)
+    assert got == pytest.approx(baseline, abs=1e-9)
+    got = _sampling({"name": "position_advantage", "key": "branch", "weight": 0.5}, values,
+                    envs, positions=positions, rewards=rewards, groups=groups)
+    assert got == pytest.approx([v + 0.5 * s for v, s in zip(values, step, strict=True)],
+                                abs=1e-9)
+    with pytest.raises(UbError, match="position_advantage key must be one of position, branch"):
+        build_transforms("sampling", [{"name": "position_advantage", "key": "prompt"}])

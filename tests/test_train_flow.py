@@ -21,7 +21,8 @@ from ub.learner.checkpoint import is_checkpoint
 from ub.run.folder.layout import RunPaths
 
 # Small enough for the test suite, big enough to exercise every step: two envs, two rounds,
-# evaluation of the first and last checkpoints.
+# evaluation of the first and last checkpoints; every game branches once (rollout.branch: 3
+# copies at the learner's least sure decision), and the batch compares each point's moves.
 TEST_CONFIG = {
     "seed": 7,
     "rounds": 2,
@@ -30,14 +31,17 @@ TEST_CONFIG = {
     # Nim's moves held to the legal ones (legal_moves: mask), TicTacToe's free: a batch of both.
     "envs": [{"env_id": "TicTacToe-v0-train", "weight": 3},
              {"env_id": "Nim-v0-train", "legal_moves": "mask"}],
-    "rollout": {"games_per_round": 12, "concurrency": 16},
+    "rollout": {"games_per_round": 12, "concurrency": 16,
+                "branch": {"k": 4, "select": "surprisal"}},
     "opponents": [{"mode": "mirror", "weight": 1.0}],
-    "batch": {"batch_size": 48},
+    "batch": {"batch_size": 48, "sampling": [{"name": "state_baseline", "key": "branch"},
+                                             "normalize_per_env"]},
     "learner": {"learning_rate": 1e-3, "lora": {"rank": 8, "alpha": 16}},
     "eval": {"every": 2, "games": 8, "opponents": ["random"], "envs": ["TicTacToe-v0-train"]},
 }
 
 GAME_COLUMNS = ["game_id", "env_id", "seed", "actors", "rewards", "outcome", "num_turns"]
+COPIES = TEST_CONFIG["rollout"]["branch"]["k"] - 1  # per game (one branch point each)
 STEP_COLUMNS = ["game_id", "turn", "actor", "prompt_token_ids", "completion_token_ids",
                 "completion_logprobs", "action", "invalid_move"]
 
@@ -76,7 +80,7 @@ def test_two_rounds_commit_shards_checkpoints_ratings_and_evals(reference_run):
     assert paths.committed_rounds() == [0, 1]
     assert [(s.round, s.shard) for s in committed_shards(paths.train_data)] == [(0, 0), (1, 0)]
     games = _games(paths.root)
-    assert len(games) == 2 * TEST_CONFIG["rollout"]["games_per_round"]
+    assert len(games) == 2 * TEST_CONFIG["rollout"]["games_per_round"] * (1 + COPIES)
     # Mirror self-play: the checkpoint of the round sits in every seat.
     assert {tuple(g["actors"]) for g in games} == {("ckpt-000000", "ckpt-000000"),
                                                   ("ckpt-000001", "ckpt-000001")}
@@ -107,7 +111,7 @@ def test_two_rounds_commit_shards_checkpoints_ratings_and_evals(reference_run):
     assert learner["update"] == 2 and learner["tokens"] > 0
     # Each component kept its own log.
     logs = paths.root / "logs"
-    assert "train shard 1/0 committed: 12 games" in (logs / "rollout.log").read_text()
+    assert "train shard 1/0 committed: 48 games" in (logs / "rollout.log").read_text()
     assert "round 1: ckpt-000001 -> ckpt-000002" in (logs / "learner.log").read_text()
     assert "ckpt-000002 vs random on TicTacToe-v0-train: 8 games" in (
         logs / "eval.log").read_text()
@@ -120,6 +124,8 @@ def test_two_rounds_commit_shards_checkpoints_ratings_and_evals(reference_run):
     for round_ in (0, 1):
         assert rebuild_ratings(run, round_).snapshot() == json.loads(
             paths.ratings(round_).read_text())
+    # Rated: the games played, not the copies made at branch points; and the eval games.
+    assert json.loads(paths.ratings(1).read_text())["games_seen"] == 2 * 12 + 2 * 8
     board = manifests[1]["leaderboard"]
     assert {m["name"] for m in board} == {"ckpt-000000", "ckpt-000001", "ckpt-000002", "random"}
     assert [m["conservative"] for m in board] == sorted((m["conservative"] for m in board),
@@ -137,8 +143,11 @@ def _assert_manifest_counts_its_shards(paths: RunPaths, round_: int, manifest: d
     per_round = TEST_CONFIG["rollout"]["games_per_round"]
     games = f"read_parquet('{paths.root}/games/round-{round_:06d}/shard-*.parquet')"
     steps = f"read_parquet('{paths.root}/steps/round-{round_:06d}/shard-*.parquet')"
-    assert db.execute(f"SELECT count(*) FROM {games}").fetchone()[0] == per_round
-    assert manifest["games"] == per_round
+    assert db.execute(f"SELECT count(*) FROM {games}").fetchone()[0] == per_round * (1 + COPIES)
+    assert db.execute(f"SELECT count(*) FROM {games} WHERE parent_game_id IS NULL"
+                      ).fetchone()[0] == per_round
+    assert manifest["games"] == per_round * (1 + COPIES)
+    assert manifest["copies"] == per_round * COPIES
     assert manifest["outcomes"] == dict(
         db.execute(f"SELECT outcome, count(*) FROM {games} GROUP BY outcome").fetchall())
     decisions, model, invalid, tokens = db.execute(
@@ -153,7 +162,7 @@ def _assert_manifest_counts_its_shards(paths: RunPaths, round_: int, manifest: d
     # The final-reward state saved after the round has folded in every game so far, and the
     # role baselines count each finished game's seats.
     state = json.loads(paths.final_rewards_state(round_).read_text())
-    assert state["games"] == (round_ + 1) * per_round
+    assert state["games"] == (round_ + 1) * per_round * (1 + COPIES)  # (copies are trained on)
     seats = db.execute(
         "SELECT env_id, role, count(*) FROM (SELECT env_id, unnest(roles) AS role FROM "
         f"read_parquet('{paths.root}/games/round-*/shard-*.parquet') "
@@ -247,7 +256,7 @@ def test_rerun_changes_nothing_and_more_rounds_extend(reference_run, config_file
     shutil.copytree(paths.root, copy.root)
     summary = selfplay(run_name="ref", root=str(tmp_path), rounds=3, quiet=True)
     assert summary["rounds"] == 3 and copy.committed_rounds() == [0, 1, 2]
-    assert _games(copy.root)[:24] == _games(paths.root)
+    assert _games(copy.root)[:2 * 12 * (1 + COPIES)] == _games(paths.root)
     assert is_checkpoint(copy.checkpoint(3))
 
 
@@ -269,10 +278,12 @@ def test_the_flow_takes_ub_trains_preflight_and_resolves_the_config_once(referen
         selfplay(run_name="ref", config=missing, root=root, quiet=True)
 
 
-def test_ub_eval_adds_an_unrated_shard_once_and_leaves_the_run_alone(reference_run, capsys):
+def test_ub_eval_adds_an_unrated_shard_once_and_leaves_the_run_alone(reference_run, capsys,
+                                                                    tmp_path):
     from ub.flows.cli import main
 
-    paths = reference_run
+    paths = RunPaths.of(tmp_path, "ref")  # (it writes eval shards: a copy of the module's run)
+    shutil.copytree(reference_run.root, paths.root)
     ratings = paths.ratings(1).read_text()
     assert main(["eval", "ref", "--root", str(paths.root.parent), "--checkpoint", "1",
                  "--games", "4"]) == 0
@@ -312,12 +323,64 @@ def test_masked_moves_are_legal_and_scored_as_the_sampler_scored_them(reference_
     assert len(gaps) == 2 and max(gaps) < 1e-3, gaps
 
 
-def test_ub_eval_plays_a_masked_env_free_when_asked(reference_run, capsys, monkeypatch):
+def test_each_branch_point_samples_k_moves_from_one_position_and_the_batch_compares_them(
+        reference_run):
+    """rollout.branch (k 4, surprisal): each game branched once at one of the learner's
+    decisions; the point's 4 decisions (the game's own and its 3 copies') share the position
+    and the turn, most of them tried 2 or more distinct moves, each copy is a game of its own
+    whose rows start at the point and whose moves are sampled from seeds of its own; the
+    batch takes a point's decisions together, and state_baseline (key branch) centres them."""
+    from ub.batch import BatchConfig, assemble_batch
+
+    paths = reference_run
+    groups = query(paths.train_data, """
+        SELECT s.round, s.branch_group, count(*) AS decisions, count(DISTINCT s.turn) AS turns,
+               count(DISTINCT s.position) AS positions, count(s.position) AS keyed,
+               count(DISTINCT s.action) AS moves, count(DISTINCT s.sampling_seed) AS seeds,
+               count(DISTINCT s.game_id) AS games, count(g.parent_game_id) AS copies
+        FROM steps s JOIN games g USING (game_id)
+        WHERE s.branch_group IS NOT NULL GROUP BY ALL ORDER BY ALL""").to_pylist()
+    assert len(groups) == 2 * 12  # one point per game
+    for g in groups:
+        assert (g["decisions"], g["turns"], g["positions"], g["keyed"], g["seeds"], g["games"],
+                g["copies"]) == (4, 1, 1, 4, 4, 4, 3), g
+    assert sum(g["moves"] >= 2 for g in groups) > len(groups) / 2, groups
+    copies = query(paths.train_data, """
+        SELECT g.game_id, g.parent_game_id, g.branch_turn, min(s.turn) AS first_turn,
+               any_value(p.game_index) = any_value(g.game_index) AS same_index
+        FROM games g JOIN steps s USING (game_id) JOIN games p ON p.game_id = g.parent_game_id
+        GROUP BY ALL""").to_pylist()
+    assert len(copies) == 2 * 12 * COPIES
+    for c in copies:
+        assert c["game_id"].startswith(f"{c['parent_game_id']}-t{c['branch_turn']:03d}-c")
+        assert c["first_turn"] == c["branch_turn"] and c["same_index"], c
+    # A batch smaller than the round's decisions holds whole points (but the last it reached).
+    config = BatchConfig(batch_size=40, seed=3, first_round=1, last_round=1,
+                         final=["win_draw_loss"],
+                         sampling=[{"name": "state_baseline", "key": "branch"}])
+    batch = assemble_batch(paths.train_data, config)
+    sizes: dict = {}
+    for group in batch.rows["branch_group"].to_pylist():
+        if group is not None:
+            sizes[group] = sizes.get(group, 0) + 1
+    assert sizes and sum(n != 4 for n in sizes.values()) <= 1, sizes
+    rows = batch.rows.select(["branch_group", "reward", "advantage"]).to_pylist()
+    for group, n in sizes.items():
+        if n == 4:
+            mine = [r for r in rows if r["branch_group"] == group]
+            for r in mine:
+                others = sum(o["reward"] for o in mine) - r["reward"]
+                assert r["advantage"] == pytest.approx(r["reward"] - others / 3, abs=1e-9)
+
+
+def test_ub_eval_plays_a_masked_env_free_when_asked(reference_run, capsys, monkeypatch,
+                                                   tmp_path):
     """An env evaluated as it trains (Nim: masked); ``--legal-moves free`` plays the same games
     unconstrained into an ad-hoc shard of its own, read again when asked again."""
     from ub.flows.cli import main
 
-    paths = reference_run
+    paths = RunPaths.of(tmp_path, "ref")  # (it writes eval shards: a copy of the module's run)
+    shutil.copytree(reference_run.root, paths.root)
     monkeypatch.setenv("COLUMNS", "200")  # (the table's cells whole)
     argv = ["eval", "ref", "--root", str(paths.root.parent), "--checkpoint", "0", "--envs",
             "Nim-v0-train", "--games", "8"]
@@ -366,6 +429,7 @@ def test_documented_queries_and_run_views_describe_the_run(reference_run, capsys
 
     views = RunViews(root).tables()
     assert views["rounds"].column("round").to_pylist() == [0, 1]
+    assert views["rounds"].column("copies").to_pylist() == [12 * COPIES] * 2
     assert views["learner"].column("update").to_pylist() == [1, 2]
     assert sorted(views["evals"].column("update").to_pylist()) == [0, 2]
     assert views["checkpoints"].column("name").to_pylist() == [
@@ -376,8 +440,9 @@ def test_documented_queries_and_run_views_describe_the_run(reference_run, capsys
         m["name"] for m in snapshot["members"])
     # The tracked metrics agree with the decisions they summarize.
     metrics = {(r["round"], r["metric"]): r["value"] for r in views["metrics"].to_pylist()}
-    direct = query(root, "SELECT round, env_id, avg(invalid_move::INT) AS rate FROM steps "
-                         "WHERE actor_kind = 'model' GROUP BY ALL").to_pylist()
+    direct = query(root, "SELECT s.round, s.env_id, avg(s.invalid_move::INT) AS rate "
+                         "FROM steps s JOIN games g USING (game_id) WHERE s.actor_kind = "
+                         "'model' AND g.parent_game_id IS NULL GROUP BY ALL").to_pylist()
     for row in direct:
         key = (row["round"], f"collection/{row['env_id']}/invalid_move_rate")
         assert metrics[key] == pytest.approx(row["rate"])
@@ -575,7 +640,7 @@ def test_every_execution_setting_is_free_and_every_other_is_locked():
                          "cluster"}
     locked = config.training_settings()
     assert set(locked["engine"]) == {"dtype", "max_model_len"}
-    assert set(locked["rollout"]) == {"games_per_round"}
+    assert set(locked["rollout"]) == {"games_per_round", "branch"}
     for key in ("learning_rate", "algorithm", "lora", "dtype", "device", "minibatches"):
         assert key in locked["learner"]
 
@@ -596,10 +661,11 @@ def first_round_run(prefect_api, config_file, tiny_model, tmp_path_factory) -> R
 
 def written_by_schema_2(paths: RunPaths) -> None:
     """Rewrite a run's shards as a ub of data schema 2 wrote them: no ``steps.position`` (nor
-    the legal moves of schema 4), and ``ub.schema_version`` 2 in every shard's metadata."""
+    the legal moves of schema 4, nor the branching columns of schema 5), and
+    ``ub.schema_version`` 2 in every shard's metadata."""
     from ub.data.schema import ADDED
 
-    later = [name for name, since in ADDED["steps"].items() if since > 2]
+    later = [name for table in ADDED.values() for name, since in table.items() if since > 2]
     rewritten = 0
     for path in sorted(paths.root.rglob("*.parquet")):
         table = pq.read_table(path)
@@ -640,6 +706,11 @@ def _assert_same_data(resumed: RunPaths, reference: RunPaths) -> None:
         assert (a["completion_logprobs"] is None) == (b["completion_logprobs"] is None)
         assert a["completion_logprobs"] is None or a["completion_logprobs"] == pytest.approx(
             b["completion_logprobs"], abs=1e-4)
+    # The branch points of the round played after the resume (the first round's copies are
+    # there too, as a ub of schema 2 wrote them: without their columns).
+    branching = ("SELECT g.game_id, g.parent_game_id, g.branch_turn, s.turn, s.branch_group "
+                 "FROM games g JOIN steps s USING (game_id) WHERE g.round = 1 ORDER BY ALL")
+    assert query(resumed.root, branching).equals(query(reference.root, branching))
     mine, theirs = _adapter(resumed, 2), _adapter(reference, 2)
     assert mine.keys() == theirs.keys()
     for name in mine:

@@ -293,9 +293,11 @@ def mirror_records(root: Path, rounds: int, cache: dict | None = None
     """``[wins, draws, losses]`` of each actor in its mirror games (every seat the same actor)
     of the first ``rounds`` rounds, counted per seat: a self-play game is one win and one loss
     (or two draws) for the checkpoint. Reads only the ``games`` shards' ``actors`` and
-    ``results`` columns, each file once per ``cache``."""
+    ``results`` columns (and which games are copies, ub.branching: those are not counted), each
+    file once per ``cache``."""
     import pyarrow.parquet as pq
 
+    from ub.branching import not_copies
     from ub.data.shards import committed_shards, shard_path
 
     seen: dict[str, dict[str, list[int]]] = ({} if cache is None
@@ -309,7 +311,8 @@ def mirror_records(root: Path, rounds: int, cache: dict | None = None
         if key not in seen:
             counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
             try:
-                games = pq.read_table(path, columns=["actors", "results"]).to_pylist()
+                games = not_copies(pq.read_table(path)).select(["actors", "results"]
+                                                               ).to_pylist()
             except (OSError, ValueError):
                 games = []  # a damaged shard: `ub doctor` names it
             for g in games:

@@ -24,10 +24,11 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 
 from ub.actors.spec import ActorSpec
+from ub.branching import BranchConfig, Candidate, choose_points, copy_game_id, group_id
 from ub.data.schema import GAMES_SCHEMA, STEPS_SCHEMA
 from ub.faults import fault_point
 from ub.games.actions import get_extractor
-from ub.games.loop import Game
+from ub.games.loop import Game, Snapshot
 from ub.games.move_mask import played_move, template_constraint
 from ub.games.specs import GameSpec
 from ub.games.templates import get_template
@@ -86,6 +87,8 @@ class RolloutStats:
     """Counters of one rollout, for summaries and throughput figures."""
 
     games: int = 0
+    copies: int = 0
+    """Of ``games``, the copies made at branch points (:mod:`ub.branching`)."""
     errored_games: int = 0
     decisions: int = 0
     model_decisions: int = 0
@@ -112,11 +115,27 @@ class Rollout:
 
 @dataclass
 class _Live:
-    """A game in flight: its assignment, its state, and its scripted seats' players."""
+    """A game in flight: its assignment, its state, and its scripted seats' players; with
+    branching, its state before each of the learner's decisions (``snapshots``, by turn), or,
+    for a copy, its parent and the seeds it samples from (``seed_parts``)."""
 
     assignment: GameAssignment
     game: Game
     players: dict[int, Any]
+    snapshots: dict[int, Snapshot] = field(default_factory=dict)
+    parent: str | None = None
+    seed_parts: tuple[object, ...] = ()
+    groups: dict[int, str] = field(default_factory=dict)  # turn -> its branch_group
+
+
+@dataclass(frozen=True)
+class _CopyOrder:
+    """A copy to start: from ``parent``'s state at ``turn``, as copy ``copy`` of its point."""
+
+    parent: _Live
+    turn: int
+    copy: int
+    seed: int  # the parent's sampling seed at the point, which the copy's seeds derive from
 
 
 def play_games(assignments: list[GameAssignment], **options: Any) -> Rollout:
@@ -141,7 +160,12 @@ class RolloutRunner:
         (evaluation passes ``"eval"``, so every checkpoint meets the same opponent moves).
     :param game_id_prefix: game ids are ``PREFIX-gNNNNNN``; default ``RUN-rNNNNNN`` (the round).
     :param progress: called with (games finished, games in all) as each game ends, e.g. a
-        :func:`ub.progress_bar.progress_bar`.
+        :func:`ub.progress_bar.progress_bar` (copies not counted).
+    :param branch: dynamic branching (:mod:`ub.branching`); ``None`` or ``k`` 0: off.
+    :param learner: the actor whose decisions may become branch points (the round's learning
+        checkpoint); needed with ``branch``.
+    :param spread: ``branch.select: spread``'s standard error of the returns seen in each
+        position, by env id then position (:func:`ub.branching.spread_sql`).
     """
 
     def __init__(
@@ -158,9 +182,16 @@ class RolloutRunner:
         seed_round: int | str | None = None,
         game_id_prefix: str | None = None,
         progress: Callable[[int, int], None] | None = None,
+        branch: BranchConfig | None = None,
+        learner: str | None = None,
+        spread: dict[str, dict[str, float]] | None = None,
     ) -> None:
         if engine is None and any(a.kind == "model" for g in assignments for a in g.actors):
             raise ValueError("a model actor needs an engine")
+        self.branch = branch if branch is not None and branch.on else None
+        if self.branch is not None and learner is None:
+            raise ValueError("branching needs the learner's actor name")
+        self.learner, self.spread = learner, spread or {}
         self.assignments = list(assignments)
         self.engine = engine
         self.run, self.round, self.shard, self.base_seed = run, round_, shard, base_seed
@@ -173,7 +204,8 @@ class RolloutRunner:
         self._end_tokens: dict[str, tuple[int, ...]] = {}  # template name -> its end of turn
         self._step_rows: list[dict] = []
         self._game_rows: list[dict] = []
-        self._queue = deque(self.assignments)
+        self._queue: deque[GameAssignment | _CopyOrder] = deque(self.assignments)
+        self._originals_done = 0
         self._live: dict[str, _Live] = {}
         self._waiting: dict[str, tuple[_Live, dict]] = {}  # request id -> game waiting on it
         self._hosted_clients: dict[str, Any] = {}
@@ -214,7 +246,7 @@ class RolloutRunner:
         # Rows are ordered by game then turn whatever order games finished in: shards are
         # byte-for-byte reproducible.
         self._step_rows.sort(key=lambda r: (r["game_id"], r["turn"]))
-        self._game_rows.sort(key=lambda r: r["game_index"])
+        self._game_rows.sort(key=lambda r: (r["game_index"], r["game_id"]))
         return Rollout(
             pa.Table.from_pylist(self._step_rows, schema=STEPS_SCHEMA),
             pa.Table.from_pylist(self._game_rows, schema=GAMES_SCHEMA),
@@ -237,16 +269,34 @@ class RolloutRunner:
         from ub.actors.scripted import make_scripted_player
 
         while self._queue and len(self._live) < self.concurrency:
-            a = self._queue.popleft()
-            game = Game(a.spec, a.seed, self.game_id(a))
-            players = {
-                seat: make_scripted_player(actor.name, derive_seed(
-                    self.base_seed, self.seed_scope, a.game_index, seat, "player"))
-                for seat, actor in enumerate(a.actors) if actor.kind == "scripted"
-            }
-            item = _Live(a, game, players)
-            self._live[game.game_id] = item
+            order = self._queue.popleft()
+            if isinstance(order, _CopyOrder):
+                item = self._copy(order)
+            else:
+                a = order
+                players = {
+                    seat: make_scripted_player(actor.name, derive_seed(
+                        self.base_seed, self.seed_scope, a.game_index, seat, "player"))
+                    for seat, actor in enumerate(a.actors) if actor.kind == "scripted"
+                }
+                item = _Live(a, Game(a.spec, a.seed, self.game_id(a)), players)
+            self._live[item.game.game_id] = item
             self._advance(item)
+
+    def _copy(self, order: _CopyOrder) -> _Live:
+        """A copy of ``order.parent`` from its state at ``order.turn``: its own seeds (from the
+        parent's sampling seed at the point), fresh scripted players on them."""
+        from ub.actors.scripted import make_scripted_player
+
+        parent, group = order.parent, order.parent.groups[order.turn]
+        seed_parts = (order.seed, "branch", order.copy)
+        players = {
+            seat: make_scripted_player(actor.name, derive_seed(*seed_parts, seat, "player"))
+            for seat, actor in enumerate(parent.assignment.actors) if actor.kind == "scripted"
+        }
+        game = parent.game.copy(parent.snapshots[order.turn], copy_game_id(group, order.copy))
+        return _Live(parent.assignment, game, players, parent=parent.game.game_id,
+                     seed_parts=seed_parts, groups={order.turn: group})
 
     def _advance(self, item: _Live) -> None:
         """Move scripted seats until the game ends or waits for the model or a hosted seat."""
@@ -286,8 +336,13 @@ class RolloutRunner:
             return False
         if template.name not in self._end_tokens:
             self._end_tokens[template.name] = template.end_token_ids(engine.tokenizer)
-        seed = derive_seed(self.base_seed, self.seed_scope, item.assignment.game_index, g.turn,
-                           "sample")
+        if item.seed_parts:  # a copy: its own seeds, from the parent's at the point
+            seed = derive_seed(*item.seed_parts, g.turn, "sample")
+        else:
+            seed = derive_seed(self.base_seed, self.seed_scope, item.assignment.game_index,
+                               g.turn, "sample")
+        if self.branch is not None and item.parent is None and actor.name == self.learner:
+            item.snapshots[g.turn] = g.snapshot()  # (a branch point, maybe: read at its end)
         mask = None
         if spec.legal_moves == "mask":
             try:  # (preflight refuses a game without legal moves; a position without any:)
@@ -383,27 +438,59 @@ class RolloutRunner:
             self._advance(item)
 
     def _finish(self, item: _Live) -> None:
-        """Count a finished game and add its rows."""
+        """Count a finished game and add its rows (a game that branches: after its copies are
+        queued)."""
+        if item.snapshots:
+            self._branch(item)
         result = item.game.final
         self.stats.games += 1
+        self.stats.copies += item.parent is not None
         self.stats.errored_games += result.outcome == "error"
         self.stats.outcomes[result.outcome] = self.stats.outcomes.get(result.outcome, 0) + 1
         where = {"run": self.run, "round": self.round, "shard": self.shard}
-        self._step_rows.extend(step_rows(item.assignment, item.game, where))
-        self._game_rows.append(game_row(item.assignment, item.game, where))
-        if self.progress is not None:
-            self.progress(self.stats.games, len(self.assignments))
+        self._step_rows.extend(step_rows(item.assignment, item.game, where, item.groups))
+        self._game_rows.append(game_row(item.assignment, item.game, where, item.parent))
+        if item.parent is None:
+            self._originals_done += 1
+            if self.progress is not None:
+                self.progress(self._originals_done, len(self.assignments))
+
+    def _branch(self, item: _Live) -> None:
+        """Choose ``item``'s branch points among the learner's decisions, now that its game has
+        ended, and queue their copies first (a finished game's copies start before new games,
+        so its snapshots are soon released)."""
+        assert self.branch is not None
+        g = item.game
+        if g.final.outcome == "error":  # (not trained on: its copies would not be either)
+            item.snapshots.clear()
+            return
+        candidates = [Candidate(d.turn, -sum(d.details.get("completion_logprobs") or ()),
+                                d.position)
+                      for d in g.decisions if d.turn in item.snapshots]
+        turns = choose_points(candidates, self.branch, derive_seed(
+            self.base_seed, self.seed_scope, item.assignment.game_index, "branch"),
+            self.spread.get(item.assignment.spec.env_id))
+        orders = []
+        for turn in turns:
+            item.groups[turn] = group_id(g.game_id, turn)
+            seed = g.decisions[turn].details["sampling_seed"]
+            orders += [_CopyOrder(item, turn, j, seed) for j in range(1, self.branch.k)]
+        item.snapshots = {t: s for t, s in item.snapshots.items() if t in item.groups}
+        self._queue.extendleft(reversed(orders))
 
 
 # The rows a finished game adds to the ``steps`` and ``games`` tables. ``where`` holds the
 # columns the rollout sets for every row: ``run``, ``round`` and ``shard``.
 
 
-def step_rows(a: GameAssignment, g: Game, where: dict[str, Any]) -> list[dict]:
-    """The ``steps`` rows of a finished game, one per decision."""
+def step_rows(a: GameAssignment, g: Game, where: dict[str, Any],
+              groups: dict[int, str] | None = None) -> list[dict]:
+    """The ``steps`` rows of a finished game, one per decision (a copy's: from the turn it was
+    copied at); ``groups``: the branch group of each branch point's turn."""
     result = g.final
+    groups = groups or {}
     rows = []
-    for d in g.decisions:
+    for d in g.decisions[g.first_turn:]:
         actor = a.actors[d.seat]
         det = d.details
         rows.append({
@@ -425,12 +512,14 @@ def step_rows(a: GameAssignment, g: Game, where: dict[str, Any]) -> list[dict]:
             "sampling_seed": det.get("sampling_seed"),
             "gen_seconds": det.get("gen_seconds"), "env_seconds": d.env_seconds,
             "legal_moves": d.legal_moves, "legal_moves_mode": det.get("legal_moves_mode"),
+            "branch_group": groups.get(d.turn),
         })
     return rows
 
 
-def game_row(a: GameAssignment, g: Game, where: dict[str, Any]) -> dict:
-    """The ``games`` row of a finished game."""
+def game_row(a: GameAssignment, g: Game, where: dict[str, Any], parent: str | None = None
+             ) -> dict:
+    """The ``games`` row of a finished game (``parent``: a copy's parent game id)."""
     result = g.final
     return {
         **where, "game_id": g.game_id,
@@ -440,4 +529,5 @@ def game_row(a: GameAssignment, g: Game, where: dict[str, Any]) -> dict:
         "invalid_moves": result.invalid_moves, "outcome": result.outcome,
         "winner": result.winner, "num_turns": g.turn, "reason": result.reason,
         "error": result.error, "seconds": result.seconds,
+        "parent_game_id": parent, "branch_turn": g.first_turn if parent else None,
     }

@@ -20,14 +20,16 @@ from warm import run_ub
 
 # Two envs, two rounds, a lagged opponent next to mirror self-play (so rating and older
 # adapters are exercised), evaluation of checkpoints 0 and 2; two shards a round (the Ray
-# module's two engine workers play one each, and compare with this run in one process).
+# module's two engine workers play one each, and compare with this run in one process); each
+# game branches once (a copy from one of the learner's positions: killed, resumed and on Ray,
+# the copies must come out the same).
 CONFIG = {
     "seed": 11,
     "rounds": 2,
     "model": {"base": "tiny"},
     "sampling": {"temperature": 1.0, "max_tokens": 12},
     "envs": [{"env_id": "TicTacToe-v0-train", "weight": 3}, {"env_id": "Nim-v0-train"}],
-    "rollout": {"games_per_round": 12, "concurrency": 16, "shards": 2},
+    "rollout": {"games_per_round": 12, "concurrency": 16, "shards": 2, "branch": {"k": 2}},
     "opponents": [{"mode": "mirror", "weight": 0.7}, {"mode": "random", "weight": 0.3}],
     "batch": {"batch_size": 48},
     "learner": {"learning_rate": 1e-3, "lora": {"rank": 8, "alpha": 16}},

@@ -96,9 +96,14 @@ def test_a_killed_engine_process_is_replaced_and_its_shard_replayed(prefect_api,
     assert sum("replacing the vLLM engine: the vLLM engine process" in line
                for line in log) == 1  # (by the worker, as an engine found dead between rounds)
     assert RunPaths(run).committed_rounds() == [0, 1]
-    ids = [row["game_id"] for row in table_rows(run, "games")]
+    rows = table_rows(run, "games")
+    ids = [row["game_id"] for row in rows if row["parent_game_id"] is None]
     games = CONFIG["rollout"]["games_per_round"]
     assert sorted(ids) == [f"run-r{r:06d}-g{g:06d}" for r in (0, 1) for g in range(games)]
+    copies = [row for row in rows if row["parent_game_id"] is not None]
+    # (k 2: one copy a game in which the learner moved, the game not errored)
+    assert 0 < len(copies) <= len(ids)
+    assert all(c["game_id"].startswith(c["parent_game_id"]) for c in copies)
     decisions = [(row["game_id"], row["turn"]) for row in table_rows(run, "steps")]
     assert len(decisions) == len(set(decisions))  # (no decision of a replayed game twice)
     findings = [f.line(run) for f in examine(run).findings]

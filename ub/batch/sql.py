@@ -19,7 +19,7 @@ ZERO_EPS = 1e-9
 # The steps columns phase 1 reads (never the token lists, nor the texts).
 DECISION_COLUMNS = ["round", "shard", "game_id", "turn", "seat", "env_id", "role", "actor",
                     "checkpoint", "format_ok", "invalid_move", "step_reward",
-                    "num_prompt_tokens", "num_completion_tokens", "position"]
+                    "num_prompt_tokens", "num_completion_tokens", "position", "branch_group"]
 TOKEN_COLUMNS = ["prompt_token_ids", "completion_token_ids", "completion_logprobs"]
 # What the learner needs to score a decision sampled under the legal-move mask under the same
 # constraint (ub.games.move_mask): fetched with the tokens, kept apart from the batch's rows.
@@ -29,8 +29,17 @@ MOVE_COLUMNS = ["template", "legal_moves", "legal_moves_mode"]
 ON_DEMAND_COLUMNS = {"state_key": "hash(prompt_token_ids)"}
 # A decision's game within its run: the game id less the run name it begins with. The sample
 # key hashes this, not the game id, so a run's batches depend on its seed, never its name.
-GAME_KEY_SQL = ("CASE WHEN starts_with(game_id, run || '-') THEN substr(game_id, length(run) + 2) "
-                "ELSE game_id END")
+def _less_run(column: str) -> str:
+    return (f"CASE WHEN starts_with({column}, run || '-') THEN substr({column}, length(run) + 2) "
+            f"ELSE {column} END")
+
+
+GAME_KEY_SQL = _less_run("game_id")
+# What a decision's sample key hashes besides the seed: its game and turn, or, for the
+# decisions of a branch point (ub.branching), their group, so a point's moves are sampled
+# together and the batch can compare them (each less the run name).
+SAMPLE_KEY_SQL = (f"coalesce({_less_run('branch_group')} || '/branch', "
+                  f"concat({GAME_KEY_SQL}, '/', turn))")
 # How both phases read the steps files (``file_row_number`` matches phase 2's rows to phase 1's).
 READ_OPTIONS = "file_row_number = true, hive_partitioning = false"
 
@@ -71,7 +80,7 @@ def select_sql(plan: Plan, config: BatchConfig) -> str:
 WITH decisions AS (  -- the learner's decisions in the window
     SELECT {', '.join(c if c != 'step_reward' else 'CAST(step_reward AS DOUBLE) AS step_reward'
                       for c in DECISION_COLUMNS)},
-           file_row_number, {GAME_KEY_SQL} AS game_key{extra}
+           file_row_number, {SAMPLE_KEY_SQL} AS sample_group{extra}
     FROM {source_sql(plan)}
     WHERE actor_kind = 'model'
       AND {(chr(10) + '      AND ').join(filters)}
@@ -93,8 +102,8 @@ shaped AS (  -- step stage
     SELECT *, {step} AS reward
     FROM joined
 ),
-pool AS (  -- what can be sampled; sample_key is a pure function of (seed, game_key, turn)
-    SELECT *, md5_number(concat({int(config.seed)}, '/', game_key, '/', turn)) AS sample_key
+pool AS (  -- what can be sampled; sample_key is a pure function of (seed, sample_group)
+    SELECT *, md5_number(concat({int(config.seed)}, '/', sample_group)) AS sample_key
     FROM shaped{drop}
 ),
 sampled AS (  -- uniform sample without replacement
@@ -103,7 +112,7 @@ sampled AS (  -- uniform sample without replacement
     ORDER BY sample_key, game_id, turn
     LIMIT {int(config.batch_size)}
 ){sampling}
-SELECT * EXCLUDE (sample_key, game_key{"".join(f", {c}" for c in needed)})
+SELECT * EXCLUDE (sample_key, sample_group{"".join(f", {c}" for c in needed)})
 FROM {prev}
 ORDER BY sample_key, game_id, turn"""
 

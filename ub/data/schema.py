@@ -13,14 +13,16 @@ metadata), and ub reads every version up to its own in the current column names
   :mod:`ub.games.positions`); older shards read it as NULL;
 - version 4: ``steps.legal_moves`` (the mover's legal moves, :mod:`ub.games.legal`) and
   ``steps.legal_moves_mode`` (``mask`` or ``free``: whether the model's sampling was held to
-  them, ``envs[].legal_moves``) added; older shards read them as NULL.
+  them, ``envs[].legal_moves``) added; older shards read them as NULL;
+- version 5: ``steps.branch_group``, ``games.parent_game_id`` and ``games.branch_turn`` added
+  (dynamic branching, :mod:`ub.branching`); older shards read them as NULL (no copies).
 """
 
 from __future__ import annotations
 
 import pyarrow as pa
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 OLDEST_SCHEMA_VERSION = 1
 """The oldest schema version this ub still reads."""
 
@@ -60,6 +62,8 @@ STEPS_SCHEMA = pa.schema(
         # Added in version 4 (the same way).
         pa.field("legal_moves", pa.list_(pa.string())),
         pa.field("legal_moves_mode", pa.string()),
+        # Added in version 5: the branch point a decision belongs to (ub.branching), or NULL.
+        pa.field("branch_group", pa.string()),
     ]
 )
 
@@ -84,6 +88,10 @@ GAMES_SCHEMA = pa.schema(
         pa.field("reason", pa.string()),
         pa.field("error", pa.string()),
         pa.field("seconds", pa.float32()),
+        # Added in version 5: a copy's parent game and the turn it was copied at (NULL: the
+        # game is no copy; ub.branching).
+        pa.field("parent_game_id", pa.string()),
+        pa.field("branch_turn", pa.int32()),
     ]
 )
 
@@ -96,7 +104,8 @@ RENAMED: dict[str, dict[str, tuple[str, int]]] = {
 renamed it)."""
 
 ADDED: dict[str, dict[str, int]] = {
-    "steps": {"position": 3, "legal_moves": 4, "legal_moves_mode": 4},
+    "steps": {"position": 3, "legal_moves": 4, "legal_moves_mode": 4, "branch_group": 5},
+    "games": {"parent_game_id": 5, "branch_turn": 5},
 }
 """The columns added since version 1, by table: name -> the version that added it. They come
 last in their table's schema, and a reader shows them as NULL in older shards."""

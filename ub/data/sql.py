@@ -75,7 +75,7 @@ def current_names_sql(table: str, source: str, columns: Collection[str]) -> str:
 
 
 # The DuckDB types of the columns a reader may have to append as NULL (ADDED).
-_SQL_TYPES = {pa.string(): "VARCHAR", pa.list_(pa.string()): "VARCHAR[]"}
+_SQL_TYPES = {pa.string(): "VARCHAR", pa.list_(pa.string()): "VARCHAR[]", pa.int32(): "INTEGER"}
 
 
 def read_parquet_sql(table: str, files: Sequence[tuple[Path, int]], options: str) -> str:

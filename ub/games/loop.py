@@ -11,6 +11,7 @@ randomness depends only on its own seed, never on which other games were interle
 
 from __future__ import annotations
 
+import copy
 import random
 import time
 from collections.abc import Callable
@@ -86,13 +87,33 @@ class GameResult:
         ]
 
 
+@dataclass(frozen=True)
+class Snapshot:
+    """A game's state before one decision, to play on from in a copy (:meth:`Game.copy`):
+    the env and its randomness deep-copied, the decisions so far shared (never changed)."""
+
+    env: Any
+    rng_state: Any
+    decisions: tuple[Decision, ...]
+    current_seat: int
+    observation: str
+    position: str | None
+    legal_moves: list[str] | None
+
+    @property
+    def turn(self) -> int:
+        return len(self.decisions)
+
+
 class Game:
     """A TextArena game with isolated randomness and a record of every decision."""
 
-    def __init__(self, spec: GameSpec, seed: int, game_id: str) -> None:
+    def __init__(self, spec: GameSpec, seed: int, game_id: str,
+                 snapshot: Snapshot | None = None) -> None:
         self.spec = spec
         self.seed = seed
         self.game_id = game_id
+        self.first_turn = 0  # a copy's decisions before this turn are its parent's
         self.decisions: list[Decision] = []
         self.result: GameResult | None = None
         self.current_seat: int = -1
@@ -102,6 +123,9 @@ class Game:
         self._rng_state = random.Random(seed).getstate()
         self._started = time.perf_counter()
         self.env: Any = None  # a TextArena env (untyped); None if making it failed
+        if snapshot is not None:
+            self._restore(snapshot)
+            return
         try:
             self._position_function = position_function(spec.env_id, spec.position)
             self._knows_legal_moves = supports_legal_actions(spec.env_id)
@@ -111,6 +135,28 @@ class Game:
             self._observe()
         except Exception as exc:
             self.fail(exc)
+
+    def snapshot(self) -> Snapshot:
+        """The game as it stands (a decision pending), for :meth:`copy`."""
+        assert not self.done, "snapshot() of a finished game"
+        env, rng_state = copy.deepcopy((self.env, self._rng_state))
+        return Snapshot(env, rng_state, tuple(self.decisions), self.current_seat,
+                        self.observation, self.position, copy.copy(self.legal_moves))
+
+    def copy(self, snapshot: Snapshot, game_id: str) -> Game:
+        """A new game that plays on from ``snapshot`` (taken of this game), as ``game_id``:
+        its own env and randomness, the decisions before the snapshot's turn its parent's."""
+        return Game(self.spec, self.seed, game_id, snapshot)
+
+    def _restore(self, snapshot: Snapshot) -> None:
+        self._position_function = position_function(self.spec.env_id, self.spec.position)
+        self._knows_legal_moves = supports_legal_actions(self.spec.env_id)
+        # (deep-copied again: one snapshot may start several copies)
+        self.env, self._rng_state = copy.deepcopy((snapshot.env, snapshot.rng_state))
+        self.decisions = list(snapshot.decisions)
+        self.first_turn = snapshot.turn
+        self.current_seat, self.observation = snapshot.current_seat, snapshot.observation
+        self.position, self.legal_moves = snapshot.position, copy.copy(snapshot.legal_moves)
 
     @property
     def done(self) -> bool:

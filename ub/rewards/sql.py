@@ -179,18 +179,21 @@ class NormalizePerEnv(_Normalize):
     partition: ClassVar[tuple[str, ...]] = ("env_id",)
 
 
-# The two keys a decision's state can be read by: the prompt it saw, token for token (which
-# holds the move history), or its position (``steps.position``: the game's state as the mover
-# faces it, ub.games.positions). A NULL position is no state: such a decision is in no group.
-STATE_KEYS = ("prompt", "position")
+# The three keys a decision's state can be read by: the prompt it saw, token for token (which
+# holds the move history); its position (``steps.position``: the game's state as the mover
+# faces it, ub.games.positions); or its branch point (``steps.branch_group``: the moves sampled
+# from one position of one game, ub.branching). A NULL position or group is no state: such a
+# decision is in no group.
+STATE_KEYS = ("prompt", "position", "branch")
 
 
 def _state_groups(rows: Sequence[Mapping[str, Any]], key: str) -> list[list[int]]:
-    """The indices of ``rows`` that share a state, by ``key`` (NULL positions left out)."""
+    """The indices of ``rows`` that share a state, by ``key`` (NULL keys left out)."""
     if key == "prompt":
         return _row_groups(rows, lambda row: tuple(row["prompt_token_ids"]))
-    keyed = [i for i, row in enumerate(rows) if row["position"] is not None]
-    groups = _row_groups([rows[i] for i in keyed], lambda row: (row["env_id"], row["position"]))
+    column = "branch_group" if key == "branch" else "position"
+    keyed = [i for i, row in enumerate(rows) if row[column] is not None]
+    groups = _row_groups([rows[i] for i in keyed], lambda row: (row["env_id"], row[column]))
     return [[keyed[j] for j in members] for members in groups]
 
 
@@ -198,7 +201,13 @@ def _state_window(key: str) -> tuple[str, str]:
     """(the SQL window over a decision's state, the condition that it has one) for ``key``."""
     if key == "prompt":
         return "OVER (PARTITION BY state_key)", "TRUE"
-    return "OVER (PARTITION BY env_id, position)", "position IS NOT NULL"
+    column = "branch_group" if key == "branch" else "position"
+    return f"OVER (PARTITION BY env_id, {column})", f"{column} IS NOT NULL"
+
+
+def _check_key(name: str, key: object, keys: Sequence[str]) -> None:
+    if key not in keys:
+        raise UbError(f"{name} key must be one of {', '.join(keys)}, got {key!r}")
 
 
 @register
@@ -212,17 +221,17 @@ class StateBaseline(SamplingTransform):
     (the block that was made against the one that was missed). The mean of the other
     decisions does not depend on this decision's move, so the baseline adds no bias. Put it
     before ``normalize_per_env``. ``key``: ``prompt`` (the same prompt tokens, so the same
-    history too) or ``position`` (the same ``env_id`` and ``steps.position``; a decision
-    without a position keeps its value).
+    history too), ``position`` (the same ``env_id`` and ``steps.position``; a decision
+    without a position keeps its value) or ``branch`` (the same ``steps.branch_group``: the
+    ``rollout.branch.k`` moves sampled from one position of one game, ub.branching; a
+    decision at no branch point keeps its value).
     """
 
     name: ClassVar[str] = "state_baseline"
     key: str = "prompt"
 
     def validate(self) -> None:
-        if self.key not in STATE_KEYS:
-            raise UbError(f"state_baseline key must be one of {', '.join(STATE_KEYS)}, got "
-                          f"{self.key!r}")
+        _check_key(self.name, self.key, STATE_KEYS)
 
     @property
     def needs(self) -> tuple[str, ...]:  # type: ignore[override]
@@ -260,29 +269,33 @@ class PositionAdvantage(SamplingTransform):
     ``[normalize_per_env, position_advantage]`` is GiGPO's ``A_episode + w * A_step``
     (Feng et al. 2025, arXiv 2505.10978). A game's outcome credits every move of a seat alike;
     within a position the moves are compared with each other, so "take the whole last pile"
-    is scored against "take one" where both were possible.
+    is scored against "take one" where both were possible. ``key: branch`` groups by
+    ``steps.branch_group`` instead: the moves sampled from one position of one game
+    (``rollout.branch``), compared with each other only.
     """
 
     name: ClassVar[str] = "position_advantage"
     weight: float = 1.0
     scale: bool = True
     eps: float = 1e-6
+    key: str = "position"
 
     def validate(self) -> None:
         sql_float(self.weight)
         if not float(self.weight) > 0:
             raise UbError(f"position_advantage weight must be > 0, got {self.weight}")
         _check_scale(self.name, self.scale, self.eps)
+        _check_key(self.name, self.key, STATE_KEYS[1:])
 
     def sql(self, value: str) -> str:
-        over, keyed = _state_window("position")
+        over, keyed = _state_window(self.key)
         step = _standardized_sql("reward", over, self.scale, self.eps)
         return (f"{value} + {sql_float(self.weight)} * CASE WHEN {keyed} AND count(*) {over} > 1 "
                 f"THEN {step} ELSE 0.0 END")
 
     def apply_rows(self, values: list[float], rows: Sequence[Mapping[str, Any]]) -> list[float]:
         out = list(values)
-        for members in _state_groups(rows, "position"):
+        for members in _state_groups(rows, self.key):
             if len(members) < 2:
                 continue
             steps = _standardized([rows[i]["reward"] for i in members], self.scale, self.eps)

@@ -164,6 +164,21 @@ def _check_sections(config: TrainConfig, source: str) -> None:
             check_legal_moves(spec)
         except UbError as exc:
             raise fail(field, str(exc)) from None
+    branch = config.rollout.branch
+    if branch.on:
+        from ub.games.positions import position_function
+        from ub.games.specs import check_copyable
+
+        for i, env in enumerate(config.envs):
+            try:
+                check_copyable(env.game())
+            except UbError as exc:
+                raise fail(f"envs.{i}", str(exc)) from None
+            if branch.select == "spread" and position_function(env.env_id, env.position) is None:
+                raise fail("rollout.branch.select", f"spread reads the returns seen in each "
+                           f"position, and {env.env_id} has no position keys: give its "
+                           "envs[].position a function (docs/data.md) or select random or "
+                           "surprisal")
     from ub.actors.expert import check_expert_supports
     from ub.actors.spec import parse_actor
 

@@ -18,6 +18,7 @@ from pydantic import Field, field_validator, model_validator
 
 from ub.batch.config import BatchConfig
 from ub.benchmarks import BenchmarksSection
+from ub.branching import BranchConfig
 from ub.games.specs import GameSpec
 from ub.inference.types import EngineSection, SamplingConfig
 from ub.learner.config import LearnerConfig, LearnerSection
@@ -53,7 +54,7 @@ class EnvSection(GameSpec):
 
 
 class RolloutSection(Section):
-    """How many games a round plays, and how they are split into shards."""
+    """How many games a round plays, how they are split into shards, and where they branch."""
 
     games_per_round: int = Field(128, ge=1, le=MAX_GAMES, description="Games played per round.")
     shards: int = Field(1, ge=1, description="Rollout tasks per round, one shard each, at most "
@@ -61,6 +62,9 @@ class RolloutSection(Section):
                         "unfinished keeps its own).", json_schema_extra=EXECUTION)
     concurrency: int = Field(128, ge=1, description="Most games in flight at once per shard.",
                              json_schema_extra=EXECUTION)
+    branch: BranchConfig = Field(default_factory=BranchConfig, description="Dynamic "
+                                 "branching: more moves sampled from chosen positions, each "
+                                 "copy of the game played to its end (docs/branching.md).")
 
     @model_validator(mode="after")
     def _a_game_per_shard(self) -> RolloutSection:

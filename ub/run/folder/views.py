@@ -73,8 +73,8 @@ LEARNER_SCHEMA = pa.schema([
     ("truncated", pa.int64()), ("reward_mean", pa.float64()), ("advantage_std", pa.float64()),
 ])
 ROUNDS_SCHEMA = pa.schema([
-    ("round", pa.int64()), ("games", pa.int64()), ("decisions", pa.int64()),
-    ("model_decisions", pa.int64()), ("invalid_moves", pa.int64()),
+    ("round", pa.int64()), ("games", pa.int64()), ("copies", pa.int64()),
+    ("decisions", pa.int64()), ("model_decisions", pa.int64()), ("invalid_moves", pa.int64()),
     ("generated_tokens", pa.int64()), ("round_seconds", pa.float64()),
     ("rollout_seconds", pa.float64()), ("eval_seconds", pa.float64()),
     ("learner_seconds", pa.float64()), ("other_seconds", pa.float64()),

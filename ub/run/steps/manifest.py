@@ -42,6 +42,7 @@ def round_manifest(run: Run, shards: list[ShardResult], metrics: dict[str, Any],
         # Relative to the run, so a moved or mounted run still reads.
         "shards": [os.path.relpath(s.games_path, run.paths.root) for s in shards],
         "games": sum(s.games for s in shards),
+        "copies": sum(s.copies for s in shards),  # (of the games: made at branch points)
         "decisions": sum(s.decisions for s in shards),
         "model_decisions": sum(s.model_decisions for s in shards),
         "invalid_moves": sum(s.invalid_moves for s in shards),

@@ -111,6 +111,8 @@ class ShardResult:
     invalid_moves: int = 0
     """Invalid moves among the model's decisions."""
     outcomes: dict[str, int] = field(default_factory=dict)
+    copies: int = 0
+    """Of ``games``, the copies made at branch points (ub.branching)."""
 
 
 def eval_game_id_prefix(run_name: str, sid: ShardId) -> str:
@@ -121,7 +123,8 @@ def eval_game_id_prefix(run_name: str, sid: ShardId) -> str:
 
 def play_shard(worker: Worker, run: Run, root: Path, sid: ShardId, assignments: list, *,
                 sampling: SamplingConfig, kind: str,
-                metadata: dict[str, Any] | None = None) -> ShardResult:
+                metadata: dict[str, Any] | None = None,
+                branching: dict[str, Any] | None = None) -> ShardResult:
     from ub.inference.watch import EngineDied
     from ub.progress_bar import progress_bar
     from ub.rollout import play_games
@@ -134,7 +137,8 @@ def play_shard(worker: Worker, run: Run, root: Path, sid: ShardId, assignments: 
         return ShardResult(str(games_path), pq.read_metadata(games_path).num_rows,
                            meta.get("decisions", 0), meta.get("model_decisions", 0),
                            meta.get("generated_tokens", 0), meta.get("seconds", 0.0), True,
-                           meta.get("invalid_moves", 0), meta.get("outcomes", {}))
+                           meta.get("invalid_moves", 0), meta.get("outcomes", {}),
+                           meta.get("copies", 0))
     from ub.actors.hosted import check_hosted
 
     for name in sorted({a.name for g in assignments for a in g.actors if a.kind == "hosted"}):
@@ -158,7 +162,8 @@ def play_shard(worker: Worker, run: Run, root: Path, sid: ShardId, assignments: 
                     assignments, engine=engine, run=run.name, round_=sid.round,
                     shard=sid.shard, base_seed=run.config.seed,
                     concurrency=run.config.rollout.concurrency, sampling=sampling,
-                    progress=progress, **(paired if kind == "eval" else {}))
+                    progress=progress, **(paired if kind == "eval" else {}),
+                    **(branching or {}))
             break
         except EngineDied as exc:
             # Nothing of the shard was written, and its games are a function of their seeds:
@@ -176,16 +181,19 @@ def play_shard(worker: Worker, run: Run, root: Path, sid: ShardId, assignments: 
     st = rollout.stats
     model_rows = rollout.steps.filter(pc.equal(rollout.steps["actor_kind"], "model"))
     invalid = int(pc.sum(model_rows["invalid_move"].cast(pa.int64())).as_py() or 0)
-    extra = {"kind": kind, "model": run.base_model, "decisions": st.decisions,
+    extra = {"kind": kind, "model": run.base_model, "copies": st.copies,
+             "decisions": st.decisions,
              "model_decisions": st.model_decisions, "generated_tokens": st.generated_tokens,
              "seconds": st.seconds, "invalid_moves": invalid, "outcomes": st.outcomes,
              **(metadata or {})}
     publish(run.paths, *write_shard(root, sid, run.name, rollout.steps, rollout.games, extra))
-    logger.info("%s shard %s/%s committed: %d games (%s), %d model decisions, %d invalid, "
-                "%d tokens in %.1f s -> %s", kind, sid.round, sid.shard, st.games, st.outcomes,
+    logger.info("%s shard %s/%s committed: %d games%s (%s), %d model decisions, %d invalid, "
+                "%d tokens in %.1f s -> %s", kind, sid.round, sid.shard, st.games,
+                f", {st.copies} of them branch copies" if st.copies else "", st.outcomes,
                 st.model_decisions, invalid, st.generated_tokens, st.seconds, games_path)
     return ShardResult(str(games_path), st.games, st.decisions, st.model_decisions,
-                       st.generated_tokens, st.seconds, False, invalid, dict(st.outcomes))
+                       st.generated_tokens, st.seconds, False, invalid, dict(st.outcomes),
+                       st.copies)
 
 
 def rollout_shard(run: Run, round_: int, shard: int, games: list[PlannedGame],
@@ -204,4 +212,30 @@ def rollout_shard(run: Run, round_: int, shard: int, games: list[PlannedGame],
         assignments.append(GameAssignment(specs[g.env], g.game_index, env_seed, seated))
     return play_shard(worker, run, run.paths.train_data, ShardId(round_, shard), assignments,
                        sampling=rollout_sampling(run.config), kind="train",
-                       metadata={"shards": shards or run.config.rollout.shards})
+                       metadata={"shards": shards or run.config.rollout.shards},
+                       branching=round_branching(run, round_))
+
+
+def round_branching(run: Run, round_: int) -> dict[str, Any]:
+    """The rollout's branching options for round ``round_`` (:class:`ub.rollout.RolloutRunner`'s
+    ``branch``, ``learner`` and ``spread``); none when ``rollout.branch`` is off."""
+    from ub.branching import SPREAD_ROUNDS, spread_sql
+    from ub.run.folder.layout import checkpoint_name
+    from ub.run.steps.plan import behaviour_update
+
+    branch = run.config.rollout.branch
+    if not branch.on:
+        return {}
+    spread: dict[str, dict[str, float]] = {}
+    first = max(0, round_ - SPREAD_ROUNDS)
+    if branch.select == "spread" and round_ > 0:
+        from ub.data.sql import query
+        from ub.run.folder.store import fetch_round
+
+        for previous in range(first, round_):  # (a worker without the run's files)
+            fetch_round(run.paths, run.paths.train_data, "steps", previous)
+        for env in {e.env_id for e in run.config.envs}:
+            rows = query(run.paths.train_data, spread_sql(env, first, round_ - 1)).to_pylist()
+            spread[env] = {r["position"]: r["spread"] for r in rows}
+    return {"branch": branch, "spread": spread,
+            "learner": checkpoint_name(behaviour_update(run.config, round_))}

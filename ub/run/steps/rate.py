@@ -10,6 +10,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ub.branching import not_copies
 from ub.data.shards import round_dir
 from ub.faults import fault_point
 from ub.run.folder.layout import checkpoint_name, write_json_atomic
@@ -27,10 +28,10 @@ def _games_of(root: Path, round_: int, only_shard: int | None = None) -> pa.Tabl
         files = [f for f in files if f.name == f"shard-{only_shard:04d}.parquet"]
     if not files:
         return None
-    table = pa.concat_tables(pq.read_table(f, columns=["game_index", "game_id", "actors",
-                                                       "rewards", "outcome", "winner"])
-                             for f in files)
+    table = pa.concat_tables(not_copies(pq.read_table(f)).select(
+        ["game_index", "game_id", "actors", "rewards", "outcome", "winner"]) for f in files)
     return table.sort_by("game_index")
+
 
 
 def rate_round(run: Run, round_: int, evaluated: list[int]) -> list[dict[str, Any]]:

@@ -61,7 +61,8 @@ def _collection(run: Run, round_: int) -> dict[str, float]:
     per_env = query(run.paths.train_data, """
         WITH model AS (
           SELECT s.*, g.outcome, g.winner, g.num_turns, g.seconds AS game_seconds
-          FROM s_round s JOIN g_round g USING (game_id) WHERE s.actor_kind = 'model'),
+          FROM s_round s JOIN g_round g USING (game_id)
+          WHERE s.actor_kind = 'model' AND g.parent_game_id IS NULL),  -- (not branch copies)
         seats AS (SELECT DISTINCT env_id, game_id, seat, env_reward, outcome, winner
                   FROM model),
         diversity AS (
