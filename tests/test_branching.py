@@ -12,10 +12,10 @@ import pyarrow.compute as pc
 import pytest
 
 from ub.actors.spec import parse_actor
-from ub.branching import BranchConfig, Candidate, choose_points, spread_score
+from ub.branching import BranchConfig, Candidate, check_copyable, choose_points, spread_score
 from ub.errors import UbError
 from ub.games.loop import Game
-from ub.games.specs import GameSpec, check_copyable
+from ub.games.specs import GameSpec
 from ub.rollout import assign_games, play_games
 
 TIMINGS = ["gen_seconds", "env_seconds", "completion_logprobs"]

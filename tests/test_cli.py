@@ -335,7 +335,9 @@ CONFIG_FIELD_CASES = [
     ("envs=[{{env_id: TicTacToe-v0-train, position: 'own_components:NotATransform'}}]",
      "position function 'own_components:NotATransform' is a class, not a function"),
     ("batch.sampling=[{{name: state_baseline, key: board}}]", "state_baseline key must be one "
-     "of prompt, position, got 'board'"),
+     "of prompt, position, branch, got 'board'"),
+    ("rollout.branch.k=1", "rollout.branch.k: 1 is one move per branch point, which is no "
+     "branching: give 0 (off) or 2 or more"),
     ("batch.sampling=[{{name: position_advantage, weight: 0}}]", "position_advantage weight "
      "must be > 0"),
     ("learner.lora.rank=0", "rank"), ("learner.max_grad_norm=-1", "max_grad_norm"),

@@ -137,30 +137,6 @@ def check_legal_moves(spec: GameSpec) -> None:
                       "legal_moves: free)")
 
 
-def check_copyable(spec: GameSpec) -> None:
-    """Refuse a game whose state cannot be copied for dynamic branching (ub.branching): a copy
-    of a fresh game's state must take a move as the game itself does (same observation after
-    it), and copying must not raise."""
-    from ub.games.loop import Game
-
-    game = Game(spec, 0, "copy-check")
-    try:
-        if game.done:
-            raise RuntimeError(game.final.error or "the game ended at its start")
-        copy = game.copy(game.snapshot(), "copy-check-c1")
-        move = (game.legal_moves or ["[0]"])[0]
-        for g in (game, copy):
-            g.apply(move)
-        same = (game.done, game.observation) == (copy.done, copy.observation)
-    except Exception as exc:
-        raise UbError(f"{spec.env_id}'s state cannot be copied for rollout.branch "
-                      f"({type(exc).__name__}: {exc}): set rollout.branch.k to 0") from None
-    if not same:
-        raise UbError(f"{spec.env_id}'s state cannot be copied for rollout.branch (a copy "
-                      "plays on differently from the game: it keeps state outside the env "
-                      "or Python's random): set rollout.branch.k to 0")
-
-
 def check_env_id(env_id: str) -> None:
     """Refuse an env id TextArena does not have (listing close matches) or one that needs the
     network."""

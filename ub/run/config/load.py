@@ -166,8 +166,8 @@ def _check_sections(config: TrainConfig, source: str) -> None:
             raise fail(field, str(exc)) from None
     branch = config.rollout.branch
     if branch.on:
+        from ub.branching import check_copyable
         from ub.games.positions import position_function
-        from ub.games.specs import check_copyable
 
         for i, env in enumerate(config.envs):
             try:
