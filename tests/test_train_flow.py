@@ -31,7 +31,7 @@ TEST_CONFIG = {
     # Nim's moves held to the legal ones (legal_moves: mask), TicTacToe's free: a batch of both.
     "envs": [{"env_id": "TicTacToe-v0-train", "weight": 3},
              {"env_id": "Nim-v0-train", "legal_moves": "mask"}],
-    "rollout": {"games_per_round": 12, "concurrency": 16,
+    "rollout": {"games_per_round": 8, "concurrency": 16,
                 "branch": {"k": 4, "select": "surprisal"}},
     "opponents": [{"mode": "mirror", "weight": 1.0}],
     "batch": {"batch_size": 48, "sampling": [{"name": "state_baseline", "key": "branch"},
@@ -42,6 +42,7 @@ TEST_CONFIG = {
 
 GAME_COLUMNS = ["game_id", "env_id", "seed", "actors", "rewards", "outcome", "num_turns"]
 COPIES = TEST_CONFIG["rollout"]["branch"]["k"] - 1  # per game (one branch point each)
+GAMES = TEST_CONFIG["rollout"]["games_per_round"]
 STEP_COLUMNS = ["game_id", "turn", "actor", "prompt_token_ids", "completion_token_ids",
                 "completion_logprobs", "action", "invalid_move"]
 
@@ -111,7 +112,8 @@ def test_two_rounds_commit_shards_checkpoints_ratings_and_evals(reference_run):
     assert learner["update"] == 2 and learner["tokens"] > 0
     # Each component kept its own log.
     logs = paths.root / "logs"
-    assert "train shard 1/0 committed: 48 games" in (logs / "rollout.log").read_text()
+    assert (f"train shard 1/0 committed: {GAMES * (1 + COPIES)} games, {GAMES * COPIES} of them "
+            "branch copies") in (logs / "rollout.log").read_text()
     assert "round 1: ckpt-000001 -> ckpt-000002" in (logs / "learner.log").read_text()
     assert "ckpt-000002 vs random on TicTacToe-v0-train: 8 games" in (
         logs / "eval.log").read_text()
@@ -125,7 +127,7 @@ def test_two_rounds_commit_shards_checkpoints_ratings_and_evals(reference_run):
         assert rebuild_ratings(run, round_).snapshot() == json.loads(
             paths.ratings(round_).read_text())
     # Rated: the games played, not the copies made at branch points; and the eval games.
-    assert json.loads(paths.ratings(1).read_text())["games_seen"] == 2 * 12 + 2 * 8
+    assert json.loads(paths.ratings(1).read_text())["games_seen"] == 2 * GAMES + 2 * 8
     board = manifests[1]["leaderboard"]
     assert {m["name"] for m in board} == {"ckpt-000000", "ckpt-000001", "ckpt-000002", "random"}
     assert [m["conservative"] for m in board] == sorted((m["conservative"] for m in board),
@@ -256,7 +258,7 @@ def test_rerun_changes_nothing_and_more_rounds_extend(reference_run, config_file
     shutil.copytree(paths.root, copy.root)
     summary = selfplay(run_name="ref", root=str(tmp_path), rounds=3, quiet=True)
     assert summary["rounds"] == 3 and copy.committed_rounds() == [0, 1, 2]
-    assert _games(copy.root)[:2 * 12 * (1 + COPIES)] == _games(paths.root)
+    assert _games(copy.root)[:2 * GAMES * (1 + COPIES)] == _games(paths.root)
     assert is_checkpoint(copy.checkpoint(3))
 
 
@@ -340,7 +342,7 @@ def test_each_branch_point_samples_k_moves_from_one_position_and_the_batch_compa
                count(DISTINCT s.game_id) AS games, count(g.parent_game_id) AS copies
         FROM steps s JOIN games g USING (game_id)
         WHERE s.branch_group IS NOT NULL GROUP BY ALL ORDER BY ALL""").to_pylist()
-    assert len(groups) == 2 * 12  # one point per game
+    assert len(groups) == 2 * GAMES  # one point per game
     for g in groups:
         assert (g["decisions"], g["turns"], g["positions"], g["keyed"], g["seeds"], g["games"],
                 g["copies"]) == (4, 1, 1, 4, 4, 4, 3), g
@@ -350,7 +352,7 @@ def test_each_branch_point_samples_k_moves_from_one_position_and_the_batch_compa
                any_value(p.game_index) = any_value(g.game_index) AS same_index
         FROM games g JOIN steps s USING (game_id) JOIN games p ON p.game_id = g.parent_game_id
         GROUP BY ALL""").to_pylist()
-    assert len(copies) == 2 * 12 * COPIES
+    assert len(copies) == 2 * GAMES * COPIES
     for c in copies:
         assert c["game_id"].startswith(f"{c['parent_game_id']}-t{c['branch_turn']:03d}-c")
         assert c["first_turn"] == c["branch_turn"] and c["same_index"], c
@@ -429,7 +431,7 @@ def test_documented_queries_and_run_views_describe_the_run(reference_run, capsys
 
     views = RunViews(root).tables()
     assert views["rounds"].column("round").to_pylist() == [0, 1]
-    assert views["rounds"].column("copies").to_pylist() == [12 * COPIES] * 2
+    assert views["rounds"].column("copies").to_pylist() == [GAMES * COPIES] * 2
     assert views["learner"].column("update").to_pylist() == [1, 2]
     assert sorted(views["evals"].column("update").to_pylist()) == [0, 2]
     assert views["checkpoints"].column("name").to_pylist() == [
