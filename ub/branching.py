@@ -35,6 +35,7 @@ import math
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import pyarrow as pa
@@ -113,16 +114,15 @@ def spread_score(spread: Mapping[str, float], position: str | None) -> float:
     return spread.get(position, math.inf)
 
 
-def spread_sql(env_id: str, first_round: int, last_round: int) -> str:
-    """The standard error of the mean return of each position of ``env_id`` seen at least
-    twice in rounds ``first_round`` to ``last_round`` (the model's decisions in every game,
-    copies included), over the ``steps`` view."""
-    env = env_id.replace("'", "''")
-    return f"""SELECT position, stddev_samp(env_reward) / sqrt(count(*)) AS spread
+def spread_sql(first_round: int, last_round: int) -> str:
+    """The standard error of the mean return of each (env, position) seen at least twice in
+    rounds ``first_round`` to ``last_round`` (the model's decisions in every game, copies
+    included), over the ``steps`` view."""
+    return f"""SELECT env_id, position, stddev_samp(env_reward) / sqrt(count(*)) AS spread
 FROM steps
-WHERE env_id = '{env}' AND actor_kind = 'model' AND position IS NOT NULL
-  AND env_reward IS NOT NULL AND round BETWEEN {int(first_round)} AND {int(last_round)}
-GROUP BY position HAVING count(*) >= 2"""
+WHERE actor_kind = 'model' AND position IS NOT NULL AND env_reward IS NOT NULL
+  AND round BETWEEN {int(first_round)} AND {int(last_round)}
+GROUP BY env_id, position HAVING count(*) >= 2"""
 
 
 def group_id(parent_game_id: str, turn: int) -> str:
@@ -136,13 +136,15 @@ def copy_game_id(group: str, copy: int) -> str:
     return f"{group}-c{copy}"
 
 
-def not_copies(games: pa.Table) -> pa.Table:
-    """``games`` (rows of the ``games`` table) less the copies made at branch points: their
-    outcomes are the policy's alternatives from one position, not games it chose to play, so
-    ratings and the per-round metrics leave them out."""
-    if "parent_game_id" not in games.column_names:  # (a shard of schema 4 or older)
-        return games
-    return games.filter(pc.is_null(games["parent_game_id"]))
+def played_games(files: Sequence[str | Path], columns: Sequence[str]) -> pa.Table:
+    """``columns`` of the games in ``files`` (``games`` shards of any schema version) less the
+    copies made at branch points: their outcomes are the policy's alternatives from one
+    position, not games it chose to play, so ratings and the dashboard's records leave them
+    out (a shard older than schema 5 reads ``parent_game_id`` as NULL: no copies)."""
+    from ub.data.sql import shards_dataset
+
+    return shards_dataset("games", [str(f) for f in files]).to_table(
+        columns=list(columns), filter=pc.field("parent_game_id").is_null())
 
 
 def check_copyable(spec: GameSpec) -> None:

@@ -295,9 +295,8 @@ def mirror_records(root: Path, rounds: int, cache: dict | None = None
     (or two draws) for the checkpoint. Reads only the ``games`` shards' ``actors`` and
     ``results`` columns (and which games are copies, ub.branching: those are not counted), each
     file once per ``cache``."""
-    import pyarrow.parquet as pq
 
-    from ub.branching import not_copies
+    from ub.branching import played_games
     from ub.data.shards import committed_shards, shard_path
 
     seen: dict[str, dict[str, list[int]]] = ({} if cache is None
@@ -311,8 +310,7 @@ def mirror_records(root: Path, rounds: int, cache: dict | None = None
         if key not in seen:
             counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
             try:
-                games = not_copies(pq.read_table(path)).select(["actors", "results"]
-                                                               ).to_pylist()
+                games = played_games([path], ["actors", "results"]).to_pylist()
             except (OSError, ValueError):
                 games = []  # a damaged shard: `ub doctor` names it
             for g in games:

@@ -115,16 +115,17 @@ class Rollout:
 
 @dataclass
 class _Live:
-    """A game in flight: its assignment, its state, and its scripted seats' players; with
-    branching, its state before each of the learner's decisions (``snapshots``, by turn), or,
-    for a copy, its parent and the seeds it samples from (``seed_parts``)."""
+    """A game in flight: its assignment, its state, its scripted seats' players, and what its
+    seeds derive from (``seed_parts``: the run's seed, the scope and the game's index; a copy's,
+    its parent's sampling seed at the point and its number); with branching, its state before
+    each of the learner's decisions (``snapshots``, by turn), or, for a copy, its parent."""
 
     assignment: GameAssignment
     game: Game
     players: dict[int, Any]
+    seed_parts: tuple[object, ...]
     snapshots: dict[int, Snapshot] = field(default_factory=dict)
     parent: str | None = None
-    seed_parts: tuple[object, ...] = ()
     groups: dict[int, str] = field(default_factory=dict)  # turn -> its branch_group
 
 
@@ -266,37 +267,26 @@ class RolloutRunner:
 
     def _start_more(self) -> None:
         """Start queued games until ``concurrency`` are in flight."""
-        from ub.actors.scripted import make_scripted_player
-
         while self._queue and len(self._live) < self.concurrency:
             order = self._queue.popleft()
             if isinstance(order, _CopyOrder):
                 item = self._copy(order)
             else:
                 a = order
-                players = {
-                    seat: make_scripted_player(actor.name, derive_seed(
-                        self.base_seed, self.seed_scope, a.game_index, seat, "player"))
-                    for seat, actor in enumerate(a.actors) if actor.kind == "scripted"
-                }
-                item = _Live(a, Game(a.spec, a.seed, self.game_id(a)), players)
+                parts = (self.base_seed, self.seed_scope, a.game_index)
+                item = _Live(a, Game(a.spec, a.seed, self.game_id(a)),
+                             _scripted_players(a.actors, parts), parts)
             self._live[item.game.game_id] = item
             self._advance(item)
 
     def _copy(self, order: _CopyOrder) -> _Live:
         """A copy of ``order.parent`` from its state at ``order.turn``: its own seeds (from the
         parent's sampling seed at the point), fresh scripted players on them."""
-        from ub.actors.scripted import make_scripted_player
-
         parent, group = order.parent, order.parent.groups[order.turn]
-        seed_parts = (order.seed, "branch", order.copy)
-        players = {
-            seat: make_scripted_player(actor.name, derive_seed(*seed_parts, seat, "player"))
-            for seat, actor in enumerate(parent.assignment.actors) if actor.kind == "scripted"
-        }
+        parts = (order.seed, "branch", order.copy)
         game = parent.game.copy(parent.snapshots[order.turn], copy_game_id(group, order.copy))
-        return _Live(parent.assignment, game, players, parent=parent.game.game_id,
-                     seed_parts=seed_parts, groups={order.turn: group})
+        return _Live(parent.assignment, game, _scripted_players(parent.assignment.actors, parts),
+                     parts, parent=parent.game.game_id, groups={order.turn: group})
 
     def _advance(self, item: _Live) -> None:
         """Move scripted seats until the game ends or waits for the model or a hosted seat."""
@@ -336,11 +326,7 @@ class RolloutRunner:
             return False
         if template.name not in self._end_tokens:
             self._end_tokens[template.name] = template.end_token_ids(engine.tokenizer)
-        if item.seed_parts:  # a copy: its own seeds, from the parent's at the point
-            seed = derive_seed(*item.seed_parts, g.turn, "sample")
-        else:
-            seed = derive_seed(self.base_seed, self.seed_scope, item.assignment.game_index,
-                               g.turn, "sample")
+        seed = derive_seed(*item.seed_parts, g.turn, "sample")
         if self.branch is not None and item.parent is None and actor.name == self.learner:
             item.snapshots[g.turn] = g.snapshot()  # (a branch point, maybe: read at its end)
         mask = None
@@ -467,9 +453,8 @@ class RolloutRunner:
         candidates = [Candidate(d.turn, -sum(d.details.get("completion_logprobs") or ()),
                                 d.position)
                       for d in g.decisions if d.turn in item.snapshots]
-        turns = choose_points(candidates, self.branch, derive_seed(
-            self.base_seed, self.seed_scope, item.assignment.game_index, "branch"),
-            self.spread.get(item.assignment.spec.env_id))
+        turns = choose_points(candidates, self.branch, derive_seed(*item.seed_parts, "branch"),
+                              self.spread.get(item.assignment.spec.env_id))
         orders = []
         for turn in turns:
             item.groups[turn] = group_id(g.game_id, turn)
@@ -477,6 +462,15 @@ class RolloutRunner:
             orders += [_CopyOrder(item, turn, j, seed) for j in range(1, self.branch.k)]
         item.snapshots = {t: s for t, s in item.snapshots.items() if t in item.groups}
         self._queue.extendleft(reversed(orders))
+
+
+def _scripted_players(actors: tuple[ActorSpec, ...], seed_parts: tuple[object, ...]
+                      ) -> dict[int, Any]:
+    """The scripted seats' players of a game whose seeds derive from ``seed_parts``, by seat."""
+    from ub.actors.scripted import make_scripted_player
+
+    return {seat: make_scripted_player(actor.name, derive_seed(*seed_parts, seat, "player"))
+            for seat, actor in enumerate(actors) if actor.kind == "scripted"}
 
 
 # The rows a finished game adds to the ``steps`` and ``games`` tables. ``where`` holds the

@@ -234,8 +234,7 @@ def round_branching(run: Run, round_: int) -> dict[str, Any]:
 
         for previous in range(first, round_):  # (a worker without the run's files)
             fetch_round(run.paths, run.paths.train_data, "steps", previous)
-        for env in {e.env_id for e in run.config.envs}:
-            rows = query(run.paths.train_data, spread_sql(env, first, round_ - 1)).to_pylist()
-            spread[env] = {r["position"]: r["spread"] for r in rows}
+        for row in query(run.paths.train_data, spread_sql(first, round_ - 1)).to_pylist():
+            spread.setdefault(row["env_id"], {})[row["position"]] = row["spread"]
     return {"branch": branch, "spread": spread,
             "learner": checkpoint_name(behaviour_update(run.config, round_))}

@@ -8,9 +8,8 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from ub.branching import not_copies
+from ub.branching import played_games
 from ub.data.shards import round_dir
 from ub.faults import fault_point
 from ub.run.folder.layout import checkpoint_name, write_json_atomic
@@ -28,9 +27,8 @@ def _games_of(root: Path, round_: int, only_shard: int | None = None) -> pa.Tabl
         files = [f for f in files if f.name == f"shard-{only_shard:04d}.parquet"]
     if not files:
         return None
-    table = pa.concat_tables(not_copies(pq.read_table(f)).select(
-        ["game_index", "game_id", "actors", "rewards", "outcome", "winner"]) for f in files)
-    return table.sort_by("game_index")
+    return played_games(files, ["game_index", "game_id", "actors", "rewards", "outcome",
+                                "winner"]).sort_by("game_index")
 
 
 
