@@ -22,6 +22,7 @@ from ub.run.folder.layout import RunPaths, checkpoint_name
 from ub.run.folder.lock import RunLock
 from ub.run.folder.logs import run_logs
 from ub.run.folder.store import fetch_checkpoint, sync
+from ub.run.folder.urls import DEFAULT_RUNS_ROOT
 from ub.run.steps.rounds import Run, resolve_run_config
 from ub.tasks import evaluate
 from ub.tasks.track import artifact_key
@@ -52,7 +53,7 @@ class CheckpointEvaluation(BaseModel):
 
 
 @flow(name="evaluate-run", validate_parameters=True)
-def evaluate_run(run_name: str, root: str = "runs", checkpoint: int | None = None
+def evaluate_run(run_name: str, root: str = DEFAULT_RUNS_ROOT, checkpoint: int | None = None
                  ) -> CheckpointEvaluation:
     """Evaluate a checkpoint of a run against the run's fixed eval opponents.
 

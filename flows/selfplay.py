@@ -32,6 +32,7 @@ from ub.run.folder.layout import RunPaths, remove_orphans
 from ub.run.folder.lock import RunLock
 from ub.run.folder.logs import run_logs
 from ub.run.folder.store import publish, sync
+from ub.run.folder.urls import DEFAULT_RUNS_ROOT
 from ub.run.steps.benchmarks import round_benchmarks_due
 from ub.run.steps.evaluate import eval_due
 from ub.run.steps.manifest import GcClock, round_manifest, timed
@@ -82,7 +83,7 @@ def _handed_over(paths: RunPaths) -> RunStart | None:
 
 
 @flow(name="selfplay", validate_parameters=True)
-def selfplay(run_name: str, config: str | None = None, root: str = "runs",
+def selfplay(run_name: str, config: str | None = None, root: str = DEFAULT_RUNS_ROOT,
              rounds: int | None = None, add_rounds: int | None = None,
              overrides: list[str] | None = None, quiet: bool = False,
              ray_address: str | None = None, keep_run_config: bool = False) -> dict[str, Any]:
@@ -118,7 +119,7 @@ def selfplay(run_name: str, config: str | None = None, root: str = "runs",
         ray_address=ray_address, keep_run_config=keep_run_config))
     paths = start.paths
     with (RunLock(paths.lock) as lock, GcClock() as gc_clock, run_logs(paths.logs),
-          ub_logs_to_prefect(), _watching_the_server(paths, root, handed_over is not None)):
+          ub_logs_to_prefect(), _watching_the_server(paths, handed_over is not None)):
         try:
             return _train(start, quiet, lock, gc_clock)
         except Exception:
@@ -126,8 +127,7 @@ def selfplay(run_name: str, config: str | None = None, root: str = "runs",
             raise
 
 
-def _watching_the_server(paths: RunPaths, root: str,
-                         by_ub_train: bool) -> AbstractContextManager[object]:
+def _watching_the_server(paths: RunPaths, by_ub_train: bool) -> AbstractContextManager[object]:
     """Watch the Prefect server this flow reports to: a silence beyond the grace ends the
     process with one line that says how to resume (:mod:`ub.flows.server_watch`). Only in a
     process of the run's own, ``ub train``'s or a deployment run's: a script (or a test)
@@ -148,7 +148,7 @@ def _watching_the_server(paths: RunPaths, root: str,
                  "temporary server of ub's own")
         stop_process(f"the Prefect server at {api_url} has not answered for {silent_s:.0f} s "
                      f"({problem}): the run stopped ({kept}; the round in progress is played "
-                     f"again on resume); {again}: ub train --resume {paths.name} --root {root}",
+                     f"again on resume); {again}: {paths.resume_command}",
                      stderr)
 
     return ServerWatch(api_url, grace_seconds(), lost)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from ub.cli.args import round_number
 from ub.errors import UbError
 from ub.run.checks.gpu_plan import DEFAULT_GPU_GIB
+from ub.run.folder.urls import DEFAULT_RUNS_ROOT
 
 if TYPE_CHECKING:
     from ub.run.checks.preflight import RunRequest
@@ -25,8 +26,9 @@ def add_parser(sub) -> None:
                        "spiral-kuhn) or a YAML file (default: tiny-cpu, or the run's own)")
     train.add_argument("--run", help="run name (default: the config's name)")
     train.add_argument("--resume", metavar="NAME", help="continue run NAME with its own config")
-    train.add_argument("--root", default="runs", help="folder of runs, or an fsspec URL such "
-                       "as s3://bucket/runs (docs/scaling.md; default: runs)")
+    train.add_argument("--root", default=DEFAULT_RUNS_ROOT, help="folder of runs, or an fsspec "
+                       "URL such as s3://bucket/runs (docs/scaling.md; default: "
+                       f"{DEFAULT_RUNS_ROOT})")
     train.add_argument("--rounds", type=round_number(1),
                        help="total rounds (extends a finished run)")
     train.add_argument("--ray", metavar="ADDRESS",

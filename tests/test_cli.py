@@ -450,7 +450,19 @@ def test_train_refuses_another_config_on_an_existing_run(capsys, tmp_path):
                        "--set", "seed=5")
     assert code == 2
     assert "was started with another config: seed (0 in the run, 5 now)" in err
-    assert "ub train --resume exp" in err
+    assert f"`ub train --resume exp --root {tmp_path}`" in err  # the command, as it works
+
+
+def test_the_resume_command_names_the_root_unless_it_is_the_default(tmp_path, monkeypatch):
+    from ub.run.folder.layout import RunPaths
+
+    monkeypatch.chdir(tmp_path)
+    assert RunPaths.of("runs", "exp").resume_command == "ub train --resume exp"
+    assert (RunPaths.of("elsewhere", "exp").resume_command
+            == f"ub train --resume exp --root {tmp_path / 'elsewhere'}")
+    monkeypatch.setenv("UB_WORK_DIR", str(tmp_path / "work"))
+    assert (RunPaths.of("file:///data/runs", "exp").resume_command
+            == "ub train --resume exp --root file:///data/runs")
 
 
 def test_ub_learn_takes_a_runs_own_config_yaml_as_the_run_learns(tmp_path: Path) -> None:

@@ -115,7 +115,7 @@ def plan_server(run_dir: Path, checkpoint: str | None = None, *, host: str = "12
     if not updates:
         raise UbError(f"run {paths.name} has no finished checkpoint yet (none in "
                       f"{paths.root / 'checkpoints'}): train it first "
-                      f"(`ub train --resume {paths.name}`)")
+                      f"(`{paths.resume_command}`)")
     wanted = _choose(checkpoint, updates, paths.name)
     _check_access(host, port, api_key)
     run = Run(paths, config, resolve_base_model(config))

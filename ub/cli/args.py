@@ -10,6 +10,7 @@ from typing import TypeVar
 
 from ub.errors import UbError
 from ub.numbers import NumberError, first_non_finite, parse_float, parse_int, parse_port
+from ub.run.folder.urls import DEFAULT_RUNS_ROOT
 
 T = TypeVar("T")
 
@@ -147,15 +148,11 @@ def yaml_document(path_text: str | None) -> dict:
     return loaded
 
 
-DEFAULT_ROOT = "runs"
-"""Where runs live unless ``--root`` says otherwise."""
-
-
 def add_root_argument(parser: argparse.ArgumentParser) -> None:
     """``--root`` of a command that takes a run by name (:func:`run_dir`)."""
     parser.add_argument("--root", default=None,
-                        help=f"folder of runs (default: {DEFAULT_ROOT}); given, RUN is always a "
-                        "run's name under it")
+                        help=f"folder of runs (default: {DEFAULT_RUNS_ROOT}); given, RUN is "
+                        "always a run's name under it")
 
 
 def run_dir(args: argparse.Namespace) -> Path:
@@ -168,7 +165,7 @@ def run_dir(args: argparse.Namespace) -> Path:
     if args.root is None:
         if Path(args.run).is_dir():
             return Path(args.run)
-        given = DEFAULT_ROOT
+        given = DEFAULT_RUNS_ROOT
     else:
         given = args.root
     if is_url(given):  # a run in a store: this machine's working copy of it

@@ -19,6 +19,7 @@ def add_parser(sub) -> None:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from ub.run.checks.doctor import examine, repair
+    from ub.run.folder.layout import RunPaths
     from ub.run.folder.lock import RunLock, holder
 
     root = run_dir(args)
@@ -43,9 +44,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"rewrote {finding.path.relative_to(root)} from the run's data")
     first = exam.first_broken_round
     if first is not None:
-        print(f"run {root.name} is back at round {first}: `ub train --resume {root.name} "
-              f"--root {root.parent}` replays rounds {first}..{exam.rounds[-1]} as they were "
-              "(same seed, same games)")
+        resume = RunPaths(root.absolute()).resume_command
+        print(f"run {root.name} is back at round {first}: `{resume}` replays rounds "
+              f"{first}..{exam.rounds[-1]} as they were (same seed, same games)")
     return 0
 
 

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from ub.cli.args import checkpoint_choice, game_count, positive_int
 from ub.errors import UbError
+from ub.run.folder.urls import DEFAULT_RUNS_ROOT
 
 if TYPE_CHECKING:
     from ub.run.folder.layout import RunPaths
@@ -18,8 +19,8 @@ def add_parser(sub) -> None:
     evaluate = sub.add_parser("eval", help="evaluate a run's checkpoint against fixed "
                               "opponents, or on reasoning benchmarks (--tasks)")
     evaluate.add_argument("run", help="run name")
-    evaluate.add_argument("--root", default="runs",
-                          help="folder of runs, or an fsspec URL (default: runs)")
+    evaluate.add_argument("--root", default=DEFAULT_RUNS_ROOT,
+                          help=f"folder of runs, or an fsspec URL (default: {DEFAULT_RUNS_ROOT})")
     evaluate.add_argument("--checkpoint", type=checkpoint_choice,
                           help="checkpoint update (0: the start, the base model), latest or "
                           "all (all: with --tasks only; default: latest)")

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from ub.errors import UbError
 from ub.run.config.load import TrainConfig
 from ub.run.folder.layout import RunPaths
+from ub.run.folder.urls import DEFAULT_RUNS_ROOT
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,7 @@ class RunRequest:
     """How a run was asked to start or continue: the ``selfplay`` flow's parameters."""
 
     name: str
-    root: str = "runs"
+    root: str = DEFAULT_RUNS_ROOT
     config: str | None = None
     """A preset or YAML file that starts the run (or must match it); ``None``: its own."""
     overrides: tuple[str, ...] = ()

@@ -33,7 +33,7 @@ from typing import Any
 from ub.benchmarks import check_task_name
 from ub.data.atomic import write_atomic
 from ub.errors import UbError
-from ub.run.folder.urls import is_url, working_copy
+from ub.run.folder.urls import DEFAULT_RUNS_ROOT, is_url, working_copy
 
 RUN_FORMAT = 2
 """The layout version of a run directory; bump it when a change would confuse an older ub.
@@ -134,6 +134,18 @@ class RunPaths:
     @property
     def name(self) -> str:
         return self.root.name
+
+    @property
+    def resume_command(self) -> str:
+        """The command that continues this run: ``--root`` unless the run is under the working
+        directory's default runs root, where ``ub train --resume NAME`` alone finds it."""
+        if self.store:
+            root = self.store.rpartition("/")[0]
+        elif self.root.parent == Path(DEFAULT_RUNS_ROOT).absolute():
+            return f"ub train --resume {self.name}"
+        else:
+            root = str(self.root.parent)
+        return f"ub train --resume {self.name} --root {root}"
 
     @property
     def config(self) -> Path:

@@ -1,4 +1,5 @@
-"""Runs roots that are URLs: which roots are, and where this machine keeps a run's copy.
+"""Runs roots: the default one, which roots are URLs, and where this machine keeps a stored
+run's copy.
 
 A leaf (no ub imports): :mod:`ub.run.folder.layout` resolves a run's paths with it, and
 :mod:`ub.run.folder.store`, which reads and writes a run's durable copy, builds on layout.
@@ -9,6 +10,9 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+
+DEFAULT_RUNS_ROOT = "runs"
+"""Where runs live unless ``--root`` says otherwise (relative to the working directory)."""
 
 SCHEME = re.compile(r"^[a-zA-Z][a-zA-Z0-9+.-]*://")
 

@@ -101,10 +101,9 @@ class Progress:
             self.console.print(table)
         paths = self.run.paths
         where = paths.location
-        runs_root = f" --root {where.rsplit('/', 1)[0]}" if paths.store else ""
         self.console.print(
             f"run data: {where}  (query it: ub sql {where} \"SELECT ...\"; "
-            f"resume or extend: ub train --resume {self.run.name}{runs_root} --rounds N)  "
+            f"resume or extend: {paths.resume_command} --rounds N)  "
             f"[dim]{time.perf_counter() - self.started:.0f} s[/dim]")
         last = paths.committed_rounds()
         return {"run": self.run.name, "root": str(paths.root), "store": paths.store,

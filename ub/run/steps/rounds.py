@@ -144,7 +144,7 @@ def resolve_run_config(paths: RunPaths, config: TrainConfig | None, *,
             if diff:
                 raise UbError(
                     f"run {paths.name} at {paths.root} was started with another config: {diff}. "
-                    f"Resume it as it is with `ub train --resume {paths.name}` (optionally "
+                    f"Resume it as it is with `{paths.resume_command}` (optionally "
                     "--rounds N), or start a new run with another --run NAME")
     elif config is None:
         where = paths.store.rpartition("/")[0] if paths.store else paths.root.parent
