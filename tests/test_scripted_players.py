@@ -47,15 +47,24 @@ def _num_players(env_id: str) -> int:
 
 
 def _acted_alone(player: RandomPlayer, env: Any) -> tuple[str, bool]:
-    """``player``'s move, and whether the global RNG's state changed meanwhile. No other
-    thread runs Python code in between (a library's background thread may use the global RNG:
-    Prefect's or websockets' retry jitter, in a process that ran a flow earlier)."""
+    """``player``'s move, and whether it changed the global RNG's state.
+
+    A library's background thread may draw from the global RNG meanwhile (Prefect's or
+    websockets' retry jitter, in a process that ran a flow earlier; a long switch interval
+    narrows the window but a thread woken from I/O or a finalizer still runs). So a change
+    counts only if the same move, replayed from the same player state, changes it every time:
+    a foreign draw does not land in three windows in a row."""
     interval = sys.getswitchinterval()
     sys.setswitchinterval(60)
     try:
-        before = random.getstate()
-        action = player.act(env)
-        return action, random.getstate() != before
+        for _ in range(3):
+            replay = copy.deepcopy(player)
+            before = random.getstate()
+            action = replay.act(env)
+            if random.getstate() == before:
+                player.__dict__.update(replay.__dict__)  # the move as played: the player's draw
+                return action, False
+        return action, True
     finally:
         sys.setswitchinterval(interval)
 
