@@ -163,9 +163,8 @@ def test_spread_is_the_standard_error_of_each_positions_returns_in_the_rounds_re
 
     import pyarrow as pa
 
-    from ub.branching import spread_sql
+    from ub.branching import read_spread
     from ub.data.shards import ShardId, write_shard
-    from ub.data.sql import query
 
     steps = rollout.steps
     steps = steps.set_column(steps.schema.get_field_index("actor_kind"), "actor_kind",
@@ -187,9 +186,10 @@ def test_spread_is_the_standard_error_of_each_positions_returns_in_the_rounds_re
         return {k: statistics.stdev(x) / len(x) ** 0.5 for k, x in returns.items()
                 if len(x) >= 2}
 
-    for first, last, rows in ((0, 1, steps), (1, 1, steps.slice(half))):
-        got = {(r["env_id"], r["position"]): r["spread"] for r in query(
-            tmp_path, spread_sql(first, last)).to_pylist()}
+    for first, last, rows in ((0, 1, steps), (0, 0, steps.slice(0, half)),
+                              (1, 1, steps.slice(half))):
+        got = {(env, position): value for env, by_position in read_spread(
+            tmp_path, first, last).items() for position, value in by_position.items()}
         want = by_hand(rows.to_pylist())
         assert got.keys() == want.keys() and len(got) > 5
         assert {env for env, _ in got} == {"TicTacToe-v0-train"}  # (no Nim in these rounds)

@@ -125,6 +125,22 @@ WHERE actor_kind = 'model' AND position IS NOT NULL AND env_reward IS NOT NULL
 GROUP BY env_id, position HAVING count(*) >= 2"""
 
 
+def read_spread(root: Path, first_round: int, last_round: int) -> dict[str, dict[str, float]]:
+    """:func:`spread_sql` over the training data under ``root``, by env id then position;
+    only the shards of rounds ``first_round`` to ``last_round`` are opened, so a round's cost
+    does not grow with the run."""
+    from ub.data.shards import committed_shards, shard_path
+    from ub.data.sql import query_tables, table_dataset
+
+    files = [shard_path(root, "steps", sid) for sid in committed_shards(root)
+             if first_round <= sid.round <= last_round]
+    steps = table_dataset(root, "steps", files)
+    spread: dict[str, dict[str, float]] = {}
+    for row in query_tables({"steps": steps}, spread_sql(first_round, last_round)).to_pylist():
+        spread.setdefault(row["env_id"], {})[row["position"]] = row["spread"]
+    return spread
+
+
 def group_id(parent_game_id: str, turn: int) -> str:
     """The ``branch_group`` of the decisions taken at ``turn`` of ``parent_game_id`` and its
     copies (copies' game ids begin with it)."""

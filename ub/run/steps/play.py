@@ -219,7 +219,7 @@ def rollout_shard(run: Run, round_: int, shard: int, games: list[PlannedGame],
 def round_branching(run: Run, round_: int) -> dict[str, Any]:
     """The rollout's branching options for round ``round_`` (:class:`ub.rollout.RolloutRunner`'s
     ``branch``, ``learner`` and ``spread``); none when ``rollout.branch`` is off."""
-    from ub.branching import SPREAD_ROUNDS, spread_sql
+    from ub.branching import SPREAD_ROUNDS, read_spread
     from ub.run.folder.layout import checkpoint_name
     from ub.run.steps.plan import behaviour_update
 
@@ -229,12 +229,10 @@ def round_branching(run: Run, round_: int) -> dict[str, Any]:
     spread: dict[str, dict[str, float]] = {}
     first = max(0, round_ - SPREAD_ROUNDS)
     if branch.select == "spread" and round_ > 0:
-        from ub.data.sql import query
         from ub.run.folder.store import fetch_round
 
         for previous in range(first, round_):  # (a worker without the run's files)
             fetch_round(run.paths, run.paths.train_data, "steps", previous)
-        for row in query(run.paths.train_data, spread_sql(first, round_ - 1)).to_pylist():
-            spread.setdefault(row["env_id"], {})[row["position"]] = row["spread"]
+        spread = read_spread(run.paths.train_data, first, round_ - 1)
     return {"branch": branch, "spread": spread,
             "learner": checkpoint_name(behaviour_update(run.config, round_))}

@@ -47,7 +47,7 @@ from ub.run.steps.rounds import Run
 
 
 def _collection(run: Run, round_: int) -> dict[str, float]:
-    from ub.data.sql import query, table_dataset
+    from ub.data.sql import query_tables, table_dataset
 
     # A driver without the workers' files fetches them first.
     fetch_round(run.paths, run.paths.train_data, "steps", round_)
@@ -58,7 +58,7 @@ def _collection(run: Run, round_: int) -> dict[str, float]:
     # The round's shards (not hidden temporary files), in the current column names.
     extra = {"s_round": table_dataset(steps, "steps", sorted(steps.glob("shard-*.parquet"))),
              "g_round": table_dataset(games, "games", sorted(games.glob("shard-*.parquet")))}
-    per_env = query(run.paths.train_data, """
+    per_env = query_tables(extra, """
         WITH model AS (
           SELECT s.*, g.outcome, g.winner, g.num_turns, g.seconds AS game_seconds
           FROM s_round s JOIN g_round g USING (game_id)
@@ -89,7 +89,7 @@ def _collection(run: Run, round_: int) -> dict[str, float]:
                sum(m.gen_seconds) / greatest(sum(length(m.completion)), 1) AS seconds_per_char
         FROM model m LEFT JOIN diversity d USING (env_id)
         GROUP BY m.env_id ORDER BY m.env_id
-    """, extra).to_pylist()
+    """).to_pylist()
     out = {}
     for row in per_env:
         env = row.pop("env_id")
