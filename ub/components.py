@@ -13,7 +13,7 @@ import importlib
 import inspect
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from ub.errors import UbError
 
@@ -72,7 +72,7 @@ def load_class(path: str, base: type[T], what: str, guide: str) -> type[T]:
     :param guide: where to read how to write one (``"docs/algorithms.md"``).
     :raises UbError: one line naming the path, what failed and what to do.
     """
-    found = _import(path, what)
+    found = _import(path, what, "class")
     if not isinstance(found, type):
         raise UbError(f"{what} {path!r} is a {type(found).__name__}, not a class: name a "
                       f"subclass of {public_name(base)} ({guide})")
@@ -88,7 +88,7 @@ def load_function(path: str, what: str, guide: str) -> Callable[..., Any]:
 
     :raises UbError: one line naming the path, what failed and what to do.
     """
-    found = _import(path, what)
+    found = _import(path, what, "function")
     if isinstance(found, type) or not callable(found):
         kind = "class" if isinstance(found, type) else type(found).__name__
         raise UbError(f"{what} {path!r} is a {kind}, not a function: name a function ({guide})")
@@ -107,12 +107,13 @@ def public_name(cls: type) -> str:
 
 
 @functools.cache
-def _import(path: str, what: str) -> object:
-    """The object at ``path`` (cached: a run's every round and check uses the same class)."""
+def _import(path: str, what: str, kind: Literal["class", "function"]) -> object:
+    """The object at ``path`` (cached: a run's every round and check uses the same class);
+    ``kind``: what it should be, for the error's hint."""
     module_name, _, qualname = path.partition(SEPARATOR)
     if not module_name or not qualname or SEPARATOR in qualname:
-        raise UbError(f"{what} {path!r}: an import path is package.module:Class, "
-                      "with one ':' between the module and the class")
+        raise UbError(f"{what} {path!r}: an import path is package.module:Name, "
+                      f"with one ':' between the module and the {kind}")
     problem = import_problem(path)
     if problem is not None:
         raise UbError(f"{what} {path!r}: importing {module_name} failed ({problem}): put the "
@@ -124,13 +125,15 @@ def _import(path: str, what: str) -> object:
         if not hasattr(found, part):
             where = getattr(module, "__file__", None) or module_name
             raise UbError(f"{what} {path!r}: {module_name} ({where}) has no {qualname}; "
-                          f"its classes: {', '.join(_classes(module)) or 'none'}")
+                          f"its {'classes' if kind == 'class' else 'functions'}: "
+                          f"{', '.join(_defined(module, kind)) or 'none'}")
         found = getattr(found, part)
     return found
 
 
-def _classes(module: object) -> list[str]:
-    """The classes a module defines itself (not those it imports), for a hint."""
+def _defined(module: object, kind: Literal["class", "function"]) -> list[str]:
+    """The classes (or functions) a module defines itself, not those it imports, for a hint."""
     name = getattr(module, "__name__", "")
+    wanted = inspect.isclass if kind == "class" else inspect.isfunction
     return sorted(n for n, v in vars(module).items()
-                  if inspect.isclass(v) and v.__module__ == name)
+                  if wanted(v) and getattr(v, "__module__", None) == name)
