@@ -14,7 +14,8 @@ in the same seats on the same seeds (the bar to clear), the share of games lost 
 move, how the first and last checkpoints played TicTacToe move by move (optimal moves, lines
 completed and stopped when they could be, lines completed at the cell it could complete most
 often and elsewhere), and the wall time of each part (rollout, learner, evaluation, other).
-Ends with one JSON object (also written to ``ROOT/learning-LABEL.json``).
+Ends with one JSON object over every seed of LABEL measured in ROOT so far (the details in
+``ROOT/learning-LABEL.json``, to which each call adds its seeds: one seed a call adds up).
 """
 
 from __future__ import annotations
@@ -325,6 +326,10 @@ def main() -> None:
                   f"elsewhere), stopped the opponent's {t['blocked']:.0%}, took the free "
                   f"centre otherwise {t['centre']:.0%}")
     out = root / f"learning-{args.label}.json"
+    if out.exists():  # seeds run one call at a time add up: a run measured again is replaced
+        ours = {r["run"] for r in results}
+        results = sorted([r for r in json.loads(out.read_text()) if r["run"] not in ours]
+                         + results, key=lambda r: (r["seed"], r["run"]))
     out.write_text(json.dumps(results, indent=1))
     print("\n" + summary_table(results) + "\n")
     print(json.dumps({"label": args.label, "config": args.config, "overrides": args.overrides,
