@@ -22,6 +22,7 @@ from typing import Any
 
 from prefect import flow
 
+from ub.flows.flow_runs import crash_dead_holders_flow_run, lock_owner
 from ub.flows.prefect_env import current_api_url
 from ub.flows.prefect_logs import ub_logs_to_prefect
 from ub.flows.ray_runner import cluster_tasks
@@ -118,8 +119,9 @@ def selfplay(run_name: str, config: str | None = None, root: str = DEFAULT_RUNS_
         run_name, root, config, tuple(overrides or ()), rounds=rounds, add_rounds=add_rounds,
         ray_address=ray_address, keep_run_config=keep_run_config))
     paths = start.paths
-    with (RunLock(paths.lock) as lock, GcClock() as gc_clock, run_logs(paths.logs),
-          ub_logs_to_prefect(), _watching_the_server(paths, handed_over is not None)):
+    with (RunLock(paths.lock, owner=lock_owner()) as lock, GcClock() as gc_clock,
+          run_logs(paths.logs), ub_logs_to_prefect(),
+          _watching_the_server(paths, handed_over is not None)):
         try:
             return _train(start, quiet, lock, gc_clock)
         except Exception:
@@ -179,6 +181,9 @@ def _rounds(run: Run, quiet: bool, lock: RunLock, gc_clock: GcClock) -> dict[str
     if lock.recovered_from:
         progress.note(f"recovered the lock of a process that died "
                       f"(pid {lock.recovered_from.get('pid')})")
+        crashed = crash_dead_holders_flow_run(lock.recovered_from)
+        if crashed:
+            progress.note(crashed)
     removed = remove_orphans(paths.root)
     if removed:
         progress.note(f"removed {len(removed)} unfinished file(s) of an interrupted process")

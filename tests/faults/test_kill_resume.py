@@ -5,6 +5,7 @@ the suite's; the long version is ``bench/faults.py``."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -12,6 +13,7 @@ import re
 import signal
 import time
 
+import httpx
 import yaml
 
 from faults.runs import CONFIG, KILL_POINTS, differences, plan_faults, table_rows, train
@@ -46,6 +48,17 @@ def test_killed_at_several_points_and_resumed_loses_nothing(reference, fault_con
     ledger["faults survived" if not found else "faults lost"] += len(injected)
     assert not found, f"seed {seed}, faults {injected}: {found}"
     assert len(injected) >= (2 if seed else 3), f"seed {seed}: only {injected} of {faults} fired"
+    # No killed process's flow run is left running on the server: the process that took the run
+    # over from it marked it crashed, naming itself; the last one completed.
+    found = httpx.post(f"{prefect_api}/flow_runs/filter",
+                       json={"sort": "START_TIME_DESC", "limit": 50}, timeout=30).json()
+    ours = sorted((r for r in found if r["parameters"].get("root") == str(tmp_path)),
+                  key=lambda r: r["start_time"])
+    assert [r["state_type"] for r in ours] == ["CRASHED"] * len(injected) + ["COMPLETED"]
+    for crashed, successor in itertools.pairwise(ours):
+        assert re.search(rf"the process driving it \(pid \d+ on .+\) died; flow run "
+                         rf"{successor['id']} \({successor['name']}\) took the run over",
+                         crashed["state"]["message"]), crashed["state"]
     # Two runs named "run" (two machines, say) are two W&B runs.
     ids = [json.loads((r / "ub-run.json").read_text())["wandb_id"] for r in (tmp_path / "run", ref)]
     assert ids[0] != ids[1] and all(i.startswith("run-") for i in ids), ids

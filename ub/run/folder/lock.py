@@ -2,7 +2,9 @@
 
 The lock is an ``flock`` on ``run.lock``: the kernel releases it when the holder dies, however it
 dies, so a lock left by a killed process is recovered by simply taking it again. The file holds
-the holder's pid and host, for the message a second process gets.
+the holder's pid and host, for the message a second process gets, and what else the holder
+says of itself (the ``selfplay`` flow: its Prefect flow run, which the next holder of a lock
+left by a dead process marks as crashed: :mod:`ub.flows.flow_runs`).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import json
 import os
 import socket
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from ub.errors import UbError
@@ -26,8 +29,10 @@ class RunLocked(UbError):
 class RunLock:
     """``with RunLock(path):`` holds the run for the block (and the process's life)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, owner: Mapping[str, str] | None = None) -> None:
+        """:param owner: more of the holder's record (beside its pid, host and start)."""
         self.path = path
+        self.owner = dict(owner or {})
         self._fd: int | None = None
         self.recovered_from: dict | None = None
         """The previous holder's record when it died without releasing (a stale lock)."""
@@ -45,7 +50,7 @@ class RunLock:
         if previous and previous.get("pid") != os.getpid():
             self.recovered_from = previous
         record = {"pid": os.getpid(), "host": socket.gethostname(),
-                  "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+                  "since": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **self.owner}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(record).encode(), 0)
         self._fd = fd
