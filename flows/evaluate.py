@@ -15,6 +15,7 @@ from pydantic import BaseModel
 
 from ub.errors import UbError
 from ub.evaluation import EvalRow
+from ub.flows.flow_runs import crash_dead_holders_flow_run, lock_owner
 from ub.flows.prefect_logs import ub_logs_to_prefect
 from ub.learner.checkpoint import latest_checkpoint
 from ub.run.config.base_model import resolve_base_model
@@ -66,7 +67,9 @@ def evaluate_run(run_name: str, root: str = DEFAULT_RUNS_ROOT, checkpoint: int |
         The evaluation: win/draw/loss with 95% Wilson bounds per (env, opponent).
     """
     paths = RunPaths.of(root, run_name)
-    with RunLock(paths.lock), run_logs(paths.logs), ub_logs_to_prefect():
+    with (RunLock(paths.lock, owner=lock_owner()) as lock, run_logs(paths.logs),
+          ub_logs_to_prefect()):
+        crash_dead_holders_flow_run(lock.recovered_from)
         sync(paths)  # a run in a store: this machine's copy catches up
         # In this process even for a run trained on Ray: its workers live only while it trains.
         config = resolve_run_config(paths, None, ray_address="local")[0]

@@ -3,12 +3,12 @@
 A process ended outright (SIGKILL, the OOM killer, a lost machine, ub's own stop when the
 Prefect server went silent) tells the server nothing, so its flow run stayed ``Running`` in
 Prefect's UI for good, beside the flow run that resumed the run. Prefect's worker marks the
-flow runs it started itself; ``ub train``'s (and a script's) have no worker. So the ``selfplay``
-flow writes its flow run's id into the run's lock (:class:`ub.run.folder.lock.RunLock`), and
-the next holder of a lock left by a dead process sets that flow run ``Crashed`` on the server
-it reports to, naming itself. Best effort: a flow run the server does not know (another
-server's) or has ended already is left as it is, and a server that fails the call changes
-nothing in the run.
+flow runs it started itself; ``ub train``'s (and a script's) have no worker. So the
+``selfplay`` and ``evaluate-run`` flows write their flow run's id into the run's lock
+(:class:`ub.run.folder.lock.RunLock`), and the next holder of a lock left by a dead process
+sets that flow run ``Crashed`` on the server it reports to, naming itself. Best effort: a flow
+run the server does not know (another server's) or has ended already is left as it is, and a
+server that fails the call changes nothing in the run.
 """
 
 from __future__ import annotations
