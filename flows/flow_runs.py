@@ -37,7 +37,8 @@ def crash_dead_holders_flow_run(previous: Mapping[str, Any] | None) -> str | Non
     when it did."""
     from prefect.runtime import flow_run
 
-    dead = (previous or {}).get(FLOW_RUN_KEY)
+    record = previous or {}
+    dead = record.get(FLOW_RUN_KEY)
     if not dead or not flow_run.id or dead == str(flow_run.id):
         return None
     from prefect.client.orchestration import get_client
@@ -49,9 +50,9 @@ def crash_dead_holders_flow_run(previous: Mapping[str, Any] | None) -> str | Non
             state = client.read_flow_run(UUID(dead)).state
             if state is None or not state.is_running():
                 return None
-            who = f"pid {previous.get('pid')} on {previous.get('host')}" if previous else "?"
             client.set_flow_run_state(UUID(dead), Crashed(message=(
-                f"the process driving it ({who}) died; flow run {flow_run.id} "
+                f"the process driving it (pid {record.get('pid')} on {record.get('host')}) "
+                f"died; flow run {flow_run.id} "
                 f"({flow_run.name}) took the run over")), force=True)
     except ObjectNotFound:
         return None  # a flow run of another server

@@ -129,10 +129,15 @@ def connect(root: Path, extra: dict[str, pa.Table | ds.Dataset] | None = None
             ) -> duckdb.DuckDBPyConnection:
     """An in-memory DuckDB connection with read-only views over the data under ``root`` (and
     ``extra`` tables, e.g. a run's ratings), then external access switched off."""
+    return connect_tables({**data_tables(root), **(extra or {})})
+
+
+def data_tables(root: Path) -> dict[str, ds.Dataset]:
+    """Every table of the data under ``root``, over its committed shards."""
     root = Path(root)
     if not root.is_dir():
         raise UbError(f"{root} is not a directory of ub data (expected steps/ and games/ inside)")
-    return connect_tables({**{t: table_dataset(root, t) for t in TABLES}, **(extra or {})})
+    return {t: table_dataset(root, t) for t in TABLES}
 
 
 def connect_tables(tables: dict[str, pa.Table | ds.Dataset]) -> duckdb.DuckDBPyConnection:
@@ -167,11 +172,7 @@ def _remove_spill(folder: str, owner: int) -> None:
 def query(root: Path, sql: str, extra: dict[str, pa.Table | ds.Dataset] | None = None
           ) -> pa.Table:
     """Run ``sql`` against the views of ``root`` and return the result as an Arrow table."""
-    con = connect(root, extra)
-    try:
-        return run_sql(con, sql)
-    finally:
-        con.close()
+    return query_tables({**data_tables(root), **(extra or {})}, sql)
 
 
 def query_tables(tables: dict[str, pa.Table | ds.Dataset], sql: str) -> pa.Table:
