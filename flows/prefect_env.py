@@ -62,8 +62,10 @@ def start_tied_server() -> str | None:
     Prefect starts the server as a plain child process and stops it at exit, which a SIGKILL
     (the OOM killer) skips: the server was re-parented to pid 1 and kept running, and the next
     run started another. Here the child asks the kernel (``PR_SET_PDEATHSIG``) for SIGTERM the
-    moment its parent dies. Prefect's clients then find this server running (the temporary
-    server is one instance per process) and use it. Linux only; elsewhere Prefect's own start.
+    moment its parent dies, in a process group of its own (out of reach of a terminal's Ctrl-C,
+    which ``ub train`` answers itself). Prefect's clients then find this server running (the
+    temporary server is one instance per process) and use it. Linux only; elsewhere Prefect's
+    own start.
     """
     if os.environ.get("PREFECT_API_URL"):
         return None
@@ -79,6 +81,10 @@ def start_tied_server() -> str | None:
     parent = os.getpid()
 
     def tie_to_parent() -> None:  # runs in the child between fork and exec
+        # A terminal's Ctrl-C goes to its whole foreground process group: the server, in a
+        # group of its own, stays up while the interrupted run tells it how its flow run ended
+        # (killed with it, the run's client retried a dead server for a minute, in tracebacks).
+        os.setpgrp()
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
         if os.getppid() != parent:  # the parent died before the line above took effect
             os._exit(1)

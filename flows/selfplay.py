@@ -142,15 +142,12 @@ def _watching_the_server(paths: RunPaths, by_ub_train: bool) -> AbstractContextM
     own = "PREFECT_API_URL" not in os.environ  # the temporary server ub started
 
     def lost(silent_s: float, problem: str, stderr: int) -> None:
-        committed = len(paths.committed_rounds())
-        kept = {0: "no round is committed", 1: "round 0 is committed"}.get(
-            committed, f"rounds 0-{committed - 1} are committed")
         again = ("`ub train` starts a new temporary server" if own else
                  "once the server answers again, or with PREFECT_API_URL unset for a "
                  "temporary server of ub's own")
         stop_process(f"the Prefect server at {api_url} has not answered for {silent_s:.0f} s "
-                     f"({problem}): the run stopped ({kept}; the round in progress is played "
-                     f"again on resume); {again}: {paths.resume_command}",
+                     f"({problem}): the run stopped ({committed_so_far(paths)}); {again}: "
+                     f"{paths.resume_command}",
                      stderr)
 
     return ServerWatch(api_url, grace_seconds(), lost)
@@ -171,6 +168,14 @@ def _train(start: RunStart, quiet: bool, lock: RunLock, gc_clock: GcClock) -> di
     run = Run(paths, train_config, resolve_base_model(train_config))
     with cluster_tasks(run):
         return _rounds(run, quiet, lock, gc_clock)
+
+
+def committed_so_far(paths: RunPaths) -> str:
+    """What a stopped run keeps, for the line that says how to resume it."""
+    committed = len(paths.committed_rounds())
+    kept = {0: "no round is committed", 1: "round 0 is committed"}.get(
+        committed, f"rounds 0-{committed - 1} are committed")
+    return f"{kept}; the round in progress is played again on resume"
 
 
 def _rounds(run: Run, quiet: bool, lock: RunLock, gc_clock: GcClock) -> dict[str, Any]:

@@ -72,11 +72,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     from ub.flows.prefect_env import start_tied_server
 
     start_tied_server()  # dies with this process, even by SIGKILL
-    from ub.flows.selfplay import preflighted, selfplay  # (Prefect imports after configure_prefect)
+    # (Prefect imports after configure_prefect)
+    from ub.flows.selfplay import committed_so_far, preflighted, selfplay
 
-    with preflighted(start):  # the flow takes this preflight's config: resolved once
-        selfplay(run_name=name, config=args.config, root=str(args.root), rounds=args.rounds,
-                 overrides=list(args.set), quiet=args.quiet, ray_address=args.ray)
+    try:
+        with preflighted(start):  # the flow takes this preflight's config: resolved once
+            selfplay(run_name=name, config=args.config, root=str(args.root), rounds=args.rounds,
+                     overrides=list(args.set), quiet=args.quiet, ray_address=args.ray)
+    except KeyboardInterrupt:  # Ctrl-C: how to go on (ub.cli.parser prints it, exit 130)
+        raise KeyboardInterrupt(f"{committed_so_far(start.paths)}: "
+                                f"{start.paths.resume_command}") from None
     return 0
 
 

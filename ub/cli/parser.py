@@ -43,8 +43,8 @@ def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> i
         print(f"ub: error: {exc.strerror} writing {exc.filename or 'a file'}: free space, "
               "then run the same command again", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("ub: interrupted", file=sys.stderr)
+    except KeyboardInterrupt as exc:  # (a command may say how to go on)
+        print(f"ub: interrupted: {exc}" if str(exc) else "ub: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:  # `ub sql ... | head`
         os._exit(0)
