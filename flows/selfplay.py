@@ -27,6 +27,7 @@ from ub.flows.prefect_env import current_api_url
 from ub.flows.prefect_logs import ub_logs_to_prefect
 from ub.flows.ray_runner import cluster_tasks
 from ub.flows.server_watch import ServerWatch, grace_seconds, stop_process
+from ub.flows.stopping import stopped
 from ub.run.checks.preflight import RunRequest, RunStart, preflight
 from ub.run.config.base_model import resolve_base_model
 from ub.run.folder.layout import RunPaths, remove_orphans
@@ -124,7 +125,9 @@ def selfplay(run_name: str, config: str | None = None, root: str = DEFAULT_RUNS_
           _watching_the_server(paths, handed_over is not None)):
         try:
             return _train(start, quiet, lock, gc_clock)
-        except Exception:
+        except Exception as error:
+            if stopped(error):  # Ctrl-C met in Prefect's machinery, which made it another error
+                raise KeyboardInterrupt from None
             log.exception("run %s failed", run_name)  # the traceback, for after the fact
             raise
 

@@ -74,15 +74,22 @@ def cmd_train(args: argparse.Namespace) -> int:
     start_tied_server()  # dies with this process, even by SIGKILL
     # (Prefect imports after configure_prefect)
     from ub.flows.selfplay import committed_so_far, preflighted, selfplay
+    from ub.flows.stopping import stop_on_signals, stopped
 
-    try:
-        with preflighted(start):  # the flow takes this preflight's config: resolved once
-            selfplay(run_name=name, config=args.config, root=str(args.root), rounds=args.rounds,
-                     overrides=list(args.set), quiet=args.quiet, ray_address=args.ray)
-    except KeyboardInterrupt:  # Ctrl-C: how to go on (ub.cli.parser prints it, exit 130)
-        raise KeyboardInterrupt(f"{committed_so_far(start.paths)}: "
-                                f"{start.paths.resume_command}") from None
-    return 0
+    with stop_on_signals():  # Ctrl-C or SIGTERM: one interrupt, its flow run told how it ended
+        try:
+            with preflighted(start):  # the flow takes this preflight's config: resolved once
+                selfplay(run_name=name, config=args.config, root=str(args.root),
+                         rounds=args.rounds, overrides=list(args.set), quiet=args.quiet,
+                         ray_address=args.ray)
+        except BaseException as error:
+            if not stopped(error):
+                raise
+        else:
+            if not stopped():
+                return 0
+    # How to go on (ub.cli.parser prints it, exit 130).
+    raise KeyboardInterrupt(f"{committed_so_far(start.paths)}: {start.paths.resume_command}")
 
 
 def _request(args: argparse.Namespace, name: str) -> RunRequest:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -177,6 +178,26 @@ def test_sql_is_read_only(tmp_path, rollout):
     # Even a write hidden behind a SELECT cannot reach the file system.
     with pytest.raises(UbError, match="SQL error"):
         query(tmp_path, f"SELECT * FROM read_csv('{outside}')")
+
+
+def test_a_query_interrupted_by_a_signal_is_the_interrupt(rollout, tmp_path):
+    """Ctrl-C (or SIGTERM, as Prefect raises it) mid-query: DuckDB turns the signal into an
+    error of its own (RuntimeError 'Query interrupted', seen when a SIGTERM hit a run's
+    tracking query; its InterruptException when interrupted otherwise); ub's commands and
+    flows need the interrupt back, to stop as an interrupted run does (docs/reliability.md).
+    Which of DuckDB's paths a real signal takes depends on the thread it lands in, so each is
+    raised here as DuckDB raises it."""
+    from ub.data.sql import _sql_errors
+
+    write_shard(tmp_path, ShardId(0, 0), "run", rollout.steps, rollout.games)
+    con = connect(tmp_path)
+    threading.Timer(1.0, con.interrupt).start()
+    with pytest.raises(KeyboardInterrupt):  # (uncut: ~1 min)
+        run_sql(con, "SELECT sum(hash(s.turn + r.range)) FROM steps s, range(20000000) r")
+    with pytest.raises(KeyboardInterrupt), _sql_errors():
+        raise RuntimeError("Query interrupted")
+    with pytest.raises(RuntimeError, match="another"), _sql_errors():
+        raise RuntimeError("another")
 
 
 def test_duckdbs_temporary_folder_is_private(tmp_path, rollout, monkeypatch):

@@ -10,7 +10,6 @@ by game).
 from __future__ import annotations
 
 import os
-import re
 import signal
 import sqlite3
 import subprocess
@@ -187,41 +186,49 @@ def test_a_server_gone_mid_run_stops_it_in_one_line_and_a_resume_loses_nothing(
     assert query(paths.root, GAMES).to_pylist() == query(restarted_run.root, GAMES).to_pylist()
 
 
-def test_ctrl_c_stops_a_run_in_one_line_and_its_own_server_records_the_end(config_file,
-                                                                          tmp_path):
-    """Ctrl-C in the terminal of a `ub train` with ub's own temporary server: the terminal's
-    SIGINT reaches its whole process group. The server took it too and died, so the run's
-    Prefect client retried it for a minute and printed ~200 lines of tracebacks (77 s, exit 1);
-    the server now sits in a group of its own. Slow (~45 s): a real process as a terminal
-    starts it (not forked warm: SIGINT as a shell gives it), and ub's own server's start."""
+def test_ctrl_c_or_sigterm_stops_a_run_in_one_line_and_its_own_server_records_the_end(
+        config_file, tmp_path):
+    """Ctrl-C in the terminal of a `ub train` with ub's own temporary server, then SIGTERM (a
+    scheduler's stop) to its resume. The terminal's SIGINT reaches its whole process group: the
+    server took it too and died, so the run's Prefect client retried it for a minute and
+    printed ~200 lines of tracebacks (77 s, exit 1); the server now sits in a group of its own.
+    SIGTERM killed the run at once, its flow run left Running. Slow (~60 s): real processes as
+    a terminal starts them (not forked warm: SIGINT as a shell gives it), each starting ub's
+    own server and playing a round first."""
     ub = Path(sys.executable).parent / "ub"
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     paths = RunPaths.of(tmp_path, "stopped")
-    train = subprocess.Popen(
-        [str(ub), "train", str(config_file), "--run", "stopped", "--root", str(tmp_path),
-         "--rounds", "20", "--quiet"], env=env, stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE, text=True, start_new_session=True,
-        preexec_fn=as_from_a_terminal)
-    wait_for(lambda: train.poll() is not None or paths.manifest(0).exists(), 600,
-             "round 0 commits")
-    assert train.poll() is None, train.communicate()[1][-3000:]
-    os.killpg(train.pid, signal.SIGINT)  # Ctrl-C: the whole foreground process group
-    stopped = time.monotonic()
-    _, stderr = train.communicate(timeout=300)
-    took = time.monotonic() - stopped
-    assert train.returncode == 130, stderr[-3000:]
-    assert "Traceback" not in stderr and "Error logging to API" not in stderr, stderr[-3000:]
-    assert re.fullmatch(r"ub: interrupted: rounds? 0(-\d+)? (is|are) committed; the round in "
-                        r"progress is played again on resume: ub train --resume stopped "
-                        rf"--root {re.escape(str(tmp_path))}", stderr.splitlines()[-1]), stderr
-    assert took < 30, f"stopped {took:.0f} s after Ctrl-C"
-    assert session_members(train.pid) == []  # its server and engine went with it
-    # The server heard how the flow run ended before it stopped (its database, as Prefect
+    for args, stop in (([str(config_file), "--run", "stopped", "--rounds", "40"],
+                        lambda pid: os.killpg(pid, signal.SIGINT)),  # Ctrl-C: the whole group
+                       (["--resume", "stopped"], lambda pid: os.kill(pid, signal.SIGTERM))):
+        committed = len(paths.committed_rounds())
+        train = subprocess.Popen(
+            [str(ub), "train", *args, "--root", str(tmp_path), "--quiet"], env=env,
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            start_new_session=True, preexec_fn=as_from_a_terminal)
+        wait_for(lambda t=train, r=committed: t.poll() is not None or paths.manifest(r).exists(),
+                 600, f"round {committed} commits")
+        assert train.poll() is None, train.communicate()[1][-3000:]
+        stop(train.pid)
+        stopped = time.monotonic()
+        _, stderr = train.communicate(timeout=300)
+        took = time.monotonic() - stopped
+        assert train.returncode == 130, stderr[-3000:]
+        assert "Traceback" not in stderr and "Error logging to API" not in stderr, stderr[-3000:]
+        last = len(paths.committed_rounds()) - 1
+        kept = "round 0 is committed" if last == 0 else f"rounds 0-{last} are committed"
+        assert stderr.splitlines()[-1] == (
+            f"ub: interrupted: {kept}; the round in progress is played again on resume: "
+            f"ub train --resume stopped --root {tmp_path}"), stderr
+        assert took < 30, f"stopped {took:.0f} s after the signal"
+        assert session_members(train.pid) == []  # its server and engine went with it
+    assert paths.committed_rounds() == list(range(len(paths.committed_rounds())))
+    # The server heard how each flow run ended before it stopped (its database, as Prefect
     # keeps it under the runs root's .prefect home).
     with sqlite3.connect(tmp_path / ".prefect" / "prefect.db") as db:
         states = db.execute("SELECT state_type FROM flow_run WHERE "
                             "json_extract(parameters, '$.run_name') = 'stopped'").fetchall()
-    assert states == [("CRASHED",)]
+    assert states == [("CRASHED",), ("CRASHED",)]
 
 
 def test_a_server_that_is_not_there_is_refused_in_one_line(restarted_run, tmp_path):

@@ -232,9 +232,16 @@ def _read_only(con: duckdb.DuckDBPyConnection, sql: str) -> duckdb.DuckDBPyRelat
 
 @contextlib.contextmanager
 def _sql_errors() -> Iterator[None]:
-    """DuckDB's errors as one-line :class:`UbError`."""
+    """DuckDB's errors as one-line :class:`UbError`; a query that a signal (Ctrl-C, SIGTERM)
+    interrupted as the :class:`KeyboardInterrupt` it was (DuckDB turns it into its own error)."""
     try:
         yield
+    except duckdb.InterruptException:
+        raise KeyboardInterrupt from None
+    except RuntimeError as exc:
+        if str(exc) == "Query interrupted":
+            raise KeyboardInterrupt from None
+        raise
     except duckdb.Error as exc:
         message = str(exc).splitlines()[0]
         if "Parquet" in message and "input source" in message:
