@@ -295,7 +295,6 @@ def mirror_records(root: Path, rounds: int, cache: dict | None = None
     (or two draws) for the checkpoint. Reads only the ``games`` shards' ``actors`` and
     ``results`` columns (and which games are copies, ub.branching: those are not counted), each
     file once per ``cache``."""
-
     from ub.branching import played_games
     from ub.data.shards import committed_shards, shard_path
 
