@@ -31,7 +31,8 @@ def round_descriptions(run: Run, round_: int) -> dict[str, str]:
 def track(run: Run, round_: int, manifest: dict[str, Any]) -> str:
     metrics = round_metrics(run, round_, manifest, manifest["leaderboard"])
     path = write_metrics(run, round_, metrics)
-    log_wandb(run, round_, metrics, manifest.get("evals", {}), manifest.get("benchmarks", {}))
+    log_wandb(run, round_, metrics, manifest.get("evals", {}), manifest.get("benchmarks", {}),
+              manifest.get("exploitability", {}))
     descriptions = round_descriptions(run, round_)
     create_table_artifact(
         key=artifact_key(run, "leaderboard"), table=[

@@ -45,6 +45,18 @@ def test_assignments_balance_seats_and_share_positions_across_checkpoints():
     assert [g.seed for g in first] == [g.seed for g in second]
 
 
+def test_an_opponent_added_to_an_evaluation_leaves_the_others_games_as_they_were():
+    """The preset added the perfect player beside random: random's games keep their indices
+    and seeds, so its figures compare with the evaluations before."""
+    model, random_, perfect = (parse_actor(n) for n in ("model", "random", "perfect"))
+    specs = [GameSpec("TicTacToe-v0-train"), GameSpec("Nim-v0-train")]
+    alone = eval_assignments(model, [random_], specs, 6, seed=1)
+    both = eval_assignments(model, [random_, perfect], specs, 6, seed=1)
+    assert [(g.game_index, g.seed, g.spec.env_id, g.actors) for g in both[:len(alone)]] == [
+        (g.game_index, g.seed, g.spec.env_id, g.actors) for g in alone]
+    assert {g.actors[1 - g.actors.index(model)].name for g in both[len(alone):]} == {"perfect"}
+
+
 def test_every_checkpoint_meets_the_same_opponent_moves():
     """Paired evaluation: the random opponent's moves do not depend on which checkpoint (round)
     is evaluated, only on the run seed and the game, and eval game ids never equal training

@@ -164,6 +164,51 @@ def test_masked_logprobs_and_entropy_match_a_masked_log_softmax(chunk):
     assert mask[0].all() and not mask[2, 10:14].any() and mask[2, 14:].all()
 
 
+@pytest.mark.parametrize("chunk", [1, 3, 64])
+@pytest.mark.parametrize("entropy_too", [False, True])
+def test_the_legal_mass_and_its_gradient_match_autograd(chunk, entropy_too):
+    """learner.legal_mass_coef's quantity: log of the whole softmax's mass on the allowed
+    tokens, 0 where all were allowed; its gradient (with the logprob's, and the entropy's)
+    equals autograd through plain log-sum-exps."""
+    from ub.learner.output_layer import chunked_token_scores
+    from ub.learner.token_masks import TokenMasks
+
+    gen = torch.Generator().manual_seed(1)
+    n, h, v = 6, 16, 40
+    hidden = torch.randn(n, h, generator=gen, requires_grad=True)
+    head = torch.nn.Linear(h, v, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(v, h, generator=gen))
+    allowed_lists = {0: [3, 5, 9], 2: [7, 8], 3: [0, 1, 2, 3], 5: [11]}
+    offsets, ids = [0], []
+    for i in range(n):
+        ids += allowed_lists.get(i, [])
+        offsets.append(len(ids))
+    masks = TokenMasks(torch.tensor(offsets), torch.tensor(ids), torch.full((n,), -1), None)
+    targets = torch.tensor([5, 20, 8, 1, 30, 11])
+    logprobs, entropy, legal = chunked_token_scores(hidden, head, targets, 0.7, chunk=chunk,
+                                                    masks=masks, with_entropy=entropy_too)
+    loss = 0.5 * logprobs.sum() - 2.0 * legal.sum()
+    if entropy_too:
+        loss = loss + 0.3 * entropy.sum()
+    loss.backward()
+    got = hidden.grad.clone()
+
+    hidden.grad = None
+    mask = masks.allowed(0, n, v)
+    whole = hidden @ head.weight.t() / 0.7
+    logits = whole.masked_fill(~mask, float("-inf"))
+    ref_legal = torch.logsumexp(logits, -1) - torch.logsumexp(whole, -1)
+    all_lp = torch.log_softmax(logits, -1)
+    ref = 0.5 * all_lp.gather(-1, targets[:, None]).sum() - 2.0 * ref_legal.sum()
+    if entropy_too:
+        ref = ref - 0.3 * (all_lp.exp() * all_lp.masked_fill(~mask, 0.0)).sum()
+    ref.backward()
+    assert torch.allclose(legal, ref_legal, atol=1e-5)
+    assert legal[1] == 0.0 and legal[4] == 0.0 and (legal[[0, 2, 3, 5]] < 0).all()
+    assert torch.allclose(got, hidden.grad, atol=1e-5)
+
+
 # ------------------------------------------------------------------------------------------
 # Engine and learner, end to end
 # ------------------------------------------------------------------------------------------

@@ -37,7 +37,8 @@ TEST_CONFIG = {
     "batch": {"batch_size": 48, "sampling": [{"name": "state_baseline", "key": "branch"},
                                              "normalize_per_env"]},
     "learner": {"learning_rate": 1e-3, "lora": {"rank": 8, "alpha": 16}},
-    "eval": {"every": 2, "games": 8, "opponents": ["random"], "envs": ["TicTacToe-v0-train"]},
+    "eval": {"every": 2, "games": 8, "opponents": ["random"], "envs": ["TicTacToe-v0-train"],
+             "exploitability": {"enabled": True}},
 }
 
 GAME_COLUMNS = ["game_id", "env_id", "seed", "actors", "rewards", "outcome", "num_turns"]
@@ -305,6 +306,51 @@ def test_ub_eval_adds_an_unrated_shard_once_and_leaves_the_run_alone(reference_r
     assert "(stored earlier)" not in capsys.readouterr().out
     assert pq.read_table(shard.with_name("shard-0002.parquet")).num_rows == 6
     assert main(["eval", "ref", "--root", str(paths.root.parent), "--checkpoint", "9"]) == 2
+
+
+def test_evaluations_measure_exploitability_into_the_runs_data(reference_run, capsys,
+                                                              tmp_path):
+    """Each evaluated checkpoint's best responses: in its manifest, its own file (read by
+    plain DuckDB), the view, the metrics and the round's line; ``ub eval --exploitability``
+    measures a checkpoint again (sampled too, with bounds) and replaces its file."""
+    import duckdb
+
+    from ub.flows.cli import main
+    from ub.run.folder.views import RunViews
+
+    env = "TicTacToe-v0-train"  # (trained free: measured free, greedy as evaluated)
+    manifests = [json.loads(reference_run.manifest(r).read_text()) for r in (0, 1)]
+    assert set(manifests[0]["exploitability"]) == {"0"}
+    assert set(manifests[1]["exploitability"]) == {"2"}
+    [row] = manifests[1]["exploitability"]["2"]
+    assert (row["policy"], row["legal_moves"], row["exact"]) == ("greedy", "free", True)
+    assert 0.0 <= row["nash_conv"] <= 2.0
+    assert row["random_nash_conv"] == pytest.approx(1.91966, abs=1e-5)
+    assert row["nash_conv"] == row["best_response_seat0"] + row["best_response_seat1"]
+    file = reference_run.exploitability_rows(2, env)
+    plain = duckdb.sql(f"SELECT nash_conv, line_seat0 FROM read_parquet('{file}')").fetchall()
+    assert plain == [(row["nash_conv"], row["line_seat0"])]
+    view = RunViews(reference_run.root).exploitability().to_pylist()
+    assert sorted(r["update"] for r in view) == [0, 2]
+    metrics = {(r["round"], r["metric"]): r["value"]
+               for r in RunViews(reference_run.root).metrics().to_pylist()}
+    assert metrics[(1, f"exploitability/{env}/greedy/free/nash_conv")] == row["nash_conv"]
+
+    paths = RunPaths.of(tmp_path, "ref")  # (it writes rows: a copy of the module's run)
+    shutil.copytree(reference_run.root, paths.root)
+    argv = ["eval", "ref", "--root", str(paths.root.parent), "--exploitability"]
+    assert main([*argv, "--checkpoint", "2", "--sampled", "--cut", "0.2"]) == 0
+    out = capsys.readouterr().out
+    assert "greedy" in out and "sampled" in out and "1.920" in out
+    rows = RunViews(paths.root).exploitability().to_pylist()
+    sampled = [r for r in rows if r["update"] == 2 and r["policy"] == "sampled"]
+    assert len(sampled) == 1 and not sampled[0]["exact"] and sampled[0]["cut"] == 0.2
+    assert sampled[0]["nash_conv_low"] <= sampled[0]["nash_conv"] <= sampled[0]["nash_conv_high"]
+    greedy = [r for r in rows if r["update"] == 2 and r["policy"] == "greedy"]
+    assert len(greedy) == 1 and greedy[0]["nash_conv"] == row["nash_conv"]  # replaced, once
+    assert main([*argv, "--envs", "SimpleTak-v0-train"]) == 2
+    assert "--exploitability: no exploitability solver for SimpleTak-v0-train" in (
+        capsys.readouterr().err)
 
 
 def test_masked_moves_are_legal_and_scored_as_the_sampler_scored_them(reference_run):

@@ -40,11 +40,13 @@ def eval_assignments(actor: ActorSpec, opponents: list[ActorSpec], specs: list[G
                      games: int, seed: int) -> list[GameAssignment]:
     """``games`` games per (env, opponent); the actor sits in seat ``i % num_players`` of game
     ``i``, the opponent in every other seat. Env seeds derive from (seed, game index) only,
-    so every checkpoint is measured on the same starting positions."""
+    so every checkpoint is measured on the same starting positions; the games are numbered
+    opponent by opponent, so an opponent added to the list leaves the others' games as they
+    were."""
     out = []
     index = 0
-    for spec in specs:
-        for opponent in opponents:
+    for opponent in opponents:
+        for spec in specs:
             for i in range(games):
                 seat = i % spec.num_players
                 seated = [opponent] * spec.num_players

@@ -1,14 +1,15 @@
 """``ub report RUN``: static plots of a run (PNG) and one self-contained HTML page.
 
 Plots, each from the run's tables (:mod:`ub.run.folder.views`): the learning curve against each
-fixed opponent with 95% Wilson bands; TrueSkill ratings (each checkpoint's latest mu ± sigma, and mu
-over rounds); the match matrix (score of row vs column); invalid-move and format rates and
-the policy's entropy, per env; response length and truncation; the learner's loss, gradient
-norm and clip fraction (one panel each: they differ by orders of magnitude); throughput and the
-time breakdown per round; each reasoning benchmark's score by checkpoint (checkpoint 0, the
-base model, first). A plot with no data yet (e.g. no evaluation) is left out. The page
-also has the numbers: the learning curve as a table (win rate with its 95% interval per
-checkpoint) and the run's settings.
+fixed opponent with 95% Wilson bands and the random player's own rate in the same games; the
+exploitability (NashConv) by checkpoint with the random policy's; TrueSkill ratings (each
+checkpoint's latest mu ± sigma, and mu over rounds); the match matrix (score of row vs column);
+invalid-move and format rates and the policy's entropy, per env; response length and truncation;
+the learner's loss, gradient norm and clip fraction (one panel each: they differ by orders of
+magnitude); throughput and the time breakdown per round; each reasoning benchmark's score by
+checkpoint (checkpoint 0, the base model, first). A plot with no data yet (e.g. no evaluation)
+is left out. The page also has the numbers: the learning curve as a table (win rate with its 95%
+interval per checkpoint) and the run's settings.
 """
 
 from __future__ import annotations
@@ -58,9 +59,44 @@ def _learning_curve(t: dict[str, list[dict]], fig) -> bool:
                 color=line.get_color(), alpha=0.7, label=f"draw vs {opponent} ({env})")
         ax.plot(x, [r["losses"] / max(r["games"], 1) for r in rows], ls=":",
                 color=line.get_color(), alpha=0.7, label=f"loss vs {opponent} ({env})")
+        bar = [(u, r["baseline_win_rate"]) for u, r in zip(x, rows, strict=True)
+               if r.get("baseline_win_rate") is not None]
+        if bar:  # the random player's own win rate in the same seats of the same games
+            ax.plot([u for u, _ in bar], [b for _, b in bar], ls="-.", lw=1, marker="x",
+                    color=line.get_color(), alpha=0.5,
+                    label=f"random player's win vs {opponent} ({env})")
     ax.set(xlabel="checkpoint (update)", ylabel="rate of eval games", ylim=(0, 1),
            title="Learning curve (95% Wilson band on the win rate)")
     return bool(groups)
+
+
+def _exploitability(t: dict[str, list[dict]], fig) -> bool:
+    """NashConv by checkpoint, one panel per env, a line per way of playing, the uniformly
+    random policy's beside it (0: no best response wins anything)."""
+    rows = t["exploitability"]
+    envs = sorted({r["env_id"] for r in rows})
+    if not envs:
+        return False
+    axes = fig.subplots(1, len(envs), squeeze=False)[0]
+    for ax, env in zip(axes, envs, strict=True):
+        mine = [r for r in rows if r["env_id"] == env]
+        for (policy, mode) in sorted({(r["policy"], r["legal_moves"]) for r in mine}):
+            line = sorted((r for r in mine if (r["policy"], r["legal_moves"]) == (policy, mode)),
+                          key=lambda r: r["update"])
+            x = [r["update"] for r in line]
+            drawn, = ax.plot(x, [r["nash_conv"] for r in line], marker="o",
+                             ls="-" if mode == "mask" else "--", label=f"{policy}, {mode}")
+            if not all(r["exact"] for r in line):
+                ax.fill_between(x, [r["nash_conv_low"] for r in line],
+                                [r["nash_conv_high"] for r in line], alpha=0.2,
+                                color=drawn.get_color())
+        ax.axhline(mine[0]["random_nash_conv"], color="grey", ls=":", label="random policy")
+        worst = 2 * (2.0 if mine[0]["unit"] == "chips" else 1.0)
+        ax.set(xlabel="checkpoint (update)", ylim=(-0.05 * worst, 1.05 * worst),
+               title=f"{env} ({mine[0]['unit']})")
+        ax.xaxis.set_major_locator(_integer_ticks())
+    axes[0].set_ylabel("NashConv (best responses' sum)")
+    return True
 
 
 def _benchmarks(t: dict[str, list[dict]], fig) -> bool:
@@ -361,6 +397,8 @@ def write_report(root: Path, out: Path) -> Path:
 
     plots: list[tuple[str, str, Callable[[Any], bool]]] = [
         ("learning_curve", "Learning curve", lambda fig: _learning_curve(t, fig)),
+        ("exploitability", "Exploitability (NashConv: what best responses win)",
+         lambda fig: _exploitability(t, fig)),
         ("ratings", "TrueSkill ratings", lambda fig: _ratings(t, fig)),
         ("match_matrix", "Match matrix", lambda fig: _match_matrix(matches, fig)),
         ("move_quality", "Invalid moves and format", lambda fig: _move_quality(t, fig)),

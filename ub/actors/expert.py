@@ -12,7 +12,8 @@
   probability 1/3 (a bluff), check a Q, bet a K. No strategy wins chips from it on average over
   both seats (the first seat's value is -1/18 chip per hand).
 
-Other games raise a clear error when the expert is seated (:func:`check_expert_supports`).
+Other games raise a clear error when the expert is seated
+(:func:`ub.actors.scripted.check_scripted_supports`).
 Like every scripted player it reads the game state, never the observation, and draws its
 randomness from its own seeded generator.
 """
@@ -150,25 +151,18 @@ def kuhn_policy(card: int, history: str, alpha: float = KUHN_ALPHA) -> dict[str,
 # --------------------------------------------------------------------------------------------
 
 
-def _game_of(core: Any) -> str:
+def game_name(core: Any) -> str:
+    """The TextArena game of a core env (``TicTacToe`` for ``textarena.envs.TicTacToe.env``)."""
     module = type(core).__module__  # textarena.envs.<Game>.env
     parts = module.split(".")
     return parts[2] if len(parts) > 2 and parts[:2] == ["textarena", "envs"] else module
-
-
-def check_expert_supports(env_id: str) -> None:
-    """Raise :class:`UbError` unless the expert can play ``env_id``."""
-    from ub.games.specs import base_game
-
-    if base_game(env_id) not in EXPERT_GAMES:
-        raise UbError(f"the expert player cannot play {env_id}: it supports "
-                      f"{', '.join(EXPERT_GAMES)} (use random, or another opponent)")
 
 
 class ExpertPlayer:
     """Strong scripted play for TicTacToe, Nim and KuhnPoker (see the module docstring)."""
 
     name = "expert"
+    games = EXPERT_GAMES
 
     def __init__(self, seed: int) -> None:
         self.seed = seed
@@ -176,7 +170,7 @@ class ExpertPlayer:
 
     def act(self, env: Any) -> str:
         core = unwrap(env)
-        game = _game_of(core)
+        game = game_name(core)
         state = core.state
         if game == "TicTacToe":
             board = state.game_state["board"]

@@ -12,7 +12,9 @@ players therefore use their own ``random.Random`` and never touch the global one
 a scripted player never changes the cards or targets a game deals.
 
 New players slot in as another class with the same ``__init__(seed)`` and ``act(env)``,
-registered in :data:`SCRIPTED_PLAYERS`, like ``expert`` (:mod:`ub.actors.expert`).
+registered in :data:`SCRIPTED_PLAYERS`, like ``expert`` (:mod:`ub.actors.expert`) and
+``perfect`` (:mod:`ub.actors.perfect`); one that plays only some games names them in
+:data:`SCRIPTED_GAMES`.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ub.actors.expert import ExpertPlayer
+from ub.actors.perfect import PerfectPlayer
 from ub.errors import UbError
 from ub.games.legal import legal_actions
 
@@ -65,7 +68,26 @@ class RandomPlayer:
 SCRIPTED_PLAYERS: dict[str, Callable[[int], ScriptedPlayer]] = {
     RandomPlayer.name: RandomPlayer,
     ExpertPlayer.name: ExpertPlayer,
+    PerfectPlayer.name: PerfectPlayer,
 }
+# The games a scripted player can play, where it cannot play them all (random plays any game
+# with legal moves).
+SCRIPTED_GAMES: dict[str, tuple[str, ...]] = {
+    ExpertPlayer.name: ExpertPlayer.games,
+    PerfectPlayer.name: PerfectPlayer.games,
+}
+
+
+def check_scripted_supports(names: list[str], env_id: str) -> None:
+    """Raise :class:`UbError` unless each scripted player of ``names`` can play ``env_id``
+    (other names pass)."""
+    from ub.games.specs import base_game
+
+    for name in names:
+        games = SCRIPTED_GAMES.get(name)
+        if games is not None and base_game(env_id) not in games:
+            raise UbError(f"the {name} player cannot play {env_id}: it supports "
+                          f"{', '.join(games)} (use random, or another opponent)")
 
 
 def make_scripted_player(name: str, seed: int) -> ScriptedPlayer:

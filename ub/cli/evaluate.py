@@ -1,5 +1,7 @@
-"""``ub eval``: evaluate a run's checkpoint against fixed opponents, or score its checkpoints
-on reasoning benchmarks with ``--tasks`` (:mod:`ub.run.steps.benchmarks`), in this process."""
+"""``ub eval``: evaluate a run's checkpoint against fixed opponents, measure its exact
+exploitability with ``--exploitability`` (:mod:`ub.run.steps.exploitability`), or score its
+checkpoints on reasoning benchmarks with ``--tasks`` (:mod:`ub.run.steps.benchmarks`), in this
+process."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ def add_parser(sub) -> None:
                           help=f"folder of runs, or an fsspec URL (default: {DEFAULT_RUNS_ROOT})")
     evaluate.add_argument("--checkpoint", type=checkpoint_choice,
                           help="checkpoint update (0: the start, the base model), latest or "
-                          "all (all: with --tasks only; default: latest)")
+                          "all (all: with --tasks or --exploitability; default: latest)")
     evaluate.add_argument("--opponents", help="comma-separated actors (default: the run's)")
     evaluate.add_argument("--envs", help="comma-separated env ids (default: the run's)")
     evaluate.add_argument("--games", type=game_count, help="games per (env, opponent)")
@@ -31,6 +33,19 @@ def add_parser(sub) -> None:
                           help="play under this legal-move mode (default: each env as the "
                           "run evaluates it; free on a masked run: would it still play an "
                           "illegal move?)")
+    exploit = evaluate.add_argument_group("exploitability (exact best responses; "
+                                          "docs/exploitability.md)")
+    exploit.add_argument("--exploitability", action="store_true",
+                         help="measure what a best response wins against the checkpoint in "
+                         "each seat, in the eval envs (or --envs) whose game has a solver, "
+                         "played as evaluated (under the mask and free); measured again, a "
+                         "checkpoint's rows are replaced")
+    exploit.add_argument("--sampled", action="store_true",
+                         help="also the policy as it trains (sampling.temperature): the whole "
+                         "tree up to --cut, minutes to hours on a CPU")
+    exploit.add_argument("--cut", type=float,
+                         help="a sampled policy's lines less likely than this are cut and "
+                         "bounded (default: eval.exploitability.cut)")
     bench = evaluate.add_argument_group("reasoning benchmarks (lm-evaluation-harness; "
                                         "docs/training.md)")
     bench.add_argument("--tasks", help="comma-separated harness tasks (gsm8k, minerva_math500, "
@@ -56,14 +71,19 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
     if args.tasks is not None:
         return _cmd_benchmarks(args)
+    if args.exploitability:
+        return _cmd_exploitability(args)
+    given_exploit = [f"--{n}" for n in ("sampled", "cut") if getattr(args, n)]
+    if given_exploit:
+        raise UbError(f"{', '.join(given_exploit)} go with --exploitability")
     given = [f"--{name.replace('_', '-')}" for name in ("limit", "include_path", "format")
              if getattr(args, name) is not None]
     if given:
         raise UbError(f"{', '.join(given)} go with --tasks (reasoning benchmarks): add "
                       "--tasks, or leave them out to play games")
     if args.checkpoint == "all":
-        raise UbError("--checkpoint all goes with --tasks: games evaluate one checkpoint (a "
-                      "number, or latest)")
+        raise UbError("--checkpoint all goes with --tasks or --exploitability: games evaluate "
+                      "one checkpoint (a number, or latest)")
     paths = RunPaths.of(args.root, args.run)
     # Everything that can be refused is refused before the lock and the engine (an eval that
     # starts writes a shard); a store run's working copy made for a refused one goes again.
@@ -123,13 +143,12 @@ def _checked(args: argparse.Namespace, paths: RunPaths
     read_adapter(paths.checkpoint(update))  # safetensors that load, before vLLM meets them
     run = Run(paths, config, resolve_base_model(config))
     # Unknown names list the valid ones, before the engine starts.
+    from ub.actors.scripted import check_scripted_supports
+
     for name in opponents or []:
         actor_spec(run, name)
-        if name == "expert":
-            from ub.actors.expert import check_expert_supports
-
-            for env_id in envs or config.eval.env_ids or [e.env_id for e in config.envs]:
-                check_expert_supports(env_id)
+    for env_id in envs or config.eval.env_ids or [e.env_id for e in config.envs]:
+        check_scripted_supports(opponents or [], env_id)
     return run, update, opponents, envs
 
 
@@ -213,4 +232,64 @@ def _cmd_benchmarks(args: argparse.Namespace) -> int:
     Console(highlight=False).print(table)
     print(f"scores: {paths.benchmarks} ({len(result['scored'])} scored in "
           f"{result['seconds']:.1f} s; `ub sql {paths.root} \"SELECT * FROM benchmarks\"`)")
+    return 0
+
+
+def _cmd_exploitability(args: argparse.Namespace) -> int:
+    """``ub eval RUN --exploitability``: the checkpoints' best responses, stored and printed
+    (no engine: the model scores every decision itself)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from ub.learner.checkpoint import read_adapter
+    from ub.run.config.base_model import resolve_base_model
+    from ub.run.config.load import check_exploitability
+    from ub.run.folder.layout import RunPaths
+    from ub.run.folder.lock import RunLock, removed_if_refused
+    from ub.run.folder.store import catch_up
+    from ub.run.steps.exploitability import measure_checkpoint
+    from ub.run.steps.progress import nash_conv_cell
+    from ub.run.steps.rounds import Run, resolve_run_config
+
+    others = [f"--{n}" for n in ("opponents", "games", "legal_moves", "tasks")
+              if getattr(args, n) is not None]
+    if others:
+        raise UbError(f"{', '.join(o.replace('_', '-') for o in others)} set up games; "
+                      "--exploitability measures the checkpoint against every reply: give "
+                      "one or the other")
+    if args.cut is not None and not 0 <= args.cut <= 1:
+        raise UbError(f"--cut must be in [0, 1], got {args.cut}")
+    paths = RunPaths.of(args.root, args.run)
+    with removed_if_refused(paths):
+        catch_up(paths)
+        config, _ = resolve_run_config(paths, None)
+        envs = _names(args.envs)
+        try:
+            check_exploitability(config, envs)
+        except UbError as exc:
+            raise UbError(f"--exploitability: {exc}") from None
+        updates = _updates(args, paths)
+        for update in updates:
+            read_adapter(paths.checkpoint(update))
+        run = Run(paths, config, resolve_base_model(config))
+    table = Table(title=f"{args.run}: exploitability (what a best response wins in each seat; "
+                  "NashConv is their sum, 0 at an equilibrium)")
+    for column in ("ckpt", "env", "policy", "moves", "NashConv", "seat 0", "seat 1", "illegal",
+                   "random", "s"):
+        table.add_column(column)
+    with RunLock(paths.lock):
+        for update in updates:
+            result = measure_checkpoint(run, update, envs=envs, sampled=args.sampled or None,
+                                        cut=args.cut, again=True)
+            for r in result["rows"]:
+                table.add_row(str(update), r["env_id"], r["policy"], r["legal_moves"],
+                              nash_conv_cell(r), f"{r['best_response_seat0']:+.3f}",
+                              f"{r['best_response_seat1']:+.3f}", f"{r['illegal']:.1%}",
+                              f"{r['random_nash_conv']:.3f}", f"{r['seconds']:.1f}")
+    console = Console(highlight=False)
+    if not console.is_terminal:  # (a pipe or a log: rich would wrap at 80 columns)
+        console.width = max(console.width, 120)
+    console.print(table)
+    print(f"rows: {paths.exploitability} (`ub sql {paths.root} \"SELECT * FROM "
+          f"exploitability\"`)")
     return 0

@@ -53,10 +53,9 @@ def cmd_play(args: argparse.Namespace) -> int:
         raise UbError("--players needs at least one actor, e.g. --players model,random")
     spec = GameSpec.from_dict({"env_id": args.env, "num_players": len(actors),
                                "template": args.template, "legal_moves": args.legal_moves})
-    if any(a.name == "expert" for a in actors):
-        from ub.actors.expert import check_expert_supports
+    from ub.actors.scripted import check_scripted_supports
 
-        check_expert_supports(spec.env_id)
+    check_scripted_supports([a.name for a in actors], spec.env_id)
     for actor in actors:
         if actor.kind == "hosted":
             from ub.actors.hosted import check_hosted

@@ -153,10 +153,14 @@ def check_env_id(env_id: str) -> None:
 
 
 def make_env(env_id: str):
-    """``textarena.make`` with ub's errors (see :func:`check_env_id`)."""
+    """``textarena.make`` with ub's errors (see :func:`check_env_id`) and its fixes to games
+    that break their own rules (:mod:`ub.games.env_fixes`)."""
     import textarena as ta
 
+    from ub.games.env_fixes import fix_game
+
     check_env_id(env_id)
+    fix_game(env_id)
     return ta.make(env_id=env_id)
 
 

@@ -69,6 +69,10 @@ class LearnerSection(Section):
       with the steps it took (``early_stopped`` and ``optimizer_steps`` say so).
     - ``entropy_coef``: a bonus on the policy's entropy over the whole vocabulary at each
       completion token, with its exact gradient (not the sampled-token estimate).
+    - ``legal_mass_coef``: under the legal-move mask, the tokens never sampled are never scored
+      and their mass drifts up, so the policy played free plays illegal moves; this term
+      keeps the mass on what the mask allowed as a whole (its gradient is q - p, the masked
+      softmax less the whole one: it favours no legal move over another).
     """
 
     dtype: Dtype = Field("auto", description="Base weights' dtype; auto: bfloat16 on "
@@ -94,6 +98,11 @@ class LearnerSection(Section):
     entropy_coef: float = Field(0.0, ge=0, description="Weight of an entropy bonus: the loss "
                                 "subtracts it times each completion token's policy entropy "
                                 "(0: none).")
+    legal_mass_coef: float = Field(0.0, ge=0, description="Weight of a term that keeps the "
+                                   "whole vocabulary's probability on the tokens the "
+                                   "legal-move mask allowed, at each masked completion token: "
+                                   "the loss adds it times -log(that mass) (0: none; "
+                                   "docs/training.md).")
     target_kl: float | None = Field(None, gt=0, description="Stop an update of several "
                                     "optimizer steps before the step whose approx_kl (to the "
                                     "policy the update started from) passes this; null: never.")

@@ -40,10 +40,15 @@ def chunk_tokens(vocab_size: int, chunk_bytes: int = CHUNK_BYTES) -> int:
 
 
 def _chunk_logits(hidden: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
-                  temperature: float, allowed: torch.Tensor | None = None) -> torch.Tensor:
+                  temperature: float, allowed: torch.Tensor | None = None,
+                  full_lse: torch.Tensor | None = None) -> torch.Tensor:
+    """The tempered logits of a chunk, masked where ``allowed`` says; ``full_lse``: receives
+    the log-sum-exp of the whole vocabulary's, before the mask."""
     # In the model's dtype, like the plain lm_head call; the softmax in float32.
     logits = torch.nn.functional.linear(hidden, weight, bias).float()
     logits = logits / temperature if temperature != 1.0 else logits
+    if full_lse is not None:
+        full_lse.copy_(torch.logsumexp(logits, dim=-1))
     # The legal-move mask, where a token was sampled under one: the distribution over what
     # was allowed there (-inf elsewhere, as vLLM's logits processor leaves it).
     return logits if allowed is None else logits.masked_fill_(~allowed, float("-inf"))
@@ -60,17 +65,24 @@ class _ChunkedLogprobs(torch.autograd.Function):
     def forward(ctx, hidden: torch.Tensor, weight: torch.Tensor,
                 bias: torch.Tensor | None, targets: torch.Tensor, temperature: float,
                 chunk: int, with_entropy: bool, masks: TokenMasks | None
-                ) -> tuple[torch.Tensor, torch.Tensor]:
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         n = hidden.shape[0]
         logprobs = torch.empty(n, dtype=torch.float32, device=hidden.device)
         entropy = torch.empty(n if with_entropy else 0, dtype=torch.float32,
                               device=hidden.device)
+        # log(mass of the allowed tokens over the whole vocabulary): 0 where all are allowed
+        legal = torch.zeros(n if masks is not None else 0, dtype=torch.float32,
+                            device=hidden.device)
         for start in range(0, n, chunk):
             end = min(start + chunk, n)
             allowed = None if masks is None else masks.allowed(start, end, weight.shape[0])
-            logits = _chunk_logits(hidden[start:end], weight, bias, temperature, allowed)
+            full = None if allowed is None else torch.empty(end - start, dtype=torch.float32,
+                                                            device=hidden.device)
+            logits = _chunk_logits(hidden[start:end], weight, bias, temperature, allowed, full)
             lse = torch.logsumexp(logits, dim=-1)
             logprobs[start:end] = logits.gather(-1, targets[start:end, None]).squeeze(-1) - lse
+            if full is not None:
+                legal[start:end] = lse - full
             if with_entropy:  # H = logsumexp(z) - sum(p * z), with p = softmax(z)
                 p = torch.softmax(logits, dim=-1)
                 entropy[start:end] = lse - torch.linalg.vecdot(p, _zero_masked(logits, allowed))
@@ -80,11 +92,11 @@ class _ChunkedLogprobs(torch.autograd.Function):
         if not with_entropy:
             ctx.mark_non_differentiable(entropy)
         ctx.set_materialize_grads(False)  # (an output the loss does not use gets None)
-        return logprobs, entropy
+        return logprobs, entropy, legal
 
     @staticmethod
-    def backward(ctx, grad_logprobs: torch.Tensor | None, grad_entropy: torch.Tensor | None
-                 ) -> tuple[torch.Tensor | None, ...]:
+    def backward(ctx, grad_logprobs: torch.Tensor | None, grad_entropy: torch.Tensor | None,
+                 grad_legal: torch.Tensor | None = None) -> tuple[torch.Tensor | None, ...]:
         hidden, weight, bias, targets = ctx.saved_tensors
         temperature, chunk, masks = ctx.temperature, ctx.chunk, ctx.masks
         want_hidden, want_weight, want_bias = ctx.needs_input_grad[:3]
@@ -101,6 +113,7 @@ class _ChunkedLogprobs(torch.autograd.Function):
             # logits), so dz = -p * (g_H * (z - sum(p * z)) + g) + onehot(y) * g, built in the
             # softmax's buffer. (Masked tokens: p = 0, so dz = 0 there.)
             grad_logits = torch.softmax(logits, dim=-1)
+            q = grad_logits.clone() if grad_legal is not None and allowed is not None else None
             if grad_entropy is not None:
                 _zero_masked(logits, allowed)
                 logits -= torch.linalg.vecdot(grad_logits, logits)[:, None]
@@ -108,12 +121,22 @@ class _ChunkedLogprobs(torch.autograd.Function):
                 if g is not None:
                     logits.add_(g)
                 grad_logits.mul_(logits).neg_()
-            else:
-                assert g is not None
+            elif g is not None:
                 grad_logits.mul_(-g)
+            else:
+                grad_logits.zero_()
             del logits
             if g is not None:
                 grad_logits.scatter_add_(-1, targets[start:end, None], g)
+            if q is not None:
+                # d(log of the allowed tokens' mass in the whole softmax)/dz = q - p (q: the
+                # masked softmax, p: the whole vocabulary's)
+                assert grad_legal is not None
+                whole = torch.nn.functional.linear(h, weight, bias).float()
+                whole = whole / temperature if temperature != 1.0 else whole
+                q.sub_(torch.softmax(whole, dim=-1)).mul_(grad_legal[start:end, None].float())
+                grad_logits.add_(q)
+                del whole, q
             if temperature != 1.0:
                 grad_logits.div_(temperature)
             grad_logits = grad_logits.to(weight.dtype)
@@ -149,12 +172,25 @@ def chunked_token_logprobs(hidden: torch.Tensor, head: torch.nn.Linear, targets:
         ``hidden``, and to the head if it trains): an entropy bonus differentiates the
         entropy exactly.
     """
+    logprobs, entropy, _legal = chunked_token_scores(hidden, head, targets, temperature,
+                                                     with_entropy=with_entropy, chunk=chunk,
+                                                     masks=masks)
+    return logprobs, entropy
+
+
+def chunked_token_scores(hidden: torch.Tensor, head: torch.nn.Linear, targets: torch.Tensor,
+                         temperature: float = 1.0, *, with_entropy: bool = True,
+                         chunk: int | None = None, masks: TokenMasks | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """:func:`chunked_token_logprobs`, and with ``masks`` the log of the mass the whole
+    vocabulary's softmax gives the tokens that were allowed at each target (0 where every
+    token was), with its exact gradient (``None`` without masks)."""
     if chunk is None:
         chunk = chunk_tokens(head.weight.shape[0])
-    logprobs, entropy = _ChunkedLogprobs.apply(hidden, head.weight, head.bias, targets,
-                                               float(temperature), int(chunk), with_entropy,
-                                               masks)
-    return logprobs, entropy if with_entropy else None
+    logprobs, entropy, legal = _ChunkedLogprobs.apply(hidden, head.weight, head.bias, targets,
+                                                      float(temperature), int(chunk),
+                                                      with_entropy, masks)
+    return logprobs, entropy if with_entropy else None, legal if masks is not None else None
 
 
 def is_plain_linear(module: object) -> bool:

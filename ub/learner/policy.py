@@ -32,7 +32,7 @@ from ub.learner.kernels import (
     resolve_kernels,
 )
 from ub.learner.memory import MemoryFit, activation_bytes_per_token, device_budget, saved_bytes
-from ub.learner.output_layer import chunked_token_logprobs, is_plain_linear
+from ub.learner.output_layer import chunked_token_scores, is_plain_linear
 from ub.learner.precision import resolve_adapter_compute, set_adapter_compute
 from ub.learner.token_masks import TokenMasks, token_masks
 from ub.model.lora import LoraSettings
@@ -226,11 +226,11 @@ class Policy:
         # never sees padding; without a mask, attention takes its fast causal path.
         if self._chunked_head:
             hidden = self.causal_lm.model(input_ids=inputs, use_cache=False).last_hidden_state
-            logprobs, entropy = chunked_token_logprobs(
+            logprobs, entropy, legal = chunked_token_scores(
                 hidden[scored], self.causal_lm.lm_head, targets, self.config.temperature,
                 with_entropy=with_entropy, masks=masks)
             return Scores(logprobs, entropy, _decision_states(hidden, scored)
-                          if with_states else None)
+                          if with_states else None, legal)
         # Another head (soft-capped or scaled logits, a LoRA on lm_head): the model's own
         # forward, with its (tokens x vocab) logits.
         out = self.model(input_ids=inputs, use_cache=False, output_hidden_states=with_states)
@@ -239,12 +239,17 @@ class Policy:
         if self.config.temperature != 1.0:
             logits = logits / self.config.temperature
         allowed = None if masks is None else masks.allowed(0, len(logits), logits.shape[-1])
+        legal = None
         if allowed is not None:
+            whole = torch.logsumexp(logits, dim=-1)
             logits = logits.masked_fill(~allowed, float("-inf"))
+            legal = torch.logsumexp(logits, dim=-1) - whole
+        elif masks is not None:
+            legal = torch.zeros(len(logits), device=logits.device)
         all_logprobs = torch.log_softmax(logits, dim=-1)
         token_logprobs = all_logprobs.gather(-1, targets[:, None]).squeeze(-1)
         if not with_entropy:
-            return Scores(token_logprobs, None, states)
+            return Scores(token_logprobs, None, states, legal)
         # With its gradient only for an entropy bonus: autograd would otherwise keep a
         # (tokens x vocab) tensor of probabilities for nothing.
         with torch.set_grad_enabled(torch.is_grad_enabled() and bool(self.config.entropy_coef)):
@@ -252,7 +257,7 @@ class Policy:
             if allowed is not None:  # (0 * -inf where masked)
                 p_logp = p_logp.masked_fill(~allowed, 0.0)
             entropy = -p_logp.sum(-1)
-        return Scores(token_logprobs, entropy, states)
+        return Scores(token_logprobs, entropy, states, legal)
 
     def token_masks(self, batch: Batch, scored: torch.Tensor) -> TokenMasks | None:
         """The legal-move masks of ``batch``'s scored tokens (``None``: no row was sampled
@@ -382,11 +387,14 @@ class Policy:
 @dataclass
 class Scores:
     """What :meth:`Policy.score` returns: ``logprobs`` and ``entropy`` (N,) of the scored
-    tokens (``entropy`` ``None`` unless asked for), ``states`` (b, hidden) of the rows."""
+    tokens (``entropy`` ``None`` unless asked for), ``states`` (b, hidden) of the rows, and
+    with masks ``legal_logmass`` (N,): the log of the probability the whole vocabulary's
+    softmax gives the tokens allowed at each (0 where all were)."""
 
     logprobs: torch.Tensor
     entropy: torch.Tensor | None
     states: torch.Tensor | None
+    legal_logmass: torch.Tensor | None = None
 
 
 def _decision_states(hidden: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:

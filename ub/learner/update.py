@@ -108,6 +108,12 @@ def update(policy: Policy, optimizers: Optimizers, algorithm: Algorithm, batch: 
                 assert scores.entropy is not None  # asked for by default
                 if config.entropy_coef:
                     loss = loss - config.entropy_coef * scores.entropy.sum() / normalizer
+                if scores.legal_logmass is not None:
+                    if config.legal_mass_coef:
+                        loss = loss - (config.legal_mass_coef * scores.legal_logmass.sum()
+                                       / normalizer)
+                    # (over every scored token: 1 where all were allowed)
+                    own["legal_mass"] = scores.legal_logmass.detach().exp().sum()
                 if config.kl_coef:
                     kl = kl_to_base(policy, input_ids, scored, scores.logprobs, masks)
                     loss = loss + config.kl_coef * kl.sum() / normalizer
@@ -163,9 +169,10 @@ def rows_with_gradient(batch: Batch, algorithm: Algorithm, config: LearnerConfig
     """The rows a step trains: those with completion tokens and, for a loss linear in the
     advantage, a nonzero advantage (the others carry no gradient)."""
     has_tokens = batch.completion_mask[:, 1:].sum(1) > 0
-    # A KL penalty or an entropy bonus trains every row: a zero advantage still has a
-    # divergence to pay or an entropy to keep.
-    if not (algorithm.needs_zero_advantage_rows or config.kl_coef or config.entropy_coef):
+    # A KL penalty, an entropy bonus or the legal-mass term trains every row: a zero
+    # advantage still has a divergence to pay, an entropy or a legal mass to keep.
+    if not (algorithm.needs_zero_advantage_rows or config.kl_coef or config.entropy_coef
+            or config.legal_mass_coef):
         has_tokens &= batch.advantages != 0
     return torch.nonzero(has_tokens).flatten().tolist()
 
@@ -257,7 +264,7 @@ def scored_at_start(policy: Policy, batch: Batch, algorithm: Algorithm, config: 
 
 LEARNER_FIGURES = frozenset({
     # this update's
-    "loss", "logprob_mean", "behaviour_logprob_mean", "entropy_mean", "approx_kl",
+    "loss", "logprob_mean", "behaviour_logprob_mean", "entropy_mean", "approx_kl", "legal_mass",
     "kl_to_base", "completion_tokens", "logprob_abs_diff_max", "tokens", "padded_tokens",
     "padding_fraction", "rows", "rows_trained", "micro_batches", "normalizer", "grad_norm",
     "grad_norm_max", "learning_rate", "grad_clipped", "optimizer_steps", "early_stopped",

@@ -179,7 +179,7 @@ def _check_sections(config: TrainConfig, source: str) -> None:
                            f"position, and {env.env_id} has no position keys: give its "
                            "envs[].position a function (docs/data.md) or select random or "
                            "surprisal")
-    from ub.actors.expert import check_expert_supports
+    from ub.actors.scripted import check_scripted_supports
     from ub.actors.spec import parse_actor
 
     for name in config.eval.opponents:  # (the opponents section checks its own names)
@@ -191,12 +191,11 @@ def _check_sections(config: TrainConfig, source: str) -> None:
     seated = [("opponents", config.opponents.fixed_names(), train_envs),
               ("eval.opponents", config.eval.opponents, config.eval.env_ids or train_envs)]
     for field, names, env_ids in seated:
-        if "expert" in names:
-            for env_id in env_ids:
-                try:
-                    check_expert_supports(env_id)
-                except UbError as exc:
-                    raise fail(field, str(exc)) from None
+        for env_id in env_ids:
+            try:
+                check_scripted_supports(list(names), env_id)
+            except UbError as exc:
+                raise fail(field, str(exc)) from None
     if config.learner.temperature is None and config.sampling.temperature == 0:
         # (what learner_config() would give the learner, which scores at a temperature > 0)
         raise fail("learner.temperature", "null takes sampling.temperature, 0 (greedy), but the "
@@ -207,6 +206,11 @@ def _check_sections(config: TrainConfig, source: str) -> None:
                                [t.config_name() for t in config.batch.transforms.sampling])
     if refusal:
         raise fail("batch.sampling", refusal)
+    if config.eval.exploitability.enabled:
+        try:
+            check_exploitability(config)
+        except UbError as exc:
+            raise fail("eval.exploitability.enabled", str(exc)) from None
     lora = config.learner.lora
     if lora.rank > config.engine.max_lora_rank:
         raise fail("learner.lora.rank", f"{lora.rank} exceeds engine.max_lora_rank "
@@ -222,6 +226,32 @@ def game_specs(config: TrainConfig, env_ids: Sequence[str | EvalEnvSection] | No
     if env_ids is None:
         return [e.game() for e in config.envs]
     return [config.eval_env(i).game() for i in env_ids]
+
+
+def solved_specs(config: TrainConfig, envs: Sequence[str] | None = None) -> list[GameSpec]:
+    """The eval envs (or ``envs``) whose game has an exploitability solver
+    (:mod:`ub.games.game_tree`), as the run evaluates them."""
+    from ub.games.game_tree import has_tree_rules
+
+    ids = list(envs or config.eval.env_ids or [e.env_id for e in config.envs])
+    return [s for s in game_specs(config, ids) if has_tree_rules(s.env_id)]
+
+
+def check_exploitability(config: TrainConfig, envs: Sequence[str] | None = None) -> None:
+    """Refuse an exploitability measurement that cannot be made: no eval env (or none of
+    ``envs``) whose game has a solver, or a template with text before the move."""
+    from ub.games.game_tree import SOLVED_GAMES
+    from ub.games.templates import get_template
+
+    specs = solved_specs(config, envs)
+    if not specs:
+        ids = list(envs or config.eval.env_ids or [e.env_id for e in config.envs])
+        raise UbError(f"no exploitability solver for {', '.join(ids)}: ub has one for "
+                      f"{', '.join(SOLVED_GAMES)}")
+    for spec in specs:
+        if get_template(spec.template).free_text:
+            raise UbError(f"exploitability of {spec.env_id} needs a template whose completion "
+                          f"is the move; {spec.template!r} lets text come before it (plain)")
 
 
 def load_config(name_or_path: str, overrides: list[str] | None = None) -> TrainConfig:

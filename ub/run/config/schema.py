@@ -97,6 +97,21 @@ class EvalEnvSection(Section):
                                   "template's.")
 
 
+class ExploitabilitySection(Section):
+    """Exact exploitability of each evaluated checkpoint (docs/exploitability.md): what a best
+    response wins against it in each seat, in the eval envs whose game has a solver
+    (TicTacToe, Nim, KuhnPoker), played as evaluated, under the mask and free."""
+
+    enabled: bool = Field(False, description="Measure it at every evaluation (the greedy "
+                          "policy of an eval at temperature 0 takes seconds).")
+    sampled: bool = Field(False, description="Also the policy as it trains "
+                          "(sampling.temperature), over the whole tree up to the cut: "
+                          "minutes to hours a checkpoint on a CPU.")
+    cut: float = Field(1e-3, ge=0, le=1, description="A sampled policy's lines whose "
+                       "probability falls below this are cut and bounded (the figures become "
+                       "an interval); 0: none (exact, and slowest).")
+
+
 class EvalSection(Section):
     """Evaluation: the learner's checkpoint against fixed opponents, seats balanced."""
 
@@ -116,6 +131,9 @@ class EvalSection(Section):
         None, description="The legal-move mode of eval games (envs[].legal_moves); null: "
         "each env as it trains (an env not trained on: free). free on a masked run shows how "
         "often its policy would still play an illegal move.")
+    exploitability: ExploitabilitySection = Field(
+        default_factory=ExploitabilitySection, description="Exact best responses to each "
+        "evaluated checkpoint (docs/exploitability.md).")
     benchmarks: BenchmarksSection = Field(
         default_factory=BenchmarksSection, description="Reasoning benchmarks "
         "(lm-evaluation-harness tasks) scored on checkpoints as the run goes "

@@ -15,6 +15,8 @@
       benchmarks/ckpt-NNNNNN/TASK.parquet        reasoning benchmark scores of a checkpoint
                                       (one file per task: scored again, it is replaced)
       benchmarks/ckpt-NNNNNN/TASK.samples.jsonl  the harness's per-example samples beside them
+      exploitability/ckpt-NNNNNN/ENV.parquet     a checkpoint's exact best responses in a game
+                                      (measured again, it is replaced)
       rounds/round-NNNNNN.json        round manifest: written last, the round's commit point
       logs/                           one log file per component
 
@@ -196,6 +198,16 @@ class RunPaths:
         """The harness's per-example samples behind :meth:`benchmark_scores`."""
         return (self.benchmarks / checkpoint_name(update)
                 / f"{check_task_name(task)}.samples.jsonl")
+
+    @property
+    def exploitability(self) -> Path:
+        return self.root / "exploitability"
+
+    def exploitability_rows(self, update: int, env_id: str) -> Path:
+        """Checkpoint ``update``'s exploitability rows in ``env_id`` (one per way of playing)."""
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", env_id):
+            raise UbError(f"not an env id to name a file by: {env_id!r}")
+        return self.exploitability / checkpoint_name(update) / f"{env_id}.parquet"
 
     def committed_rounds(self) -> list[int]:
         folder = self.root / "rounds"

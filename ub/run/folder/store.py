@@ -207,13 +207,13 @@ class RunStore:
 
     def pull_records(self, local_root: Path) -> None:
         """Fetch the run's records (config, round manifests, ratings, metrics, checkpoint
-        manifests, benchmark scores), not its shards, samples or weights: what the run's
-        tables are built from."""
+        manifests, benchmark scores, exploitability), not its shards, samples or weights:
+        what the run's tables are built from."""
         for key in self.files():
             top, name = key.split("/")[0], key.rsplit("/", 1)[-1]
             if top in ("config.yaml", "ub-run.json", "rounds", "ratings", "metrics") or (
                     top == "checkpoints" and name in (CHECKPOINT_MANIFEST, "metrics.json")) or (
-                    top == "benchmarks" and name.endswith(".parquet")):
+                    top in ("benchmarks", "exploitability") and name.endswith(".parquet")):
                 self._get_file(key, Path(local_root))
 
     # ---- fetching --------------------------------------------------------------------------

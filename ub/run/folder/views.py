@@ -11,6 +11,8 @@ Besides ``steps`` and ``games`` (the training shards), a run has:
 - ``rounds``: one row per committed round: counts and the time breakdown;
 - ``benchmarks``: one row per (checkpoint, task, metric) of the reasoning benchmarks
   (``benchmarks/ckpt-NNNNNN/TASK.parquet``, :mod:`ub.run.steps.benchmarks`);
+- ``exploitability``: one row per (checkpoint, env, way of playing) of a checkpoint's exact
+  best responses (``exploitability/ckpt-NNNNNN/ENV.parquet``, :mod:`ub.run.steps.exploitability`);
 - ``metrics``: the per-round tracked metrics (``metrics/round-NNNNNN.parquet``), long format
   ``(round, metric, value)``.
 
@@ -38,7 +40,26 @@ EVALS_SCHEMA = pa.schema([
     ("win_rate", pa.float64()), ("win_low", pa.float64()), ("win_high", pa.float64()),
     ("invalid_move_rate", pa.float64()), ("format_rate", pa.float64()),
     ("legal_moves", pa.string()),  # the legal-move mode played under (NULL: not recorded)
+    # The random player's win rate in the same seats of the same games (NULL: not measured,
+    # against a model or hosted opponent): the bar the checkpoint clears or not.
+    ("baseline_win_rate", pa.float64()), ("baseline_low", pa.float64()),
+    ("baseline_high", pa.float64()),
 ])
+EXPLOITABILITY_SCHEMA = pa.schema([
+    ("update", pa.int64()), ("env_id", pa.string()),
+    ("policy", pa.string()),  # greedy (as evaluated at temperature 0) or sampled
+    ("legal_moves", pa.string()),  # mask or free
+    ("temperature", pa.float64()), ("unit", pa.string()),  # game (+1 a win) or chips
+    ("nash_conv", pa.float64()),  # best response in seat 0 + in seat 1 (0: an equilibrium)
+    ("nash_conv_low", pa.float64()), ("nash_conv_high", pa.float64()),  # equal when exact
+    ("exact", pa.bool_()), ("cut", pa.float64()),
+    ("best_response_seat0", pa.float64()), ("best_response_seat1", pa.float64()),
+    ("illegal", pa.float64()),  # P(an illegal move) against the best response, mean of seats
+    ("random_nash_conv", pa.float64()),  # the uniformly random policy's, the bar
+    ("decisions", pa.int64()), ("line_seat0", pa.string()), ("line_seat1", pa.string()),
+    ("seconds", pa.float64()), ("measured_at", pa.string()),
+])
+"""The ``exploitability`` view (:mod:`ub.exploitability`, docs/exploitability.md)."""
 RATINGS_SCHEMA = pa.schema([
     ("round", pa.int64()), ("name", pa.string()), ("kind", pa.string()),
     ("parent", pa.string()), ("mu", pa.float64()), ("sigma", pa.float64()),
@@ -58,6 +79,8 @@ LEARNER_METRICS = pa.schema([
     ("grad_norm", pa.float64()), ("entropy_mean", pa.float64()),
     ("logprob_mean", pa.float64()), ("logprob_abs_diff_max", pa.float64()),
     ("approx_kl", pa.float64()), ("kl_to_base", pa.float64()),
+    # under the legal-move mask: the whole softmax's mass on the allowed tokens, per token
+    ("legal_mass", pa.float64()),
     ("optimizer_steps", pa.int64()),
     ("early_stopped", pa.bool_()), ("learning_rate", pa.float64()),
     ("tokens", pa.int64()), ("tokens_per_second", pa.float64()),
@@ -244,12 +267,21 @@ class RunViews:
                 tables.append(table)
         return pa.concat_tables(tables) if tables else BENCHMARKS_SCHEMA.empty_table()
 
+    def exploitability(self) -> pa.Table:
+        folder = self.root / "exploitability"
+        files = sorted(folder.glob("ckpt-*/*.parquet")) if folder.is_dir() else []
+        tables = [t for path in files if not path.name.startswith(".")
+                  for t in [self._read(path, lambda p: pq.read_table(p).select(
+                      EXPLOITABILITY_SCHEMA.names).cast(EXPLOITABILITY_SCHEMA))]
+                  if t is not None]
+        return pa.concat_tables(tables) if tables else EXPLOITABILITY_SCHEMA.empty_table()
+
     def tables(self) -> dict[str, pa.Table]:
         """Every run table by view name (the shard views come from :mod:`ub.data.sql`)."""
         builders: dict[str, Callable[[], pa.Table]] = {
             "evals": self.evals, "ratings": self.ratings, "checkpoints": self.checkpoints,
             "learner": self.learner, "rounds": self.rounds, "metrics": self.metrics,
-            "benchmarks": self.benchmarks,
+            "benchmarks": self.benchmarks, "exploitability": self.exploitability,
         }
         return {name: build() for name, build in builders.items()}
 

@@ -39,8 +39,11 @@ def evaluate_checkpoint(run: Run, update: int, *, opponents: list[str] | None = 
     "shard": path}``.
 
     Shard 0 of eval round ``update`` is the run's own evaluation (the ``eval`` settings; rated,
-    and reused if it exists); ad-hoc evaluations (``ub eval`` with other opponents, envs or
-    game counts: ``shard=None``) go to later shards of the same round and are not rated. An
+    and reused if it exists), with the checkpoint's exploitability where
+    ``eval.exploitability`` asks (``"exploitability"``: its rows,
+    :mod:`ub.run.steps.exploitability`); ad-hoc evaluations (``ub eval`` with other
+    opponents, envs or game counts: ``shard=None``) go to later shards of the same round and
+    are not rated. An
     ad-hoc evaluation asked for again reads the shard that played the same games (it would
     replay them move for move, and a second copy would count every game twice in a query).
 
@@ -76,8 +79,15 @@ def evaluate_checkpoint(run: Run, update: int, *, opponents: list[str] | None = 
                       row["games"], row["win_rate"], row["win_low"], row["win_high"],
                       row["invalid_move_rate"], "n/a" if row["baseline_win_rate"] is None
                       else f"{row['baseline_win_rate']:.3f}")
-    return {"rows": rows, "seconds": 0.0 if played.reused else played.seconds,
-            "reused": played.reused, "shard": played.games_path}
+    result = {"rows": rows, "seconds": 0.0 if played.reused else played.seconds,
+              "reused": played.reused, "shard": played.games_path}
+    if shard == 0 and config.eval.exploitability.enabled:  # (the run's own evaluation)
+        from ub.run.steps.exploitability import measure_checkpoint
+
+        measured = measure_checkpoint(run, update)
+        result["exploitability"] = measured["rows"]
+        result["seconds"] += measured["seconds"]
+    return result
 
 
 def stored_eval_shard(root: Path, update: int, assignments: list[GameAssignment]) -> int | None:

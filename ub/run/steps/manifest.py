@@ -55,6 +55,8 @@ def round_manifest(run: Run, shards: list[ShardResult], metrics: dict[str, Any],
         "batch": {k: batch[k] for k in ("size", "total_tokens", "truncated", "reward_mean",
                                         "advantage_std") if k in batch},
         "evals": {str(u): e["rows"] for u, e in evaluated.items()},
+        "exploitability": {str(u): e["exploitability"] for u, e in evaluated.items()
+                           if e.get("exploitability")},
         "benchmarks": {str(u): b["rows"] for u, b in (benchmarks or {}).items()},
         "leaderboard": leaderboard[:20],
         "timings": close_timings({"rollout": rollout_seconds, "eval": eval_seconds,

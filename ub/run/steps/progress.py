@@ -35,6 +35,28 @@ def env_cell(row: dict[str, Any]) -> str:
     return row["env_id"] + (" (mask)" if row.get("legal_moves") == "mask" else "")
 
 
+def exploitability_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """One line per (env, policy) of a checkpoint's exploitability rows: NashConv under each
+    legal-move mode (free with its illegal share), the random policy's beside it."""
+    out = []
+    for env_id, policy in dict.fromkeys((r["env_id"], r["policy"]) for r in rows):
+        mine = sorted((r for r in rows if (r["env_id"], r["policy"]) == (env_id, policy)),
+                      key=lambda r: r["legal_moves"] != "mask")
+        parts = [f"{r['legal_moves']} {nash_conv_cell(r)}"
+                 + (f" (illegal {_pct(r['illegal'])})" if r["legal_moves"] == "free" else "")
+                 for r in mine]
+        out.append(f"NashConv on {env_id} ({policy}): {', '.join(parts)}; random "
+                   f"{mine[0]['random_nash_conv']:.3f} {mine[0]['unit']}")
+    return out
+
+
+def nash_conv_cell(row: dict[str, Any]) -> str:
+    """NashConv, with its interval where the tree was cut."""
+    if row["exact"]:
+        return f"{row['nash_conv']:.3f}"
+    return f"{row['nash_conv']:.3f} [{row['nash_conv_low']:.3f}, {row['nash_conv_high']:.3f}]"
+
+
 def baseline_cell(row: dict[str, Any]) -> str:
     """The random player's win rate in the same seats on the same seeds, or ``-``."""
     if row.get("baseline_win_rate") is None:
@@ -79,7 +101,10 @@ class Progress:
             for row in rows:
                 line += (f"\n    eval ckpt {int(update)} vs {row['opponent']} on "
                          f"{env_cell(row)}: win {eval_cell(row)}, "
+                         f"draw {_pct(row['draws'] / max(row['games'], 1))}, "
                          f"invalid {_pct(row['invalid_move_rate'])}")
+            for text in exploitability_lines(m.get("exploitability", {}).get(update, [])):
+                line += f"\n    eval ckpt {int(update)} {text}"
         self.console.print(f"{line}  [dim]({t['round']:.0f} s)[/dim]")
         tracking = self.run.config.tracking
         for alert in env_alerts(read_metrics(self.run.paths, round_),
@@ -98,6 +123,23 @@ class Progress:
                           eval_cell(row), baseline_cell(row), str(row["draws"]),
                           _pct(row["invalid_move_rate"]))
         if curve:
+            self.console.print(table)
+        measured = exploitability_curve(self.run)
+        if measured:
+            table = Table(title=f"exploitability of {self.run.name} (what a best response "
+                          "wins, summed over the seats: 0 is unexploitable)")
+            for column in ("checkpoint", "env", "policy", "mask", "free", "free: illegal",
+                           "random policy"):
+                table.add_column(column)
+            for update, env_id, policy, by_mode in measured:
+                mask, free = by_mode.get("mask"), by_mode.get("free")
+                some = mask or free
+                assert some is not None
+                table.add_row(str(update), env_id, policy,
+                              nash_conv_cell(mask) if mask else "-",
+                              nash_conv_cell(free) if free else "-",
+                              _pct(free["illegal"]) if free else "-",
+                              f"{some['random_nash_conv']:.3f} {some['unit']}")
             self.console.print(table)
         paths = self.run.paths
         where = paths.location
@@ -125,9 +167,24 @@ def round_summary_markdown(run: Run, round_: int, m: dict[str, Any]) -> str:
         for row in rows:
             lines.append(f"- eval checkpoint {update} vs {row['opponent']} on {env_cell(row)}: "
                          f"win {eval_cell(row)}")
+        lines += [f"- eval checkpoint {update} {text}"
+                  for text in exploitability_lines(m.get("exploitability", {}).get(update, []))]
     where = run.paths.location
     lines += ["", f"Data: `{where}`; query it with `ub sql {where}`."]
     return "\n".join(lines)
+
+
+def exploitability_curve(run: Run) -> list[tuple[int, str, str, dict[str, dict[str, Any]]]]:
+    """Every exploitability measurement of the run's evaluations, in checkpoint order:
+    ``(update, env, policy, {legal-move mode: row})``."""
+    out: dict[tuple[int, str, str], dict[str, dict[str, Any]]] = {}
+    for round_ in run.paths.committed_rounds():
+        manifest = read_json(run.paths.manifest(round_))
+        for update, rows in manifest.get("exploitability", {}).items():
+            for row in rows:
+                key = (int(update), row["env_id"], row["policy"])
+                out.setdefault(key, {})[row["legal_moves"]] = row
+    return [(*key, out[key]) for key in sorted(out)]
 
 
 def learning_curve(run: Run) -> list[tuple[int, dict[str, Any]]]:

@@ -12,6 +12,9 @@
   per game, per turn and per generated character;
 - ``eval/ENV/OPPONENT/...``: win, draw and loss rates, Wilson bounds, invalid-move rate of the
   checkpoints evaluated in the round;
+- ``exploitability/ENV/POLICY/MODE/...``: NashConv (and its bounds), each seat's best
+  response, the illegal share and the random policy's NashConv of the checkpoints measured in
+  the round (``eval.exploitability``);
 - ``benchmarks/TASK/METRIC[/FILTER]``: the reasoning benchmarks of the checkpoints scored in
   the round (``eval.benchmarks``; the ``benchmarks`` view has their stderr and n);
 - ``learner/...``, ``batch/...``: the update's figures, train sequence length and truncation;
@@ -24,7 +27,8 @@ W&B (``tracking.wandb``): ``offline`` (default: files under ``RUN/wandb``, sync 
 overrides it (the tests set ``disabled``). The W&B run id is made once per run (the run name
 plus a random suffix) and kept in ``RUN/ub-run.json``: a resumed run continues its curves, and
 two machines' runs of the same name stay two W&B runs. Round metrics are plotted against
-``round``, evaluation metrics (``eval/...``, ``benchmarks/...``) against ``checkpoint``, the
+``round``, evaluation metrics (``eval/...``, ``exploitability/...``, ``benchmarks/...``) against
+``checkpoint``, the
 update they measure.
 """
 
@@ -110,6 +114,9 @@ def round_metrics(run: Run, round_: int, manifest: dict[str, Any],
                             f"{base}/loss_rate": r["losses"] / max(r["games"], 1),
                             f"{base}/invalid_move_rate": r["invalid_move_rate"],
                             f"{base}/checkpoint": int(update)})
+    for update, rows in manifest.get("exploitability", {}).items():
+        metrics.update(exploitability_figures(rows))
+        metrics.update({f"exploitability/{r['env_id']}/checkpoint": int(update) for r in rows})
     for rows in manifest.get("benchmarks", {}).values():
         metrics.update(benchmark_figures(rows))
     metrics.update({f"learner/{k}": v for k, v in manifest.get("learner", {}).items()})
@@ -191,9 +198,23 @@ def wandb_run_id(paths: RunPaths) -> str:
     return data["wandb_id"]
 
 
+def exploitability_figures(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """``exploitability/ENV/POLICY/MODE/...`` of a checkpoint's exploitability rows:
+    NashConv (and its bounds), each seat's best response, the illegal share and the random
+    policy's NashConv beside it."""
+    out: dict[str, float] = {}
+    for r in rows:
+        base = f"exploitability/{r['env_id']}/{r['policy']}/{r['legal_moves']}"
+        for key in ("nash_conv", "nash_conv_low", "nash_conv_high", "best_response_seat0",
+                    "best_response_seat1", "illegal", "random_nash_conv"):
+            out[f"{base}/{key}"] = float(r[key])
+    return out
+
+
 def wandb_rows(round_: int, metrics: dict[str, float],
                evals: dict[str, list[dict[str, Any]]],
                benchmarks: dict[str, list[dict[str, Any]]] | None = None,
+               exploitability: dict[str, list[dict[str, Any]]] | None = None,
                ) -> list[tuple[int, dict[str, float]]]:
     """Round ``round_``'s W&B history rows as ``(step, row)``, in step order.
 
@@ -205,13 +226,14 @@ def wandb_rows(round_: int, metrics: dict[str, float],
     and ``checkpoint`` as their x-axes, never W&B's step.
     """
     figures = {k: v for k, v in metrics.items()
-               if not k.startswith(("eval/", "benchmarks/"))}
+               if not k.startswith(("eval/", "benchmarks/", "exploitability/"))}
     rows = [(2 * round_ + 1, {"round": round_, **figures})]
-    scored = benchmarks or {}
-    for update in sorted(set(evals) | set(scored), key=int):
+    scored, measured = benchmarks or {}, exploitability or {}
+    for update in sorted(set(evals) | set(scored) | set(measured), key=int):
         results = evals.get(update, [])
         row: dict[str, float] = {"checkpoint": int(update),
-                                 **benchmark_figures(scored.get(update, []))}
+                                 **benchmark_figures(scored.get(update, [])),
+                                 **exploitability_figures(measured.get(update, []))}
         for r in results:
             base = f"eval/{r['env_id']}/{r['opponent']}"
             games = max(r["games"], 1)
@@ -228,7 +250,8 @@ def wandb_rows(round_: int, metrics: dict[str, float],
 
 def log_wandb(run: Run, round_: int, metrics: dict[str, float],
               evals: dict[str, list[dict[str, Any]]] | None = None,
-              benchmarks: dict[str, list[dict[str, Any]]] | None = None) -> None:
+              benchmarks: dict[str, list[dict[str, Any]]] | None = None,
+              exploitability: dict[str, list[dict[str, Any]]] | None = None) -> None:
     """Log round ``round_``'s metrics, its evaluations and benchmark scores (``{update:
     rows}``, as in the round manifest) to W&B (started on first use; see
     :func:`wandb_rows`)."""
@@ -253,12 +276,13 @@ def log_wandb(run: Run, round_: int, metrics: dict[str, float],
         wb.define_metric("checkpoint")
         wb.define_metric("eval/*", step_metric="checkpoint")
         wb.define_metric("benchmarks/*", step_metric="checkpoint")
+        wb.define_metric("exploitability/*", step_metric="checkpoint")
         _WANDB[run.name] = wb
     axes = _ROUND_AXES.setdefault(run.name, set())
-    for step, row in wandb_rows(round_, metrics, evals or {}, benchmarks):
+    for step, row in wandb_rows(round_, metrics, evals or {}, benchmarks, exploitability):
         # (W&B globs are prefixes: one per top-level group, as groups first appear)
-        for group in {k.split("/", 1)[0] for k in row if "/" in k} - axes - {"eval",
-                                                                              "benchmarks"}:
+        for group in ({k.split("/", 1)[0] for k in row if "/" in k} - axes
+                      - {"eval", "benchmarks", "exploitability"}):
             wb.define_metric(f"{group}/*", step_metric="round")
             axes.add(group)
         wb.log(row, step=step)

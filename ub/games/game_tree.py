@@ -1,0 +1,477 @@
+"""Best responses and exploitability of a policy, exactly, over a real TextArena game's tree.
+
+A policy here is whatever sits in both seats of a two-player zero-sum game and answers, for
+each decision, a distribution over the legal moves (and the probability of an illegal move,
+which loses the game). Its **exploitability** (NashConv, as OpenSpiel reports it) is what a best
+response wins against it, summed over the seats: 0 at a Nash equilibrium, 2 (a game won in
+each seat) at the most. The best response is computed exactly by walking the game's tree in
+the real env (every prompt the policy meets is the env's own observation after that history,
+so a policy that reads the move history, as an LLM does, is measured as it plays):
+
+- at the policy's decisions the value is its expectation over its moves (a greedy policy has
+  one); an illegal move is a leaf worth the game's worst outcome to the policy;
+- at the best response's decisions it takes the best move of each *information set*: the
+  decisions its seat cannot tell apart, keyed by the observation that seat has seen (in
+  TicTacToe and Nim every decision is its own; in Kuhn Poker the opponent's card is hidden).
+
+Where a policy spreads its probability over every move (a sampled LLM), the tree is the whole
+game's (TicTacToe's 294,778 non-terminal histories); ``cut`` stops a line once the policy's
+own probability of reaching it is below the cut, and counts it as the best or worst outcome:
+the best response's value is then an interval that holds the exact one (``low``, ``high``).
+
+What ub knows of a game for this (:data:`TREE_RULES`, keyed by the core env's class like
+:mod:`ub.games.legal`): the chance outcomes at the start (Kuhn Poker's six deals, each an env
+seed that deals it), where the measured game ends (one hand of Kuhn Poker, in chips, though the
+env plays on), and the worst outcome (what an illegal move costs). A game without rules gets a
+one-line refusal naming the games that have them.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ub.errors import UbError
+from ub.games.legal import entry_point, legal_actions, unwrap
+from ub.games.positions import BUILT_IN as POSITION_KEYS
+from ub.games.positions import kuhn_history
+from ub.games.specs import make_env
+
+# --------------------------------------------------------------------------------------------
+# What a policy is asked, and answers
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TreeDecision:
+    """One decision of the policy: the env before the move (read it, never step it), the seat
+    to move, what that seat observes (the prompt's source) and the legal moves."""
+
+    env: Any
+    seat: int
+    observation: str
+    legal_moves: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class MoveDistribution:
+    """A policy's answer at one decision: ``probs`` over legal moves (moves left out have 0)
+    and ``illegal``, the probability of a move the game refuses (it loses the game). The two
+    add up to 1."""
+
+    probs: dict[str, float]
+    illegal: float = 0.0
+
+
+class TreePolicy(Protocol):
+    """What :func:`best_response` needs of a policy."""
+
+    markov: bool
+    """True when its answer depends only on the position (the game state and the seat to
+    move), not on the history that led there (a scripted player): positions reached by
+    several histories are then walked once."""
+
+    def distributions(self, decisions: Sequence[TreeDecision]) -> list[MoveDistribution]:
+        """One distribution per decision (asked in batches: an LLM scores them together)."""
+        ...
+
+
+# --------------------------------------------------------------------------------------------
+# What ub knows of each game's tree
+# --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TreeRules:
+    """A game's tree, as the best response walks it.
+
+    :param game: its name.
+    :param unit: what a payoff counts (``game``: +1 a win, -1 a loss; ``chips``).
+    :param worst: the worst payoff of the measured game (an illegal move's, to its mover).
+    :param roots: the chance outcomes at the start: ``(env seed, probability)`` pairs.
+    :param payoff: the payoffs by seat if a move ends the measured game, from the core env
+        before it and the move (``None``: it goes on); by default the env's own end.
+    :param perfect_information: every decision is its own information set.
+    """
+
+    game: str
+    unit: str
+    worst: float
+    roots: Callable[[str], list[tuple[int, float]]]
+    payoff: Callable[[Any, str], tuple[float, ...] | None] | None = None
+    perfect_information: bool = True
+
+
+def _one_root(_env_id: str) -> list[tuple[int, float]]:
+    return [(0, 1.0)]  # no chance: every seed starts the same game
+
+
+@functools.cache
+def _kuhn_deals(env_id: str) -> list[tuple[int, float]]:
+    # TextArena shuffles the three cards at reset: each of the six deals has probability 1/6.
+    # The first seed that deals each one stands for it (so its prompts are the env's own).
+    found: dict[tuple[int, int], int] = {}
+    seed = 0
+    while len(found) < 6:
+        env = _reset(env_id, seed)
+        cards = unwrap(env).state.game_state["player_cards"]
+        found.setdefault((cards[0], cards[1]), seed)
+        seed += 1
+    return [(found[deal], 1 / 6) for deal in sorted(found)]
+
+
+def kuhn_chips(cards: tuple[int, int], opener: int, betting: Sequence[str]
+               ) -> tuple[float, float] | None:
+    """One hand of Kuhn Poker's chips by seat, as the rules the env's prompt states them
+    (each player antes 1; ``bet`` and ``call`` add a chip to the pot; a fold gives the pot to
+    the other player, else the higher card takes it), or ``None`` while the hand goes on.
+
+    :param cards: each seat's card (0 = J, 1 = Q, 2 = K); ``opener``: the seat that acts
+        first; ``betting``: the moves so far, in order (``check``, ``bet``, ``call``, ``fold``).
+    """
+    put = [1, 1]
+    for i, move in enumerate(betting):
+        seat = opener if i % 2 == 0 else 1 - opener
+        if move in ("bet", "call"):
+            put[seat] += 1
+        if move == "fold":
+            return (float(put[1]), -float(put[1])) if seat == 1 else (-float(put[0]),
+                                                                    float(put[0]))
+    over = (list(betting[-2:]) in (["check", "check"], ["bet", "call"]))
+    if not over:
+        return None
+    winner = 0 if cards[0] > cards[1] else 1
+    stake = float(put[1 - winner])
+    return (stake, -stake) if winner == 0 else (-stake, stake)
+
+
+def _kuhn_hand(core: Any, move: str) -> tuple[float, ...] | None:
+    """The first hand's chips once ``move`` (by the seat to move in ``core``) ends it. Read
+    from the state before the move: the env deals the next hand in the same step. TextArena's
+    env never adds a bet to its pot (its every hand is won or lost by the ante), so the chips
+    are the stated rules', not the env's (docs/exploitability.md)."""
+    game = core.state.game_state
+    opener = game["starting_player"]
+    history = kuhn_history(core).split()
+    cards = (game["player_cards"][0], game["player_cards"][1])
+    return kuhn_chips(cards, opener, [*history, move.strip("[]")])
+
+
+TREE_RULES: dict[str, TreeRules] = {
+    "textarena.envs.TicTacToe.env:TicTacToeEnv": TreeRules("TicTacToe", "game", -1.0,
+                                                           _one_root),
+    "textarena.envs.Nim.env:NimEnv": TreeRules("Nim", "game", -1.0, _one_root),
+    # One hand, in chips: the unit the game's equilibrium is known in (its first seat's value
+    # is -1/18). The env's own game is several hands won by the most chips, whose best
+    # response also plays on the score: docs/exploitability.md.
+    "textarena.envs.KuhnPoker.env:KuhnPokerEnv": TreeRules(
+        "KuhnPoker", "chips", -2.0, _kuhn_deals, _kuhn_hand, perfect_information=False),
+}
+
+SOLVED_GAMES: tuple[str, ...] = tuple(sorted(r.game for r in TREE_RULES.values()))
+
+
+def tree_rules(env_id: str) -> TreeRules:
+    """The rules of ``env_id``'s tree.
+
+    :raises UbError: ub has none for its game (one line naming those it has).
+    """
+    rules = TREE_RULES.get(entry_point(env_id) or "")
+    if rules is None:
+        raise UbError(f"no exploitability solver for {env_id}: ub has one for "
+                      f"{', '.join(SOLVED_GAMES)}")
+    return rules
+
+
+def has_tree_rules(env_id: str) -> bool:
+    return (entry_point(env_id) or "") in TREE_RULES
+
+
+# --------------------------------------------------------------------------------------------
+# The walk
+# --------------------------------------------------------------------------------------------
+
+
+def _isolated(call: Callable[[], Any]) -> Any:
+    # TextArena draws from (and reseeds) the global RNG: leave the caller's as it was.
+    state = random.getstate()
+    try:
+        return call()
+    finally:
+        random.setstate(state)
+
+
+def _reset(env_id: str, seed: int) -> Any:
+    env = make_env(env_id)
+    _isolated(lambda: env.reset(num_players=2, seed=seed))
+    return env
+
+
+@dataclass(eq=False)
+class _Node:
+    seat: int = -1  # to move; -1 at a leaf
+    reach: float = 1.0  # chance and the policy's probability of getting here
+    payoff: tuple[float, ...] | None = None  # at a leaf
+    infoset: object = None  # the best response's decisions: what its seat tells apart
+    children: list[tuple[str, float, _Node]] = field(default_factory=list)  # (move, p, node)
+    illegal: float = 0.0  # the policy's illegal mass here
+    cut: float = 0.0  # the policy's mass on lines cut (below the reach cut)
+    answer: MoveDistribution | None = None  # the policy's, at its nodes
+
+
+@dataclass(frozen=True)
+class BestResponse:
+    """The best response of ``seat`` against the policy in the other seat.
+
+    ``low`` and ``high`` bound its value (in the rules' unit, to ``seat``): equal when the tree
+    was walked whole (``exact``). ``illegal``: the probability that the policy loses by an
+    illegal move when the best response plays its (lower-bound) strategy. ``line``: the
+    likeliest line of that play (the moves, then the result), for reading what it exploits.
+    ``decisions``: the policy's decisions scored; ``nodes``: the tree's size.
+    """
+
+    seat: int
+    low: float
+    high: float
+    illegal: float
+    decisions: int
+    nodes: int
+    line: tuple[str, ...] = ()
+
+    @property
+    def exact(self) -> bool:
+        return self.low == self.high
+
+    @property
+    def value(self) -> float:
+        return (self.low + self.high) / 2
+
+
+@dataclass(frozen=True)
+class Exploitability:
+    """Both seats' best responses: NashConv is their sum (bounded by ``low``/``high``)."""
+
+    env_id: str
+    unit: str
+    responses: tuple[BestResponse, BestResponse]
+
+    @property
+    def low(self) -> float:
+        return sum(r.low for r in self.responses)
+
+    @property
+    def high(self) -> float:
+        return sum(r.high for r in self.responses)
+
+    @property
+    def nash_conv(self) -> float:
+        return (self.low + self.high) / 2
+
+    @property
+    def exact(self) -> bool:
+        return all(r.exact for r in self.responses)
+
+
+def exploitability(env_id: str, policy: TreePolicy, *, cut: float = 0.0) -> Exploitability:
+    """The policy's NashConv in ``env_id``: :func:`best_response` in each seat."""
+    rules = tree_rules(env_id)
+    responses = (best_response(env_id, policy, 0, cut=cut),
+                 best_response(env_id, policy, 1, cut=cut))
+    return Exploitability(env_id, rules.unit, responses)
+
+
+def best_response(env_id: str, policy: TreePolicy, seat: int, *, cut: float = 0.0
+                  ) -> BestResponse:
+    """The exact best response of ``seat`` against ``policy`` in the other seat.
+
+    :param cut: stop a line where the policy's (and chance's) probability of reaching it is
+        below this (0: never), bounding its value by the game's best and worst outcome.
+    """
+    rules = tree_rules(env_id)
+    roots = [(_reset(env_id, s), p) for s, p in rules.roots(env_id)]
+    walk = _Walk(rules, policy, seat, cut, POSITION_KEYS.get(entry_point(env_id) or ""))
+    tops = [walk.node(env, p) for env, p in roots]
+    walk.ask([(n, env) for n, env in zip(tops, (e for e, _ in roots), strict=True)
+              if n.seat != seat])
+    for top, (env, _) in zip(tops, roots, strict=True):
+        walk.grow(top, env)
+    low = sum(p * walk.value(n, high=False) for n, (_, p) in zip(tops, roots, strict=True))
+    high = sum(p * walk.value(n, high=True) for n, (_, p) in zip(tops, roots, strict=True))
+    illegal = sum(p * walk.illegal(n) for n, (_, p) in zip(tops, roots, strict=True))
+    likeliest = max(zip(tops, roots, strict=True), key=lambda t: t[1][1])[0]
+    return BestResponse(seat, low, high, illegal, walk.decisions, walk.nodes,
+                        walk.line(likeliest))
+
+
+class _Walk:
+    """One best response's tree, grown depth first: the policy's decisions that follow one
+    decision of the best response are asked together (they share most of their prompt), and
+    in a game of perfect information the best response stops trying moves once one wins for
+    certain (its value cannot be beaten)."""
+
+    def __init__(self, rules: TreeRules, policy: TreePolicy, seat: int, cut: float,
+                 position_key: Callable[[Any, int], str | None] | None) -> None:
+        self.rules, self.policy, self.seat = rules, policy, seat
+        # A policy of positions in a game of perfect information: a position reached by two
+        # histories is one node (the best response's value there is the same; such a tree is
+        # small, and is never cut).
+        self.shared = (policy.markov and rules.perfect_information and position_key
+                       is not None)
+        self.cut = 0.0 if self.shared else cut
+        self.position_key = position_key
+        self.seen: dict[object, _Node] = {}
+        self.decisions = self.nodes = 0
+        self._values: dict[tuple[int, bool], float] = {}
+        self._choices: dict[tuple[object, bool], str] = {}
+        self.members: dict[object, list[_Node]] = {}
+        self._grown: set[int] = set()
+
+    def node(self, env: Any, reach: float) -> _Node:
+        """The node of ``env`` before a move (the one already made, if its position is
+        shared), with the seat to move and, for the best response, its information set."""
+        core = unwrap(env)
+        key = None
+        if self.shared:
+            key = self.position_key(core, core.state.current_player_id)  # type: ignore[misc]
+            if key in self.seen:
+                return self.seen[key]
+        node = _Node(seat=int(core.state.current_player_id), reach=reach)
+        self.nodes += 1
+        if key is not None:
+            self.seen[key] = node
+        if node.seat == self.seat:
+            if self.rules.perfect_information:
+                node.infoset = id(node)
+            else:
+                node.infoset = _isolated(env.get_observation)[1]
+            self.members.setdefault(node.infoset, []).append(node)
+        return node
+
+    def ask(self, pending: list[tuple[_Node, Any]]) -> None:
+        """The policy's distributions at its nodes of ``pending`` (not asked before), at once."""
+        todo = [(n, env) for n, env in pending if n.answer is None]
+        if not todo:
+            return
+        decisions = []
+        for n, env in todo:
+            _seat, observation = _isolated(env.get_observation)
+            moves = tuple(_isolated(functools.partial(legal_actions, env)))
+            decisions.append(TreeDecision(env, n.seat, observation, moves))
+        for (n, _), answer in zip(todo, self.policy.distributions(decisions), strict=True):
+            n.answer = answer
+        self.decisions += len(todo)
+
+    def grow(self, node: _Node, env: Any) -> None:
+        """Grow ``node``'s subtree (``env``: its state)."""
+        if id(node) in self._grown:
+            return  # (a shared position, grown where it was first met)
+        self._grown.add(id(node))
+        if node.seat == self.seat:
+            moves = tuple(_isolated(lambda: legal_actions(env)))
+            made = [(move, *self._child(env, move, node.reach)) for move in moves]
+            self.ask([(c, e) for _, c, e in made if e is not None and c.seat != self.seat])
+            best = -self.rules.worst
+            for move, child, child_env in made:
+                node.children.append((move, 1.0, child))
+                if child_env is not None:
+                    self.grow(child, child_env)
+                # Nothing beats the best outcome for certain: the other moves need no look.
+                if (self.rules.perfect_information
+                        and self.value(child, high=False) >= best):
+                    break
+            return
+        answer = node.answer
+        assert answer is not None
+        node.illegal = answer.illegal
+        grown: list[tuple[_Node, Any]] = []
+        for move, p in answer.probs.items():
+            if p <= 0.0:
+                continue
+            if self.cut and node.reach * p < self.cut:
+                node.cut += p
+                continue
+            child, child_env = self._child(env, move, node.reach * p)
+            node.children.append((move, p, child))
+            if child_env is not None:
+                grown.append((child, child_env))
+        self.ask([(c, e) for c, e in grown if c.seat != self.seat])
+        for child, child_env in grown:
+            self.grow(child, child_env)
+
+    def _child(self, env: Any, move: str, reach: float) -> tuple[_Node, Any]:
+        """The node after ``move`` and its env (``None`` at a leaf)."""
+        payoff = self.rules.payoff(unwrap(env), move) if self.rules.payoff else None
+        if payoff is None:
+            child_env = copy.deepcopy(env)
+            done, _ = _isolated(lambda: child_env.step(action=move))
+            if not done:
+                return self.node(child_env, reach), child_env
+            rewards, _info = _isolated(child_env.close)
+            payoff = (float(rewards.get(0, 0.0)), float(rewards.get(1, 0.0)))
+        self.nodes += 1
+        return _Node(reach=reach, payoff=payoff), None
+
+    # ---- values --------------------------------------------------------------------------
+
+    def value(self, node: _Node, *, high: bool) -> float:
+        """The best response's value at ``node`` (cut lines at the best or worst outcome)."""
+        if node.payoff is not None:
+            return node.payoff[self.seat]
+        key = (id(node), high)
+        if key in self._values:
+            return self._values[key]
+        if node.seat == self.seat:
+            move = self.choice(node.infoset, high=high)
+            value = next(self.value(c, high=high) for m, _, c in node.children if m == move)
+        else:
+            bound = -self.rules.worst if high else self.rules.worst
+            value = (sum(p * self.value(c, high=high) for _, p, c in node.children)
+                     + node.illegal * -self.rules.worst + node.cut * bound)
+        self._values[key] = value
+        return value
+
+    def choice(self, infoset: object, *, high: bool) -> str:
+        """The best response's move in ``infoset``: the best, weighed over its decisions by
+        the probability of reaching each (the first of equals, in legal-move order)."""
+        key = (infoset, high)
+        if key not in self._choices:
+            members = self.members[infoset]
+            totals: dict[str, float] = {}
+            for node in members:
+                for move, _, child in node.children:
+                    totals[move] = totals.get(move, 0.0) + node.reach * self.value(child,
+                                                                                    high=high)
+            self._choices[key] = max(totals, key=totals.__getitem__)
+        return self._choices[key]
+
+    def illegal(self, node: _Node) -> float:
+        """The probability that the policy plays an illegal move, the best response playing
+        its lower-bound strategy."""
+        if node.payoff is not None:
+            return 0.0
+        if node.seat == self.seat:
+            move = self.choice(node.infoset, high=False)
+            return next(self.illegal(c) for m, _, c in node.children if m == move)
+        return node.illegal + sum(p * self.illegal(c) for _, p, c in node.children)
+
+    def line(self, node: _Node) -> tuple[str, ...]:
+        """The likeliest line of the best response's play from ``node``, and its result."""
+        out: list[str] = []
+        while node.payoff is None:
+            if node.seat == self.seat:
+                move = self.choice(node.infoset, high=False)
+                node = next(c for m, _, c in node.children if m == move)
+                out.append(move)
+                continue
+            best = max(node.children, key=lambda t: t[1], default=None)
+            if best is None or best[1] < max(node.illegal, node.cut):
+                out.append("(illegal)" if node.illegal >= node.cut else "(cut)")
+                return tuple(out)
+            out.append(best[0])
+            node = best[2]
+        out.append(f"= {node.payoff[self.seat]:+g}")
+        return tuple(out)
