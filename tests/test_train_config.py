@@ -15,7 +15,7 @@ MINIMAL = {"envs": [{"env_id": "TicTacToe-v0-train"}]}
 
 def test_every_preset_is_in_the_documented_table():
     table = (PRESETS_DIR.parents[1] / "docs" / "training.md").read_text()
-    assert len(preset_names()) == 4
+    assert len(preset_names()) == 5
     for name in preset_names():
         assert f"\n| `{name}`" in table, f"preset {name} is missing from docs/training.md"
 
