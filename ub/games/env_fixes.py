@@ -1,9 +1,11 @@
 """Fixes to TextArena games whose env does not play by the rules its own prompt states.
 
-Applied to the game's env class when ub first makes one of its envs
-(:func:`ub.games.specs.make_env`): in the class, so that a copied env (a branch point, the
-exploitability solver's tree) plays by the same rules, and training, evaluation and the solver
-(:mod:`ub.games.game_tree`) play one game.
+Applied to every env ub plays (:func:`ub.games.specs.make_env`: rollouts, evaluation, the
+exploitability solver of :mod:`ub.games.game_tree`), by giving the env the fixed class: a
+copy of it (a branch point, the solver's tree) plays by the same rules. The fixed class keeps
+the game's module and name, so everything ub dispatches on a game's class (legal moves,
+position keys, the solver) knows it. ``textarena.make`` itself is left alone: the tiny
+model's pre-training transcripts (:mod:`ub.model.transcripts`) are TextArena's own.
 
 - **KuhnPoker**: the prompt says ``[bet]`` and ``[call]`` add a chip to the pot, but the env
   never adds them (its pot stays at the two antes), so every hand is won or lost by one chip
@@ -18,19 +20,16 @@ import re
 from collections.abc import Callable
 from typing import Any
 
-from ub.games.legal import entry_point
+from ub.games.legal import entry_point, unwrap
 
 _KUHN_MOVE = re.compile(r"\[(Check|Bet|Fold|Call)\]", re.IGNORECASE)  # the env's own reading
-_FIXED = "_ub_fixed"
 
 
-def _kuhn_poker() -> None:
+@functools.cache
+def _fixed_kuhn_poker() -> type:
     from textarena.envs.KuhnPoker.env import KuhnPokerEnv
 
-    step = KuhnPokerEnv.step
-
-    @functools.wraps(step)
-    def step_with_stakes(self: Any, action: str) -> Any:
+    def step(self: Any, action: str) -> Any:
         state = self.state
         match = _KUHN_MOVE.search(action.strip())
         move = match.group(1).lower() if match else None
@@ -38,21 +37,22 @@ def _kuhn_poker() -> None:
         if move in ("bet", "call") and isinstance(node, dict) and move in node:
             state.game_state["pot"] += 1
             state.game_state["player_chips"][state.current_player_id] -= 1
-        return step(self, action)
+        return KuhnPokerEnv.step(self, action)
 
-    setattr(step_with_stakes, _FIXED, True)
-    KuhnPokerEnv.step = step_with_stakes
+    return type(KuhnPokerEnv.__name__, (KuhnPokerEnv,), {
+        "step": step, "__module__": KuhnPokerEnv.__module__,
+        "__qualname__": KuhnPokerEnv.__qualname__,
+        "__doc__": "TextArena's KuhnPoker, a bet and a call paid into the pot (ub)."})
 
 
-_FIXES: dict[str, Callable[[], None]] = {
-    "textarena.envs.KuhnPoker.env:KuhnPokerEnv": _kuhn_poker,
+_FIXES: dict[str, Callable[[], type]] = {
+    "textarena.envs.KuhnPoker.env:KuhnPokerEnv": _fixed_kuhn_poker,
 }
-_applied: set[str] = set()
 
 
-def fix_game(env_id: str) -> None:
-    """Fix ``env_id``'s game class, once a process, if it has a fix."""
-    entry = entry_point(env_id) or ""
-    if entry in _FIXES and entry not in _applied:
-        _FIXES[entry]()
-        _applied.add(entry)
+def fix_env(env: Any, env_id: str) -> Any:
+    """``env`` (just made) playing by its game's fixed class, if its game has a fix."""
+    fixed = _FIXES.get(entry_point(env_id) or "")
+    if fixed is not None:
+        unwrap(env).__class__ = fixed()
+    return env

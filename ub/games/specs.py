@@ -157,11 +157,10 @@ def make_env(env_id: str):
     that break their own rules (:mod:`ub.games.env_fixes`)."""
     import textarena as ta
 
-    from ub.games.env_fixes import fix_game
+    from ub.games.env_fixes import fix_env
 
     check_env_id(env_id)
-    fix_game(env_id)
-    return ta.make(env_id=env_id)
+    return fix_env(ta.make(env_id=env_id), env_id)
 
 
 def check_env(spec: GameSpec) -> None:

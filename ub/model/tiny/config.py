@@ -14,7 +14,7 @@ from ub.settings import Section
 
 # Bump whenever the recipe changes what gets built (code, not config): it is part of the cache
 # key, so old cached models are never mistaken for new ones.
-RECIPE_VERSION = 3  # 3: Kuhn Poker's transcripts pay bets and calls (ub/games/env_fixes.py)
+RECIPE_VERSION = 2
 
 
 class TinyModelConfig(Section):
