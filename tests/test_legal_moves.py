@@ -121,6 +121,16 @@ def test_no_move_to_play_or_a_cut_move_is_said(tiny_tokenizer):
 # ------------------------------------------------------------------------------------------
 
 
+def _hidden_and_head(seed: int, n: int, h: int, v: int) -> tuple[torch.Tensor, torch.nn.Linear]:
+    """``n`` random hidden states (with their gradient) and a random ``h x v`` output layer."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(n, h, generator=gen, requires_grad=True)
+    head = torch.nn.Linear(h, v, bias=False)
+    with torch.no_grad():
+        head.weight.copy_(torch.randn(v, h, generator=gen))
+    return hidden, head
+
+
 @pytest.mark.parametrize("chunk", [1, 3, 64])
 def test_masked_logprobs_and_entropy_match_a_masked_log_softmax(chunk):
     """Values and gradients (an entropy bonus included) equal autograd through a plain
@@ -128,12 +138,8 @@ def test_masked_logprobs_and_entropy_match_a_masked_log_softmax(chunk):
     tokens, allow-lists and free text with a banned set."""
     from ub.learner.token_masks import TokenMasks
 
-    gen = torch.Generator().manual_seed(0)
     n, h, v = 7, 16, 40
-    hidden = torch.randn(n, h, generator=gen, requires_grad=True)
-    head = torch.nn.Linear(h, v, bias=False)
-    with torch.no_grad():
-        head.weight.copy_(torch.randn(v, h, generator=gen))
+    hidden, head = _hidden_and_head(0, n, h, v)
     allowed_lists = {1: [3, 5, 9], 4: [7], 5: [0, 1, 2, 3]}  # token 4: forced
     banned = torch.zeros(1, v, dtype=torch.bool)
     banned[0, [10, 11, 12, 13]] = True
@@ -173,12 +179,8 @@ def test_the_legal_mass_and_its_gradient_match_autograd(chunk, entropy_too):
     from ub.learner.output_layer import chunked_token_scores
     from ub.learner.token_masks import TokenMasks
 
-    gen = torch.Generator().manual_seed(1)
     n, h, v = 6, 16, 40
-    hidden = torch.randn(n, h, generator=gen, requires_grad=True)
-    head = torch.nn.Linear(h, v, bias=False)
-    with torch.no_grad():
-        head.weight.copy_(torch.randn(v, h, generator=gen))
+    hidden, head = _hidden_and_head(1, n, h, v)
     allowed_lists = {0: [3, 5, 9], 2: [7, 8], 3: [0, 1, 2, 3], 5: [11]}
     offsets, ids = [0], []
     for i in range(n):
