@@ -281,6 +281,32 @@ def test_overwrite_replaces_only_a_checkpoint(fresh: Learner, tmp_path: Path, ca
     assert _tree(tmp_path) == before
 
 
+def test_overwrite_refuses_a_project_holding_a_copied_checkpoint_manifest(
+        fresh: Learner, tmp_path: Path, capsys) -> None:
+    """A project folder with a `ub_checkpoint.json` copied into it (to read it, say) was taken
+    for a checkpoint by its manifest's `format` alone and replaced whole, `src/` and notes
+    too: a checkpoint is what its manifest lists, at the sizes listed, and nothing else."""
+    from ub.flows.cli import main
+
+    manifest = fresh.save(tmp_path / "ckpt") / MANIFEST
+    project = tmp_path / "proj"
+    (project / "src").mkdir(parents=True)
+    (project / "src" / "main.py").write_text("print('mine')\n")
+    (project / "NOTES.md").write_text("mine")
+    shutil.copy(manifest, project / MANIFEST)
+    before = _tree(project)
+    assert main(["learn", "--shards", str(tmp_path), "--out", str(project), "--overwrite"]) == 2
+    assert ("is a folder holding, beside a ub checkpoint's manifest, what that manifest does "
+            "not list: NOTES.md, src: pick another --out") in capsys.readouterr().err
+    assert _tree(project) == before
+    # Every file a checkpoint lists, one of another size: not what ub wrote either.
+    shutil.rmtree(project)
+    shutil.copytree(tmp_path / "ckpt", project)
+    (project / METRICS).write_text("{}")
+    with pytest.raises(UbError, match="differ from the sizes its ub manifest lists: metrics"):
+        fresh.save(project, overwrite=True)
+
+
 def test_overwrite_replaces_a_checkpoint_or_fills_an_empty_folder(fresh: Learner,
                                                                  tmp_path: Path) -> None:
     fresh.update(batches(1)[0])

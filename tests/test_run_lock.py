@@ -56,6 +56,25 @@ def test_a_killed_holder_leaves_a_lock_that_is_taken_over(tmp_path):
         assert again.recovered_from is None
 
 
+def test_a_lock_that_is_a_link_is_refused_and_its_target_untouched(tmp_path, capsys):
+    """`run.lock` made a link to a file outside the run: taking the lock (`ub doctor --repair`,
+    `ub train`) truncated that file through the link and wrote the holder's record into it."""
+    from ub.flows.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("envs: [{env_id: Nim-v0-train}]\n")
+    victim = tmp_path / "notes.txt"
+    victim.write_text("someone's notes")
+    (run / "run.lock").symlink_to(victim)
+    assert main(["doctor", str(run), "--repair"]) == 2
+    assert "run.lock is a symbolic link: ub takes a run's lock only in a file of its own" in (
+        capsys.readouterr().err)
+    assert main(["doctor", str(run)]) == 1  # (reading the holder follows no link either)
+    assert "problem: run.lock: a symbolic link" in capsys.readouterr().out
+    assert victim.read_text() == "someone's notes"
+
+
 def test_orphaned_temporary_files_are_removed_and_nothing_else(tmp_path):
     keep = [tmp_path / "steps" / "round=000000" / "shard-0000.parquet",
             tmp_path / "config.yaml", tmp_path / ".prefect" / "prefect.db",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -251,3 +252,41 @@ def test_a_fetched_file_lands_inside_its_destination_or_nowhere(paths, tmp_path)
                                       rf"{tmp_path}/elsewhere/round-000000.json, outside"):
         sync(machine)
     assert list((tmp_path / "elsewhere").iterdir()) == []
+
+
+@pytest.mark.parametrize("linked", ["config.yaml", "rounds"])
+def test_a_link_in_a_file_store_is_refused_and_its_target_never_copied(paths, tmp_path, linked):
+    """Whoever can write to a shared ``file://`` store plants a link to a reader's private file:
+    a resume copied the target into the working copy, quoted it in the config error and
+    republished it into the store as a world-readable file (issue 69)."""
+    write_json_atomic(paths.manifest(0), {"round": 0})
+    paths.config.write_text("seed: 1\n")
+    sync(paths)
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "round-000000.json").write_text("the reader's secret")
+    (victim / "private").write_text("the reader's secret")
+    planted = Path(RunStore(paths.store).path(linked))
+    if planted.is_dir():
+        shutil.rmtree(planted)
+    else:
+        planted.unlink()
+    planted.symlink_to(victim if linked == "rounds" else victim / "private")
+    machine = RunPaths(tmp_path / "machine-b", paths.store)
+    for reader in (lambda: sync(machine), lambda: RunStore(paths.store).pull_records(machine.root)):
+        with pytest.raises(UbError, match=rf"holds a symbolic link at '{linked}': ub reads and "
+                                          "republishes nothing through a link"):
+            reader()
+    assert planted.is_symlink()  # not replaced by its target's copy
+    assert not machine.root.exists() or "secret" not in "".join(
+        f.read_text() for f in machine.root.rglob("*") if f.is_file())
+
+
+def test_a_link_in_the_working_copy_is_never_published(paths, tmp_path):
+    (tmp_path / "private").write_text("the user's secret")
+    write_json_atomic(paths.manifest(0), {"round": 0})
+    paths.config.symlink_to(tmp_path / "private")
+    with pytest.raises(UbError, match=r"holds a symbolic link at config.yaml: ub publishes "
+                                      "nothing through a link"):
+        sync(paths)
+    assert "config.yaml" not in RunStore(paths.store).files()

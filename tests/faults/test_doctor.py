@@ -4,7 +4,10 @@ trusted (deleting nothing), and the resumed run equals the undamaged one."""
 from __future__ import annotations
 
 import json
+import re
+import shlex
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -102,6 +105,46 @@ def test_damage_is_named_repaired_and_replayed(reference, fault_config, prefect_
     assert main(["doctor", str(run)]) == 0
     capsys.readouterr()
 
+    result = train(fault_config, tmp_path, prefect_api)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert differences(run, reference[0]) == []
+
+
+def test_the_repair_doctor_prints_works_as_printed_from_the_runs_parent_folder(
+        reference, tmp_path, capsys, monkeypatch):
+    """`ub doctor damaged` (the default `--root runs`, a relative path) prints the repair to
+    run; it crashed (`... is not in the subpath of 'runs/damaged'`) before moving anything."""
+    shutil.copytree(reference[0], tmp_path / "runs" / "damaged")
+    monkeypatch.chdir(tmp_path)
+    shard = Path("runs/damaged/games/round-000001/shard-0000.parquet")
+    shard.write_bytes(shard.read_bytes()[:300])
+    assert main(["doctor", "damaged"]) == 1
+    printed = re.search(r"`(ub doctor [^`]+)`", capsys.readouterr().out).group(1)
+    assert main(shlex.split(printed)[1:]) == 0
+    out = capsys.readouterr().out
+    assert "quarantined games/round-000001 -> quarantine/" in out
+    assert "run damaged is back at round 1: `ub train --resume damaged` replays rounds 1..1" in out
+    assert main(["doctor", "damaged"]) == 0
+
+
+def test_a_run_stopped_before_its_first_round_is_repaired_and_resumed(
+        reference, fault_config, prefect_api, tmp_path, capsys):
+    """A run stopped a second after it started holds its config and maybe part of checkpoint
+    0: doctor said `ckpt-000000 does not exist` (exit 1) and `--repair` crashed (`IndexError`)
+    after quarantining files."""
+    run = tmp_path / "run"
+    run.mkdir()
+    for name in ("config.yaml", "ub-run.json"):
+        shutil.copy(reference[0] / name, run / name)
+    assert main(["doctor", str(run)]) == 0
+    assert "run: 0 committed round(s), ok" in capsys.readouterr().out
+    being_made = run / "checkpoints" / ".ckpt-000000.tmp-4242-0123abcd"  # checkpoint 0's
+    being_made.mkdir(parents=True)
+    (being_made / "adapter_config.json").write_text("{}")
+    assert main(["doctor", str(run)]) == 1
+    assert ".ckpt-000000.tmp-4242-0123abcd: temporary file" in capsys.readouterr().out
+    assert main(["doctor", str(run), "--repair"]) == 0
+    assert "quarantined checkpoints/.ckpt-000000.tmp" in capsys.readouterr().out
     result = train(fault_config, tmp_path, prefect_api)
     assert result.returncode == 0, result.stderr[-2000:]
     assert differences(run, reference[0]) == []

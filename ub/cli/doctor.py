@@ -22,7 +22,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     from ub.run.folder.layout import RunPaths
     from ub.run.folder.lock import RunLock, holder
 
-    root = run_dir(args)
+    root = run_dir(args).absolute()
     if not args.repair:
         live = holder(root / "run.lock")
         if live is not None:
@@ -44,9 +44,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         print(f"rewrote {finding.path.relative_to(root)} from the run's data")
     first = exam.first_broken_round
     if first is not None:
-        resume = RunPaths(root.absolute()).resume_command
-        print(f"run {root.name} is back at round {first}: `{resume}` replays rounds "
-              f"{first}..{exam.rounds[-1]} as they were (same seed, same games)")
+        resume = RunPaths(root).resume_command
+        replays = (f"replays rounds {first}..{exam.rounds[-1]} as they were (same seed, same "
+                   "games)" if exam.rounds and first <= exam.rounds[-1] else
+                   "plays on from there")
+        print(f"run {root.name} is back at round {first}: `{resume}` {replays}")
     return 0
 
 

@@ -117,10 +117,13 @@ def write_checkpoint(out_dir: str | os.PathLike[str], state: CheckpointState,
 
 
 def check_replaceable(out: str | os.PathLike[str]) -> None:
-    """What ``--overwrite`` (``overwrite=True``) may replace at ``out``: nothing, a finished ub
-    checkpoint folder, or an empty folder. Anything else (a folder of other files, a run, a
-    file, a link) is refused, naming what it holds, before any work is done."""
-    from ub.learner.checkpoint import is_checkpoint
+    """What ``--overwrite`` (``overwrite=True``) may replace at ``out``: nothing, a folder ub
+    wrote as a checkpoint, or an empty folder. ub knows its own checkpoint by its manifest,
+    which lists every file ub wrote there: the folder must hold those files, at their sizes,
+    and nothing else (a copied manifest alone does not make a project a checkpoint). Anything
+    else (a folder of other files, a run, a file, a link) is refused, naming what it holds,
+    before any work is done."""
+    from ub.learner.checkpoint import read_manifest
 
     out = Path(out).expanduser().absolute()
     if not out.exists() and not out.is_symlink():
@@ -129,18 +132,36 @@ def check_replaceable(out: str | os.PathLike[str]) -> None:
         what = f"a symbolic link to {os.readlink(out)}"
     elif not out.is_dir():
         what = "a file"
-    elif is_checkpoint(out):
-        return
+    elif (out / MANIFEST).is_file():
+        try:
+            listed = read_manifest(out).get("files", {})
+        except UbError as exc:
+            listed, what = None, f"a folder whose {MANIFEST} does not read ({exc})"
+        if listed is not None:
+            unlisted = sorted(p.name for p in out.iterdir()
+                              if p.name != MANIFEST and (p.name not in listed or not p.is_file()
+                                                         or p.is_symlink()))
+            resized = sorted(name for name, info in listed.items() if (out / name).is_file()
+                             and (out / name).stat().st_size != info.get("bytes"))
+            if not unlisted and not resized:
+                return
+            what = ("a folder holding, beside a ub checkpoint's manifest, what that manifest "
+                    "does not list: " + _some(unlisted) if unlisted else
+                    "a folder whose files differ from the sizes its ub manifest lists: "
+                    + _some(resized))
     elif (out / "ub-run.json").exists():
         what = "a ub run"
     else:
         held = sorted(p.name for p in out.iterdir())
         if not held:
             return
-        what = ("a folder holding " + ", ".join(held[:3])
-                + (f" and {len(held) - 3} more" if len(held) > 3 else ""))
+        what = "a folder holding " + _some(held)
     raise UbError(f"--overwrite replaces only a ub checkpoint folder (or an empty folder), and "
                   f"{out} is {what}: pick another --out, or move it aside yourself")
+
+
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
 
 
 def canonicalize_adapter_config(path: Path, base_model_name: str | None = None) -> str | None:

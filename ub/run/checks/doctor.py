@@ -209,11 +209,11 @@ def _check_checkpoint(paths: RunPaths, update: int, breaks_round: int) -> list[F
 def examine(root: Path, *, live: bool = False) -> Examination:
     """Every integrity problem of the run at ``root`` (read-only). ``live``: a process is
     driving the run, so its temporary files are work in progress, not leftovers."""
-    root = Path(root)
+    root = Path(root).absolute()  # (findings, moves and commands alike: any working folder)
     if not is_run(root):
         raise UbError(f"{root} is not a ub run (no config.yaml or rounds/)")
     run_format = check_run_format(root)
-    paths = RunPaths(root.absolute())
+    paths = RunPaths(root)
     findings: list[Finding] = []
     notes: list[str] = []
     try:
@@ -245,11 +245,15 @@ def examine(root: Path, *, live: bool = False) -> Examination:
     findings += _check_eval_shards(paths, len(rounds))
     findings += _check_metrics(paths, len(rounds))
     # Round r plays checkpoint r and makes r + 1: a broken checkpoint u breaks round u - 1.
-    for update in range(len(rounds) + 1):
+    # (Before round 0 commits, checkpoint 0 may not be made yet: the resume makes it.)
+    for update in range(len(rounds) + 1 if rounds or paths.checkpoint(0).exists() else 0):
         findings += _check_checkpoint(paths, update, max(update - 1, 0))
     if not live:
         findings += [Finding(orphan, "temporary file left by an interrupted write")
                      for orphan in find_orphans(root)]
+    if paths.lock.is_symlink():  # (see RunLock.acquire: nothing takes a lock through a link)
+        findings.append(Finding(paths.lock, "a symbolic link: ub takes a run's lock only in a "
+                                "file of its own (remove the link)"))
     return Examination(root, rounds, findings, run_format, versions, notes)
 
 
@@ -259,7 +263,7 @@ def repair(exam: Examination) -> list[tuple[Path, Path]]:
     Call only while holding the run's lock.
     """
     root = exam.root
-    paths = RunPaths(root.absolute())
+    paths = RunPaths(root)
     quarantine = root / "quarantine" / time.strftime("%Y%m%dT%H%M%S")
     moved: list[tuple[Path, Path]] = []
 

@@ -39,7 +39,15 @@ class RunLock:
 
     def acquire(self) -> RunLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:  # (no link followed: the holder's record truncates the file it opens)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        except OSError as exc:
+            if self.path.is_symlink():
+                raise UbError(f"{self.path} is a symbolic link: ub takes a run's lock only in "
+                              "a file of its own, never through a link (it would write the "
+                              "file the link names). Remove the link; the next command "
+                              "makes the lock anew") from None
+            raise UbError(f"cannot take the lock {self.path}: {exc.strerror or exc}") from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -99,8 +107,8 @@ def holder(path: Path) -> dict | None:
     """The record of the live process holding the lock at ``path`` (``None``: nobody holds it).
     Takes and writes nothing: readers (``ub doctor``, the dashboard) may call it any time."""
     try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:  # (none, or a link, which no ub process holds: acquire refuses it)
         return None
     try:
         fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)

@@ -114,6 +114,11 @@ class RunStore:
         out = {}
         for name, info in found.items():
             key = name[len(root):] if name.startswith(root) else None
+            if key and info.get("islink"):  # (a local store's: fsspec lists a link unfollowed)
+                raise UbError(f"run store {self.url} holds a symbolic link at {key!r}: ub "
+                              "reads and republishes nothing through a link (its target, "
+                              "outside the store, would be copied into the run). Remove the "
+                              "link, or put the file itself there (docs/security.md)")
             if not key or info.get("type") == "directory":
                 continue
             self.check_key(key)
@@ -283,9 +288,15 @@ def local_files(local_root: Path) -> dict[str, int]:
     out = {}
     for top in DURABLE:
         start = Path(local_root) / top
-        candidates = [start] if start.is_file() else sorted(start.rglob("*"))
+        candidates = [start] if start.is_file() or start.is_symlink() else sorted(
+            start.rglob("*"))
         for path in candidates:
             rel = path.relative_to(local_root)
+            if path.is_symlink():
+                raise UbError(f"the working copy {local_root} holds a symbolic link at "
+                              f"{rel.as_posix()}: ub publishes nothing through a link (its "
+                              "target, outside the run, would be copied into the store). "
+                              "Remove the link, or put the file itself there")
             if path.is_file() and not any(p.startswith(".") for p in rel.parts) and (
                     "quarantine" not in rel.parts):
                 out[rel.as_posix()] = path.stat().st_size
