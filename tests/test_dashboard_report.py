@@ -240,6 +240,23 @@ def test_report_writes_real_plots_and_one_page(run_dir, tmp_path, capsys):
     assert "<code>envs[1].env_id</code></td><td>Nim-v0-train</td>" in page
 
 
+def test_names_that_look_like_markup_or_tex_are_shown_as_they_are(run_dir, tmp_path, capsys):
+    """A rating member's name is anyone's text (a hosted model's, say): `$\\frac{$` made the
+    report's mathtext raise, `[/x]` is rich markup to the dashboard (issue 69)."""
+    from ub.flows.cli import main
+
+    run = tmp_path / "dash"
+    shutil.copytree(run_dir, run)
+    odd = "$\\frac{$ [/x]"
+    for snapshot in (run / "ratings").glob("*.json"):
+        snapshot.write_text(snapshot.read_text().replace('"random"', json.dumps(odd)))
+    assert main(["report", str(run), "--out", str(tmp_path / "report")]) == 0
+    assert (tmp_path / "report" / "ratings.png").exists()
+    capsys.readouterr()
+    assert main(["dashboard", str(run), "--once"]) == 0
+    assert odd[:8] in capsys.readouterr().out
+
+
 def test_report_plots_put_each_quantity_on_its_own_labelled_axis(run_dir, tmp_path):
     """Loss, gradient norm and clip fraction get a panel each; truncation counts are not drawn
     on the token axis; the match matrix colours scores (0..1), not game counts."""

@@ -20,6 +20,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ub.dashboard_state import DashboardState, gather
+from ub.display import printable, shown
 
 SPARKS = "▁▂▃▄▅▆▇█"
 
@@ -78,8 +79,8 @@ def _fmt(value: float | None) -> str:
 def render(state: DashboardState) -> Group:
     """The dashboard as Rich renderables."""
     total = state.rounds_total if state.rounds_total is not None else "?"
-    head = Text(f"{state.name}  round {state.rounds_done}/{total}  [{state.phase}]  "
-                f"{state.root}", style="bold")
+    head = Text(printable(f"{state.name}  round {state.rounds_done}/{total}  [{state.phase}]  "
+                          f"{state.root}"), style="bold")
     throughput = "  ".join(f"{k}: {v:.1f}" for k, v in state.throughput.items()) or "-"
     host = "  ".join(f"{k}: {v:.1f}" for k, v in state.host.items())
 
@@ -89,7 +90,7 @@ def render(state: DashboardState) -> Group:
     top = max((m["mu"] + m["sigma"] for m in state.ladder), default=1.0) or 1.0
     for m in state.ladder[:12]:
         bar = "█" * max(1, int(20 * max(m["mu"], 0) / top))
-        ladder.add_row(m["name"], f"{m['mu']:.2f}", f"{m['sigma']:.2f}",
+        ladder.add_row(shown(m["name"]), f"{m['mu']:.2f}", f"{m['sigma']:.2f}",
                        f"{m['conservative']:.2f}", str(m["games"]), str(m["wins"]),
                        str(m["draws"]), str(m["losses"]), bar)
 
@@ -97,7 +98,7 @@ def render(state: DashboardState) -> Group:
     matrix = Table(box=None)
     matrix.add_column("vs")
     for name in names:
-        matrix.add_column(_short(name), no_wrap=True)
+        matrix.add_column(shown(_short(name)), no_wrap=True)
     most = max((sum(c) for row in state.matches.values() for c in row.values()), default=1)
     for a in names:
         cells = []
@@ -108,7 +109,7 @@ def render(state: DashboardState) -> Group:
                 continue
             heat = ("grey50", "yellow", "orange1", "red")[min(3, int(4 * sum(wdl) / most))]
             cells.append(f"[{heat}]{wdl[0]}/{wdl[1]}/{wdl[2]}[/{heat}]")
-        matrix.add_row(_short(a), *cells)
+        matrix.add_row(shown(_short(a)), *cells)
 
     trends = Table(box=None)
     for column in ("series", "last", "over rounds"):
@@ -119,7 +120,7 @@ def render(state: DashboardState) -> Group:
     parts: list[Any] = [head]
     if state.activity:
         now = "now" if state.phase.startswith("running") else "last log"
-        parts.append(Text(f"{now}: {state.activity}", style="dim", overflow="ellipsis",
+        parts.append(Text(printable(f"{now}: {state.activity}"), style="dim", overflow="ellipsis",
                           no_wrap=True))
     parts += [
         Panel(throughput, title="throughput (last round)"),
@@ -130,7 +131,7 @@ def render(state: DashboardState) -> Group:
         Panel(host, title="host"),
     ]
     if state.warnings:
-        parts.append(Text("\n".join(state.warnings), style="yellow"))
+        parts.append(Text(printable("\n".join(state.warnings)), style="yellow"))
     parts.append(Text("q quits", style="dim"))
     return Group(*parts)
 

@@ -414,23 +414,25 @@ def write_report(root: Path, out: Path) -> Path:
     except OSError as exc:
         raise UbError(f"output folder {out} is not writable ({exc.strerror or exc})") from None
     sections = []
-    for name, title, draw in plots:
-        fig = plt.figure(figsize=MATRIX_SIZE if name == "match_matrix" else SIZE, dpi=100)
-        try:
-            if not draw(fig):
-                continue
-            for ax in fig.axes:
-                handles, _ = ax.get_legend_handles_labels()
-                if handles and ax.get_legend() is None:
-                    ax.legend(fontsize=7, loc="best")
-            fig.tight_layout()
-            path = out / f"{name}.png"
-            fig.savefig(path)
-        finally:
-            plt.close(fig)
-        encoded = base64.b64encode(path.read_bytes()).decode()
-        sections.append(f"<h2>{html.escape(title)}</h2>\n"
-                        f'<img alt="{html.escape(title)}" src="data:image/png;base64,{encoded}">')
+    # Names are text, not TeX: a rating member named `$\frac{$` made mathtext raise.
+    with plt.rc_context({"text.parse_math": False}):
+        for name, title, draw in plots:
+            fig = plt.figure(figsize=MATRIX_SIZE if name == "match_matrix" else SIZE, dpi=100)
+            try:
+                if not draw(fig):
+                    continue
+                for ax in fig.axes:
+                    handles, _ = ax.get_legend_handles_labels()
+                    if handles and ax.get_legend() is None:
+                        ax.legend(fontsize=7, loc="best")
+                fig.tight_layout()
+                path = out / f"{name}.png"
+                fig.savefig(path)
+            finally:
+                plt.close(fig)
+            encoded = base64.b64encode(path.read_bytes()).decode()
+            sections.append(f"<h2>{html.escape(title)}</h2>\n<img alt=\"{html.escape(title)}\" "
+                            f'src="data:image/png;base64,{encoded}">')
     page = out / "report.html"
     warnings = "".join(f"<p class=warn>{html.escape(w)}</p>" for w in views.warnings)
     page.write_text(

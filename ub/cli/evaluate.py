@@ -9,6 +9,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from ub.cli.args import checkpoint_choice, game_count, positive_int
+from ub.display import shown
 from ub.errors import UbError
 from ub.run.folder.urls import DEFAULT_RUNS_ROOT
 
@@ -100,7 +101,8 @@ def cmd_eval(args: argparse.Namespace) -> int:
                    "draws", "losses", "invalid moves", "format ok"):
         table.add_column(column)
     for row in result["rows"]:
-        table.add_row(env_cell(row), row["opponent"], str(row["games"]), eval_cell(row),
+        table.add_row(shown(env_cell(row)), shown(row["opponent"]), str(row["games"]),
+                      eval_cell(row),
                       baseline_cell(row), str(row["draws"]), str(row["losses"]),
                       f"{row['invalid_move_rate']:.1%}", f"{row['format_rate']:.1%}")
     Console(highlight=False).print(table)
@@ -227,7 +229,8 @@ def _cmd_benchmarks(args: argparse.Namespace) -> int:
     for row in result["rows"]:
         metric = row["metric"] + (f" ({row['filter']})" if row["filter"] else "")
         error = "" if row["stderr"] is None else f" ± {row['stderr']:.3f}"
-        table.add_row(str(row["checkpoint"]), row["task"], metric, f"{row['value']:.3f}{error}",
+        table.add_row(str(row["checkpoint"]), shown(row["task"]), shown(metric),
+                      f"{row['value']:.3f}{error}",
                       str(row["n"]))
     Console(highlight=False).print(table)
     print(f"scores: {paths.benchmarks} ({len(result['scored'])} scored in "
@@ -282,7 +285,8 @@ def _cmd_exploitability(args: argparse.Namespace) -> int:
             result = measure_checkpoint(run, update, envs=envs, sampled=args.sampled or None,
                                         cut=args.cut, again=True)
             for r in result["rows"]:
-                table.add_row(str(update), r["env_id"], r["policy"], r["legal_moves"],
+                table.add_row(str(update), shown(r["env_id"]), shown(r["policy"]),
+                              r["legal_moves"],
                               nash_conv_cell(r), f"{r['best_response_seat0']:+.3f}",
                               f"{r['best_response_seat1']:+.3f}", f"{r['illegal']:.1%}",
                               f"{r['random_nash_conv']:.3f}", f"{r['seconds']:.1f}")

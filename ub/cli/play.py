@@ -152,10 +152,12 @@ def _print_play_summary(rollout, actors, games_path: Path) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from ub.display import shown
+
     steps = rollout.steps.to_pylist()
     games = rollout.games.to_pylist()
     stats = rollout.stats
-    table = Table(title=f"{stats.games} games of {games[0]['env_id'] if games else '?'}")
+    table = Table(title=shown(f"{stats.games} games of {games[0]['env_id'] if games else '?'}"))
     for col in ("actor", "games", "win", "draw", "loss", "invalid moves", "format ok"):
         table.add_column(col, justify="left" if col == "actor" else "right")
     for name in dict.fromkeys(a.name for a in actors):
@@ -164,7 +166,7 @@ def _print_play_summary(rollout, actors, games_path: Path) -> None:
         mine = [s for s in steps if s["actor"] == name]
         played = sum(1 for g in games for a in g["actors"] if a == name)
         table.add_row(
-            name, str(played), str(results.count("win")), str(results.count("draw")),
+            shown(name), str(played), str(results.count("win")), str(results.count("draw")),
             str(results.count("loss")), _rate([s["invalid_move"] for s in mine]),
             _rate([s["format_ok"] for s in mine]),
         )

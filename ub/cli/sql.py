@@ -5,9 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ub.cli.args import positive_int
 from ub.errors import UbError
+
+if TYPE_CHECKING:
+    from rich.text import Text
 
 MAX_ROWS = 1000
 """The rows a table shows by default (``--max-rows``): the result streams, so a query of a
@@ -135,7 +139,7 @@ def _print_result(con, sql: str, fmt: str, max_rows: int = MAX_ROWS) -> None:
 
     view = Table(show_lines=False)
     for name in schema.names:
-        view.add_column(name)
+        view.add_column(_cell(name))
     shown, more = 0, False
     for batch in batches:
         room = max_rows - shown
@@ -153,6 +157,8 @@ def _print_result(con, sql: str, fmt: str, max_rows: int = MAX_ROWS) -> None:
         print(f"({shown} row{'s' if shown != 1 else ''})")
 
 
-def _cell(value: object, width: int = 80) -> str:
+def _cell(value: object, width: int = 80) -> Text:
+    from ub.display import shown
+
     text = "NULL" if value is None else str(value)
-    return text if len(text) <= width else text[: width - 1] + "…"
+    return shown(text if len(text) <= width else text[: width - 1] + "…")

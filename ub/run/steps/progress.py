@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
+from ub.display import in_markup, shown
 from ub.progress_bar import show_progress_bars
 from ub.run.folder.layout import read_json
 from ub.run.steps.health import env_alerts
@@ -77,7 +78,7 @@ class Progress:
         self.started = time.perf_counter()
 
     def note(self, text: str) -> None:
-        self.console.print(f"[dim]{text}[/dim]")
+        self.console.print(f"[dim]{in_markup(text)}[/dim]")
 
     def start(self, first_round: int) -> None:
         c = self.run.config
@@ -85,7 +86,8 @@ class Progress:
         self.console.print(
             f"[bold]ub train[/bold] run [cyan]{self.run.name}[/cyan] ({what}; "
             f"{c.rounds} rounds of {c.rollout.games_per_round} games on "
-            f"{', '.join(e.env_id for e in c.envs)}) -> {self.run.paths.location}")
+            f"{in_markup(', '.join(e.env_id for e in c.envs))}) -> "
+            f"{in_markup(self.run.paths.location)}")
 
     def round_done(self, round_: int, m: dict[str, Any]) -> None:
         t = m["timings"]
@@ -99,17 +101,17 @@ class Progress:
                 f"grad {learner.get('grad_norm', 0.0):.3f}")
         for update, rows in sorted(m["evals"].items(), key=lambda kv: int(kv[0])):
             for row in rows:
-                line += (f"\n    eval ckpt {int(update)} vs {row['opponent']} on "
-                         f"{env_cell(row)}: win {eval_cell(row)}, "
+                line += (f"\n    eval ckpt {int(update)} vs {in_markup(row['opponent'])} on "
+                         f"{in_markup(env_cell(row))}: win {eval_cell(row)}, "
                          f"draw {_pct(row['draws'] / max(row['games'], 1))}, "
                          f"invalid {_pct(row['invalid_move_rate'])}")
             for text in exploitability_lines(m.get("exploitability", {}).get(update, [])):
-                line += f"\n    eval ckpt {int(update)} {text}"
+                line += f"\n    eval ckpt {int(update)} {in_markup(text)}"
         self.console.print(f"{line}  [dim]({t['round']:.0f} s)[/dim]")
         tracking = self.run.config.tracking
         for alert in env_alerts(read_metrics(self.run.paths, round_),
                                 tracking.alert_invalid_move_rate, tracking.alert_entropy):
-            self.console.print(f"    [yellow]{alert}[/yellow]")
+            self.console.print(f"    [yellow]{in_markup(alert)}[/yellow]")
 
     def finish(self) -> dict[str, Any]:
         """Print the learning curve over every committed round; return the run's summary."""
@@ -119,7 +121,8 @@ class Progress:
                        "random in its seats", "draws", "invalid moves"):
             table.add_column(column)
         for update, row in curve:
-            table.add_row(str(update), env_cell(row), row["opponent"], str(row["games"]),
+            table.add_row(str(update), shown(env_cell(row)), shown(row["opponent"]),
+                          str(row["games"]),
                           eval_cell(row), baseline_cell(row), str(row["draws"]),
                           _pct(row["invalid_move_rate"]))
         if curve:
@@ -135,7 +138,7 @@ class Progress:
                 mask, free = by_mode.get("mask"), by_mode.get("free")
                 some = mask or free
                 assert some is not None
-                table.add_row(str(update), env_id, policy,
+                table.add_row(str(update), shown(env_id), shown(policy),
                               nash_conv_cell(mask) if mask else "-",
                               nash_conv_cell(free) if free else "-",
                               _pct(free["illegal"]) if free else "-",
