@@ -150,6 +150,63 @@ def test_a_run_stopped_before_its_first_round_is_repaired_and_resumed(
     assert differences(run, reference[0]) == []
 
 
+def _set_shard_metadata(run: Path, key: bytes, value: bytes) -> Path:
+    import pyarrow.parquet as pq
+
+    shard = run / "games" / "round-000001" / "shard-0000.parquet"
+    table = pq.read_table(shard)
+    pq.write_table(table.replace_schema_metadata({**table.schema.metadata, key: value}), shard)
+    return shard
+
+
+def _edit_json(path: Path, edit) -> Path:
+    path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+    return path
+
+
+DAMAGED_METADATA = {  # what was damaged -> (the file it names, what doctor says of it)
+    "a schema version that is no JSON": (
+        lambda run: _set_shard_metadata(run, b"ub.schema_version", b"{bad"),
+        "has damaged ub metadata (its b'ub.schema_version' is b'{bad', not JSON text)"),
+    "a schema version in quotes": (
+        lambda run: _set_shard_metadata(run, b"ub.schema_version", b'"5"'),
+        'has the schema version "5", not a number'),
+    "a schema version in a list": (
+        lambda run: _set_shard_metadata(run, b"ub.schema_version", b"[5]"),
+        "has the schema version [5], not a number"),
+    "a key that is no UTF-8": (
+        lambda run: _set_shard_metadata(run, b"ub.\xff\xfe", b"1"),
+        "has damaged ub metadata (its b'ub.\\xff\\xfe'"),
+    "a count that is no number": (
+        lambda run: _edit_json(run / "rounds" / "round-000001.json",
+                               lambda m: {**m, "games": "many"}),
+        "counts many games but its shards hold"),
+    "a rating without its mu": (
+        lambda run: _edit_json(run / "ratings" / "round-000001.json", lambda r: {
+            **r, "members": [{k: v for k, v in m.items() if k != "mu"} for m in r["members"]]}),
+        "missing 1 required positional argument: 'mu'"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGED_METADATA))
+def test_damaged_or_crafted_metadata_is_named_in_one_line(reference, tmp_path, capsys, damage):
+    """Tracebacks from `ub doctor` and `ub sql` before, and doctor called the rating "ok"."""
+    run = _copy(reference, tmp_path)
+    make, said = DAMAGED_METADATA[damage]
+    damaged = make(run)
+    assert main(["doctor", str(run)]) == 1
+    problems = [line for line in capsys.readouterr().out.splitlines()
+                if line.startswith("problem:")]
+    assert problems == [f"problem: {damaged.relative_to(run)}: {problems[0].split(': ', 2)[2]}"]
+    assert said in problems[0] and problems[0].endswith("(round 1 onwards)")
+    for query in ("SELECT count(*) FROM games", "SELECT count(*) FROM ratings"):
+        code = main(["sql", str(run), query, "--format", "csv"])
+        err = capsys.readouterr().err.splitlines()
+        assert len(err) == 1 and str(damaged) in err[0], err  # one line, naming the file
+        # a shard cannot be read past; a round's record is left out of the tables it feeds
+        assert code == (2 if damaged.suffix == ".parquet" else 0)
+
+
 def test_a_manifest_pointing_at_nothing_is_found(reference, tmp_path, capsys):
     run = _copy(reference, tmp_path)
     manifest = run / "rounds" / "round-000000.json"

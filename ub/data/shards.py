@@ -201,9 +201,17 @@ def read_metadata(path: Path) -> dict[str, Any]:
     except (OSError, pa.ArrowInvalid) as exc:
         raise UbError(f"{path} is not a readable Parquet file ({exc}); "
                       "run `ub doctor` on the run to quarantine it") from None
-    return {
-        k.decode()[3:]: json.loads(v) for k, v in raw.items() if k.decode().startswith("ub.")
-    }
+    out = {}
+    for key, value in raw.items():
+        if not key.startswith(b"ub."):
+            continue  # (Arrow's and pandas' own, in any bytes)
+        try:
+            out[key.decode()[3:]] = json.loads(value)
+        except ValueError:  # (UnicodeDecodeError too)
+            raise UbError(f"{path} has damaged ub metadata (its {key[:40]!r} is "
+                          f"{value[:40]!r}, not JSON text); run `ub doctor` on the run to "
+                          "quarantine it") from None
+    return out
 
 
 def check_shard_schema(path: Path, table: str) -> int:
@@ -215,6 +223,10 @@ def check_shard_schema(path: Path, table: str) -> int:
     if version is None:
         raise UbError(f"{path} has no ub schema version: it was not written by ub (move it "
                       "out of the data folder; in a run, `ub doctor RUN --repair` does)")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise UbError(f"{path} has the schema version {json.dumps(version)[:40]}, not a "
+                      "number: its ub metadata is damaged (move it out of the data folder; "
+                      "in a run, `ub doctor RUN --repair` does)")
     if meta.get("table", table) != table:
         raise UbError(f"{path} is a {meta['table']!r} shard in the place of a {table!r} one: "
                       "move it out of the data folder")

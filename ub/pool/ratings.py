@@ -18,6 +18,7 @@ Rules:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -190,7 +191,9 @@ class RatingTable:
         try:
             table = cls(RatingConfig.model_validate(data["config"]))
             for m in data["members"]:
-                table.members[m["name"]] = Member(**m)
+                member = Member(**m)
+                _check_member(member)
+                table.members[member.name] = member
             table.matches = {a: {b: list(c) for b, c in row.items()}
                              for a, row in data["matches"].items()}
             table.games_seen = int(data["games_seen"])
@@ -200,3 +203,20 @@ class RatingTable:
         except ValidationError as exc:
             raise UbError(f"not a rating snapshot: {format_errors(exc, 'config')}") from None
         return table
+
+
+def _check_member(member: Member) -> None:
+    """A snapshot's member as ub writes it: a name, finite numbers for its rating, whole
+    numbers for its record (a crafted or damaged snapshot read on otherwise)."""
+    def number(value: object) -> bool:
+        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(
+            value)
+
+    wrong = [f"{name}={getattr(member, name)!r}" for name in ("mu", "sigma")
+             if not number(getattr(member, name))]
+    wrong += [f"{name}={getattr(member, name)!r}" for name in ("games", "rated_games", "wins",
+                                                              "draws", "losses")
+              if not isinstance(getattr(member, name), int)]
+    if not isinstance(member.name, str) or wrong:
+        raise TypeError(f"member {member.name!r} has "
+                        f"{', '.join(wrong) or 'a name that is no text'}")

@@ -110,6 +110,19 @@ def _check_json(path: Path, round_: int, what: str) -> Iterator[Finding]:
         yield Finding(path, f"unreadable {what}: {exc}", round_)
 
 
+def _check_ratings(path: Path, round_: int) -> list[Finding]:
+    """A rating snapshot as a resume reads it (the pool's own reader)."""
+    from ub.pool.ratings import RatingTable
+
+    found = list(_check_json(path, round_, "rating snapshot"))
+    if not found:
+        try:
+            RatingTable.from_snapshot(json.loads(path.read_text()))
+        except UbError as exc:
+            found.append(Finding(path, str(exc), round_))
+    return found
+
+
 def _check_shard(path: Path, table: str, round_: int | None, *, alone: bool = False
                  ) -> tuple[int | None, int | None, list[Finding]]:
     """Rows and schema version of a shard file, or the findings that make it untrustworthy."""
@@ -188,7 +201,7 @@ def _check_round(paths: RunPaths, round_: int, versions: dict[int, list[int]]
     for extra in sorted(set(_files(folder, "shard-*.parquet")) - set(listed)):
         findings.append(Finding(extra, "shard of a committed round that its manifest does not "
                                 "list (training would read it)", round_))
-    findings += _check_json(paths.ratings(round_), round_, "rating snapshot")
+    findings += _check_ratings(paths.ratings(round_), round_)
     findings += _check_json(paths.final_rewards_state(round_), round_, "final-reward state")
     return findings
 

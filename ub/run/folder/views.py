@@ -165,14 +165,31 @@ class RunViews:
     def _json(self, path: Path) -> Any | None:
         return self._read(path, lambda p: json.loads(p.read_text()))
 
-    def _manifests(self) -> list[tuple[int, dict]]:
+    def _fitted(self, path: Path, schema: pa.Schema,
+                rows: Callable[..., list[dict[str, Any]]], *args: Any) -> pa.Table | None:
+        """One file's ``rows(*args)`` as ``schema``, or ``None`` with a warning naming the
+        file: a field missing or of another type (``"games": "many"``) is a damaged or crafted
+        file, and the other files' rows still make the table."""
+        try:
+            return pa.Table.from_pylist(rows(*args), schema=schema)
+        except (KeyError, TypeError, ValueError, AttributeError, pa.ArrowException) as exc:
+            self.warnings.append(f"skipped {path}: not as ub writes it ({type(exc).__name__}: "
+                                 f"{exc})")
+            return None
+
+    @staticmethod
+    def _joined(tables: list[pa.Table | None], schema: pa.Schema) -> pa.Table:
+        present = [t for t in tables if t is not None]
+        return pa.concat_tables(present) if present else schema.empty_table()
+
+    def _manifests(self) -> list[tuple[int, Path, dict]]:
         out = []
         for round_, path in _numbered(self.root / "rounds", ".json"):
             # No view needs the leaderboard copy (ratings/ has it): don't keep it.
             data = self._read(path, lambda p: {k: v for k, v in json.loads(
                 p.read_text()).items() if k != "leaderboard"})
             if isinstance(data, dict):
-                out.append((round_, data))
+                out.append((round_, path, data))
         return out
 
     def last_ratings(self) -> dict[str, Any]:
@@ -182,24 +199,24 @@ class RunViews:
         return data if isinstance(data, dict) else {}
 
     def evals(self) -> pa.Table:
-        rows = []
-        for round_, m in self._manifests():
-            for update, results in m.get("evals", {}).items():
-                for r in results:
-                    rows.append({**{f.name: r.get(f.name) for f in EVALS_SCHEMA},
-                                 "update": int(update), "round": round_})
-        return pa.Table.from_pylist(rows, schema=EVALS_SCHEMA)
+        def rows(round_: int, m: dict) -> list[dict[str, Any]]:
+            return [{**{f.name: r.get(f.name) for f in EVALS_SCHEMA}, "update": int(update),
+                     "round": round_}
+                    for update, results in m.get("evals", {}).items() for r in results]
+
+        return self._joined([self._fitted(path, EVALS_SCHEMA, rows, round_, m)
+                             for round_, path, m in self._manifests()], EVALS_SCHEMA)
 
     def ratings(self) -> pa.Table:
-        rows = []
-        for round_, path in _numbered(self.root / "ratings", ".json"):
-            data = self._json(path)
-            if not isinstance(data, dict):
-                continue
-            for m in data.get("members", []):
-                rows.append({**{f.name: m.get(f.name) for f in RATINGS_SCHEMA},
-                             "round": round_, "conservative": m["mu"] - 3 * m["sigma"]})
-        return pa.Table.from_pylist(rows, schema=RATINGS_SCHEMA)
+        def rows(round_: int, data: dict) -> list[dict[str, Any]]:
+            return [{**{f.name: m.get(f.name) for f in RATINGS_SCHEMA}, "round": round_,
+                     "conservative": m["mu"] - 3 * m["sigma"]} for m in data["members"]]
+
+        snapshots = [(round_, path, self._json(path))
+                     for round_, path in _numbered(self.root / "ratings", ".json")]
+        return self._joined([self._fitted(path, RATINGS_SCHEMA, rows, round_, data)
+                             for round_, path, data in snapshots if data is not None],
+                            RATINGS_SCHEMA)
 
     def checkpoints(self) -> pa.Table:
         rows = []
@@ -208,42 +225,51 @@ class RunViews:
             if not (path / "ub_checkpoint.json").exists():
                 continue  # unfinished (or not a checkpoint)
             metrics = self._json(path / "metrics.json") or {}
-            rows.append({"update": int(path.name.rsplit("-", 1)[1]), "name": path.name,
-                         "path": str(path), "from_checkpoint": metrics.get("from_checkpoint"),
-                         "loss": metrics.get("loss"), "grad_norm": metrics.get("grad_norm")})
-        return pa.Table.from_pylist(rows, schema=CHECKPOINTS_SCHEMA)
+            rows.append(self._fitted(path / "metrics.json", CHECKPOINTS_SCHEMA, lambda p, m: [{
+                "update": int(p.name.rsplit("-", 1)[1]), "name": p.name, "path": str(p),
+                "from_checkpoint": m.get("from_checkpoint"), "loss": m.get("loss"),
+                "grad_norm": m.get("grad_norm")}], path, metrics))
+        return self._joined(rows, CHECKPOINTS_SCHEMA)
 
     def learner(self) -> pa.Table:
         """One row per round: the learner's own figures (:data:`LEARNER_METRICS`), then a
         column for each statistic the manifests hold (an algorithm's, typed from its
         values), then the batch's figures."""
-        rows: list[dict[str, Any]] = []
+        rows: list[tuple[Path, dict[str, Any]]] = []
         reported: dict[str, None] = {}  # (first-seen order)
-        for round_, m in self._manifests():
+        for round_, path, m in self._manifests():
             learner, batch = m.get("learner", {}), m.get("batch", {})
-            rows.append({**learner, "round": round_, "batch_size": batch.get("size"),
-                         "batch_tokens": batch.get("total_tokens"),
-                         "truncated": batch.get("truncated"),
-                         "reward_mean": batch.get("reward_mean"),
-                         "advantage_std": batch.get("advantage_std")})
+            if not isinstance(learner, dict) or not isinstance(batch, dict):
+                self.warnings.append(f"skipped {path}: not as ub writes it (its learner and "
+                                     "batch are no mappings)")
+                continue
+            rows.append((path, {**learner, "round": round_, "batch_size": batch.get("size"),
+                                "batch_tokens": batch.get("total_tokens"),
+                                "truncated": batch.get("truncated"),
+                                "reward_mean": batch.get("reward_mean"),
+                                "advantage_std": batch.get("advantage_std")}))
             for key in learner:
                 if key not in LEARNER_SCHEMA.names and key not in LEARNER_NOT_SHOWN:
                     reported.setdefault(key, None)
-        extra = [pa.field(key, _column_type([r.get(key) for r in rows])) for key in reported]
+        extra = [pa.field(key, _column_type([r.get(key) for _, r in rows])) for key in reported]
         fixed = len(LEARNER_METRICS) + 1  # (round, then the learner's own figures)
         schema = pa.schema([*LEARNER_SCHEMA][:fixed] + extra + [*LEARNER_SCHEMA][fixed:])
-        return pa.Table.from_pylist([{f.name: _cell(r.get(f.name), f.type) for f in schema}
-                                     for r in rows], schema=schema)
+        def cells(row: dict[str, Any]) -> list[dict[str, Any]]:
+            return [{f.name: _cell(row.get(f.name), f.type) for f in schema}]
+
+        return self._joined([self._fitted(path, schema, cells, row) for path, row in rows],
+                            schema)
 
     def rounds(self) -> pa.Table:
-        rows = []
-        for round_, m in self._manifests():
+        def rows(round_: int, m: dict) -> list[dict[str, Any]]:
             t = m.get("timings", {})
-            rows.append({**{f.name: m.get(f.name) for f in ROUNDS_SCHEMA}, "round": round_,
-                         "round_seconds": t.get("round"), "rollout_seconds": t.get("rollout"),
-                         "eval_seconds": t.get("eval"), "learner_seconds": t.get("learner"),
-                         "other_seconds": t.get("other")})
-        return pa.Table.from_pylist(rows, schema=ROUNDS_SCHEMA)
+            return [{**{f.name: m.get(f.name) for f in ROUNDS_SCHEMA}, "round": round_,
+                     "round_seconds": t.get("round"), "rollout_seconds": t.get("rollout"),
+                     "eval_seconds": t.get("eval"), "learner_seconds": t.get("learner"),
+                     "other_seconds": t.get("other")}]
+
+        return self._joined([self._fitted(path, ROUNDS_SCHEMA, rows, round_, m)
+                             for round_, path, m in self._manifests()], ROUNDS_SCHEMA)
 
     def metrics(self) -> pa.Table:
         tables = []
