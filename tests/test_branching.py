@@ -71,6 +71,34 @@ def test_a_copy_plays_on_as_the_game_would_and_apart_from_it():
     assert [d.turn for d in second.decisions] == [0, 1] and len(game.decisions) == 2
 
 
+def test_a_copy_of_a_game_that_draws_at_random_plays_on_exactly_as_the_game():
+    """Kuhn Poker deals a new hand each round from the game's randomness: a copy taken
+    mid-hand must deal the parent's next hands, or the copies of a branch point would be
+    other games than the one whose move they replace (their returns not comparable). Given
+    the same moves, parent and copy see the same observations, positions and legal moves at
+    every later turn and end with the same result. (A copy that kept a fresh randomness of
+    the game's seed instead deals other cards in most seeds.)"""
+    import random
+
+    def play_out(game: Game, choices: random.Random) -> list:
+        seen = []
+        while not game.done:
+            game.apply(choices.choice(game.legal_moves))
+            seen.append((game.current_seat, game.observation, game.position, game.legal_moves))
+        return [*seen, game.final.rewards, game.final.reason]
+
+    spec = GameSpec("KuhnPoker-v0-train")
+    for seed in range(6):
+        game = Game(spec, seed, "g")
+        game.apply(random.Random(seed).choice(game.legal_moves))  # (into the first hand)
+        copy = game.copy(game.snapshot(), "g-c1")
+        assert copy.observation == game.observation and copy.first_turn == 1
+        mine, its = play_out(game, random.Random(100 + seed)), play_out(copy, random.Random(
+            100 + seed))
+        assert len(mine) > 4 and "round 3" in " ".join(str(s) for s in mine)  # (a new deal)
+        assert its == mine, f"seed {seed}: the copy played on differently"
+
+
 def test_a_game_whose_state_cannot_be_copied_is_refused_at_preflight(monkeypatch):
     import ub.games.loop as loop
     from ub.run.config.load import load_config
@@ -92,6 +120,51 @@ def test_a_game_whose_state_cannot_be_copied_is_refused_at_preflight(monkeypatch
     load_config("tiny-cpu")  # (branching off: not checked)
     monkeypatch.undo()
     check_copyable(GameSpec("KuhnPoker-v0-train"))  # (the built-in games copy)
+
+
+def test_a_game_whose_copy_plays_on_differently_is_refused_at_preflight(monkeypatch):
+    """A game that keeps part of its state outside the env (here a handle to a move counter,
+    as a game served elsewhere would: deepcopy copies the handle, not what it points at)
+    copies without an error, but its copy does not play on as the game: branching on it would
+    credit moves with other games' returns. Preflight plays one move in a game and its copy
+    and refuses, in one line, naming the env and the way out."""
+    import ub.games.loop as loop
+    from ub.run.config.load import load_config
+
+    class Outside:
+        moves = 0
+
+        def __deepcopy__(self, memo):
+            return self  # (a handle: the copy shares what it points at)
+
+    made = loop.make_env
+
+    def keeping_state_outside(env_id):
+        env = made(env_id)
+
+        class Counted(type(env)):
+            def step(self, action):
+                self.outside.moves += 1
+                return super().step(action)
+
+            def get_observation(self):
+                seat, observation = super().get_observation()
+                return seat, f"{observation}\n(moves so far: {self.outside.moves})"
+
+        env.__class__, env.outside = Counted, Outside()
+        return env
+
+    monkeypatch.setattr(loop, "make_env", keeping_state_outside)
+    with pytest.raises(UbError) as caught:
+        load_config("tiny-cpu", ["rollout.branch.k=2"])
+    message = str(caught.value)
+    assert "\n" not in message
+    assert message.endswith(
+        "envs.0: TicTacToe-v0-train's state cannot be copied for rollout.branch (a copy plays "
+        "on differently from the game: it keeps state outside the env or Python's random): "
+        "set rollout.branch.k to 0")
+    monkeypatch.undo()
+    load_config("tiny-cpu", ["rollout.branch.k=2"])  # (TicTacToe itself copies)
 
 
 def test_spread_needs_position_keys():

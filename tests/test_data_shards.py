@@ -166,18 +166,32 @@ def test_schema_checks_name_the_file(tmp_path, rollout):
 
 
 def test_sql_is_read_only(tmp_path, rollout):
-    write_shard(tmp_path, ShardId(0, 0), "run", rollout.steps, rollout.games)
+    """``ub sql`` runs a user's SQL over a run's data and nothing else: statements that write
+    (COPY, CREATE, INSERT, ATTACH, SET) are refused by name, and a SELECT cannot read or
+    write the file system around the run (DuckDB's external access is off), so a query of a
+    shared run cannot leak another file into its output."""
+    root = tmp_path / "data"
+    write_shard(root, ShardId(0, 0), "run", rollout.steps, rollout.games)
     outside = tmp_path / "leak.csv"
     with pytest.raises(UbError, match="read-only: COPY statements are refused"):
-        query(tmp_path, f"COPY games TO '{outside}'")
+        query(root, f"COPY games TO '{outside}'")
     assert not outside.exists()
     for statement in ("SET enable_external_access = true", "CREATE TABLE t AS SELECT 1",
                       "INSERT INTO games SELECT * FROM games", f"ATTACH '{tmp_path}/x.db'"):
         with pytest.raises(UbError, match=r"read-only: .* statements are refused"):
-            query(tmp_path, statement)
-    # Even a write hidden behind a SELECT cannot reach the file system.
-    with pytest.raises(UbError, match="SQL error"):
-        query(tmp_path, f"SELECT * FROM read_csv('{outside}')")
+            query(root, statement)
+    # A file that exists beside the run (readable by this user: DuckDB itself would read it)
+    # cannot be read, nor written, through a SELECT.
+    secret = tmp_path / "secret.csv"
+    secret.write_text("password\nhunter2\n")
+    with pytest.raises(UbError, match=r"SQL error.*disabled by configuration"):
+        query(root, f"SELECT * FROM read_csv('{secret}')")
+    import duckdb
+
+    assert duckdb.sql(f"SELECT * FROM read_csv('{secret}')").fetchall() == [("hunter2",)]
+    with pytest.raises(UbError, match=r"SQL error.*disabled by configuration"):
+        query(root, f"SELECT * FROM read_text('{secret}')")
+    assert query(root, "SELECT count(*) AS n FROM games").column("n").to_pylist() == [30]
 
 
 def test_a_query_interrupted_by_a_signal_is_the_interrupt(rollout, tmp_path):

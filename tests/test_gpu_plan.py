@@ -54,6 +54,38 @@ def micro_batch(budget_gib: float) -> int:
     return row_limit(budget_gib) // MULTIPLE * MULTIPLE
 
 
+def test_the_learners_micro_batch_on_an_80_gib_gpu_in_figures() -> None:
+    """The figures a user of qwen3-1.7b-simpletak on one 80 GiB GPU reads in the plan, worked
+    out by hand rather than from the planner's constants (which the other tests reuse, so a
+    changed headroom would pass them):
+
+    - the learner holds the weights (1,720,574,976 params x 2 B = 3.205 GiB) and a rank-32
+      adapter (32 x 28 layers x 38,912 = 34,865,152 params x 16 B, with its gradient and
+      Adam's moments, = 0.520 GiB): 3.724 GiB in all;
+    - an update keeps 5,509,632 B (5.25 MiB) of activations per token;
+    - the engine awake through the update (sleep_mode false): the learner's share is 0.4 x 80
+      = 32 GiB, its budget 32 - 3.724 = 28.276 GiB, of which activations may fill 85% (the
+      rest for fragmentation and the output layer's chunks): 24.034 GiB, 4,683.9 tokens. So
+      the longest row is 4,683 tokens, and a micro-batch 4,608 (18 x 256);
+    - the engine asleep: 80 - 2 GiB it keeps = 78 GiB, a budget of 74.276, 85% of it
+      63.134 GiB, 12,303.9 tokens: micro-batches of 12,288 (48 x 256).
+
+    (At 95% they would be 5,234 / 5,120 and 13,568: micro-batches 11-12% larger, out of memory
+    on the real GPU more often than the retry at half can absorb.)"""
+    [(_, _, asleep)] = plan_gpus(load_config("qwen3-1.7b-simpletak"), QWEN3_1_7B, 80).gpus
+    awake_plan = plan_gpus(load_config("qwen3-1.7b-simpletak", ["engine.sleep_mode=false"]),
+                           QWEN3_1_7B, 80)
+    [(_, _, awake)] = awake_plan.gpus
+    assert asleep is not None and awake is not None
+    assert awake.bytes_per_token == asleep.bytes_per_token == 5_509_632
+    assert awake.weights_gib + awake.lora_gib == pytest.approx(3.724, abs=1e-3)
+    assert awake.budget_gib == pytest.approx(28.276, abs=1e-3)
+    assert (awake.micro_batch_tokens, awake.row_limit) == (4608, 4683)
+    assert "set batch.max_train_len to at most 4,683," in awake_plan.problems[0]
+    assert asleep.budget_gib == pytest.approx(74.276, abs=1e-3)
+    assert asleep.micro_batch_tokens == 12288
+
+
 @pytest.mark.parametrize(("config", "size"), [(QWEN3_1_7B, "1.7b"), (QWEN3_4B, "4b")])
 def test_the_planning_shapes_are_the_ones_the_gpu_benchmark_builds(config: dict,
                                                                    size: str) -> None:

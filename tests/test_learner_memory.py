@@ -57,7 +57,14 @@ def batch(seed: int = 0):
 
 
 def test_auto_size_is_the_budget_over_the_bytes_per_token() -> None:
+    """10 GiB at 1 MiB a token hold 10,240 tokens; activations may fill 85% of the memory
+    (the rest for fragmentation and temporaries): 8,704 tokens, 34 x 256 exactly, the
+    micro-batch and the longest row alike. (Pinned by hand: a larger headroom, 95%, would
+    make it 9,728, and micro-batches that run a real GPU out of memory.)"""
     assert auto_micro_batch_tokens(10 * GIB, 2**20) == int(HEADROOM * 10 * 1024) // 256 * 256
+    assert auto_micro_batch_tokens(10 * GIB, 2**20) == longest_row_tokens(10 * GIB, 2**20) \
+        == 8704
+    assert auto_micro_batch_tokens(10 * GIB, 3 * 2**20) == 2816  # 2,901.3 fit: 11 x 256
     assert auto_micro_batch_tokens(10 * GIB, 2**20, cap=4096) == 4096
     assert auto_micro_batch_tokens(-GIB, 2**20) == 256  # nothing left: the smallest size
 

@@ -274,6 +274,43 @@ def test_under_the_mask_every_move_is_legal_and_the_data_says_so(masked_games):
     assert by_count[-1][0] == 9 and by_count[0][0] < 9  # the opening and later positions
 
 
+def test_greedy_play_is_held_to_the_legal_moves_too(engine):
+    """Greedy decoding (temperature 0, as the presets' evaluation plays) under the mask plays
+    only the moves the mask allows, even where the model's unconstrained greedy move is not
+    among them. vLLM skips, for greedy requests, a logits processor that says it leaves the
+    argmax alone, so the mask must say it changes it (the sampled games above would not show
+    it). The tiny model's greedy moves happen to be legal in its games, so each position of its
+    greedy games (TicTacToe, Nim) is asked again with its own greedy move taken out of the
+    legal moves: the move it would play there unconstrained is then illegal."""
+    greedy = SamplingConfig(temperature=0.0, max_tokens=8, stop=("]",))
+    rows = []
+    for env in ("TicTacToe-v0-train", "Nim-v0-train"):
+        games = assign_games(GameSpec(env), [parse_actor("model"), parse_actor("random")], 6,
+                             base_seed=5)
+        rows += model_rows(play_games(games, engine=engine, base_seed=5,
+                                      sampling=greedy).steps).to_pylist()
+    rows = [r for r in rows if len(r["legal_moves"]) > 1]
+    assert len(rows) > 20
+    tok = engine.tokenizer
+
+    def requests(mask: bool) -> list[GenerationRequest]:
+        return [GenerationRequest(
+            f"{'mask' if mask else 'free'}-{i}", r["prompt_token_ids"], seed=i, sampling=greedy,
+            move_mask=template_constraint(get_template(r["template"]), others(r), tok)
+            if mask else None) for i, r in enumerate(rows)]
+
+    def others(row: dict) -> list[str]:  # the legal moves but the unconstrained greedy one
+        return [m for m in row["legal_moves"] if m != row["action"]]
+
+    free = engine.generate(requests(mask=False))
+    assert [played_move(g.text, r["legal_moves"]) for g, r in zip(free, rows, strict=True)] \
+        == [r["action"] for r in rows]  # (greedy: the games' own moves again)
+    masked = engine.generate(requests(mask=True))
+    off = [(g.text, r["action"]) for g, r in zip(masked, rows, strict=True)
+           if played_move(g.text, others(r)) not in others(r)]
+    assert not off, f"{len(off)} of {len(rows)} greedy moves left the mask, e.g. {off[:3]}"
+
+
 def test_learner_scores_masked_moves_as_the_engine_sampled_them(tiny_model, masked_games):
     masked, free, engine = learner_and_engine_logprobs(tiny_model, batch_of(
         model_rows(masked_games)))

@@ -285,6 +285,50 @@ def test_a_loss_only_algorithms_statistics_answer_in_the_learner_view(tiny_model
         f"0,{metrics['clip_low_fraction']},{metrics['clip_high_fraction']}"]
 
 
+def test_its_statistic_is_reduced_as_it_declares(tmp_path):
+    """EnvBaseline declares ``baseline_mse`` a per-row figure (reduction ``row``): the update
+    reports the mean over the step's rows of (baseline - return)**2, whatever micro-batches
+    the rows were cut into (not a sum over them, nor a mean per completion token, ub's
+    default), and an update of several optimizer steps the mean of its steps' figures. Worked
+    out here from the returns and the baseline the learner holds between updates (one update
+    of a random model in this process; the run's figures are these over its real batches)."""
+    import pyarrow as pa
+
+    from ub.learner import Learner, LearnerConfig
+    from ub.learner.testing import build_random_model, synthetic_batch
+    from ub.model.lora import LoraSettings
+
+    model = build_random_model(tmp_path / "model")
+    batch = synthetic_batch(12, vocab_size=500, seed=2, prompt_lengths=(20, 40),
+                            completion_lengths=(4, 12))
+    batch.rows = pa.table({"env_id": ["TicTacToe-v0-train"] * len(batch)})
+    returns = batch.returns.double()
+
+    def learner(epochs: int) -> Learner:
+        return Learner(LearnerConfig(
+            base_model=str(model), algorithm=ALGORITHM,
+            algorithm_params={"envs": ["TicTacToe-v0-train"], "learning_rate": 0.1},
+            lora=LoraSettings(rank=4, alpha=8), epochs=epochs, length_normalizer=16,
+            micro_batch_tokens=128, seed=3))
+
+    def per_row(baseline: float) -> float:
+        return float(((baseline - returns) ** 2).mean())
+
+    one = learner(1)
+    first = one.update(batch)
+    assert first["micro_batches"] > 2 and first["optimizer_steps"] == 1
+    assert first[OWN_STATISTIC] == pytest.approx(per_row(0.0), rel=1e-6)  # (it starts at 0)
+    learned = float(one.algorithm.baselines.values.detach()[0])
+    assert learned != 0.0
+    second = one.update(batch)
+    assert second[OWN_STATISTIC] == pytest.approx(per_row(learned), rel=1e-6)
+    # Two steps over the same rows: the first step's figure and the second's, averaged.
+    both = learner(2).update(batch)
+    assert both["optimizer_steps"] == 2
+    assert both[OWN_STATISTIC] == pytest.approx((per_row(0.0) + per_row(learned)) / 2,
+                                                rel=1e-6)
+
+
 def test_a_run_written_before_reads_with_its_statistics_as_columns(tmp_path, capsys):
     """Manifests of an older ub (its closed list of learner figures, ppo's among them) and of
     this one (an algorithm's own statistic) read side by side: a column each, typed."""

@@ -88,9 +88,11 @@ def test_a_killed_engine_process_is_replaced_and_its_shard_replayed(prefect_api,
     """vLLM's separate engine process (``VLLM_ENABLE_V1_MULTIPROCESSING=1``, as on every GPU)
     SIGKILLed mid-round, requests in flight: the run neither hangs nor fails. The worker
     closes the dead engine and starts another, the shard is replayed from its seeds, and the
-    next round runs on the new engine: every round is committed with every game once, and
-    ``ub doctor`` finds nothing. (Two rounds, no evaluation: each engine start of the separate
-    process costs ~25 s here.)"""
+    next round runs on the new engine: every round is committed with every game once, each
+    game with exactly the copies branching makes of it (a replay that lost or doubled some
+    would change what the learner compares), and ``ub doctor`` finds nothing. (Two rounds, no
+    evaluation: each engine start of the separate process costs ~25 s here.)"""
+    from ub.branching import BranchConfig
     from ub.run.checks.doctor import examine
 
     config = tmp_path / "config.yaml"
@@ -117,10 +119,25 @@ def test_a_killed_engine_process_is_replaced_and_its_shard_replayed(prefect_api,
     games = CONFIG["rollout"]["games_per_round"]
     assert sorted(ids) == [f"run-r{r:06d}-g{g:06d}" for r in (0, 1) for g in range(games)]
     copies = [row for row in rows if row["parent_game_id"] is not None]
-    # (k 2: one copy a game in which the learner moved, the game not errored)
-    assert 0 < len(copies) <= len(ids)
+    steps = table_rows(run, "steps")
+    # Branching (k 2, one point a game): each game that did not error and in which the
+    # round's learning checkpoint (the model's seats: mirror or against random) moved has
+    # exactly one copy, from one of its decisions; the replayed shard's games too.
+    learners = {(r["round"], r["actor"]) for r in steps if r["actor_kind"] == "model"}
+    assert sorted(round_ for round_, _ in learners) == [0, 1]  # (one checkpoint a round)
+    learner_turns: dict[str, set[int]] = {}
+    for r in steps:
+        if r["actor_kind"] == "model" and r["game_id"] in ids:
+            learner_turns.setdefault(r["game_id"], set()).add(r["turn"])
+    branching = sorted(row["game_id"] for row in rows if row["parent_game_id"] is None
+                       and row["outcome"] != "error" and row["game_id"] in learner_turns)
+    assert sorted(c["parent_game_id"] for c in copies) == branching
+    # Here every game: k - 1 copies at one point each of the 2 x 12 games.
+    branch = BranchConfig(**CONFIG["rollout"]["branch"])
+    assert len(copies) == (branch.k - 1) * branch.points * len(ids) == 24
+    assert all(c["branch_turn"] in learner_turns[c["parent_game_id"]] for c in copies)
     assert all(c["game_id"].startswith(c["parent_game_id"]) for c in copies)
-    decisions = [(row["game_id"], row["turn"]) for row in table_rows(run, "steps")]
+    decisions = [(row["game_id"], row["turn"]) for row in steps]
     assert len(decisions) == len(set(decisions))  # (no decision of a replayed game twice)
     findings = [f.line(run) for f in examine(run).findings]
     ledger["faults survived" if not findings else "faults lost"] += 1
