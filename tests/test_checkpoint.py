@@ -307,6 +307,22 @@ def test_overwrite_refuses_a_project_holding_a_copied_checkpoint_manifest(
         fresh.save(project, overwrite=True)
 
 
+@pytest.mark.parametrize(("umask", "mode"), [(0o022, 0o644), (0o077, 0o600)])
+def test_a_checkpoints_files_take_the_umask_as_the_runs_other_files_do(fresh: Learner,
+                                                                       tmp_path: Path, umask,
+                                                                       mode) -> None:
+    """safetensors writes 0600 files: a checkpoint's weights were private while its manifest,
+    and the run's shards, were not. Every file ub writes follows the umask (docs/security.md)."""
+    previous = os.umask(umask)
+    try:
+        folder = fresh.save(tmp_path / "ckpt")
+    finally:
+        os.umask(previous)
+    assert {p.name: oct(p.stat().st_mode & 0o777) for p in folder.iterdir()} == {
+        p.name: oct(mode) for p in folder.iterdir()}
+    assert folder.stat().st_mode & 0o777 == mode | 0o111 & ~umask
+
+
 def test_overwrite_replaces_a_checkpoint_or_fills_an_empty_folder(fresh: Learner,
                                                                  tmp_path: Path) -> None:
     fresh.update(batches(1)[0])

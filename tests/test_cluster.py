@@ -149,7 +149,8 @@ def test_a_loopback_prefect_api_is_refused_on_several_nodes(api_url, nodes, refu
 
 
 SECRETS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "HF_TOKEN",
-           "WANDB_API_KEY", "VLLM_API_KEY", "GOOGLE_API_KEY", "FSSPEC_S3_SECRET")
+           "WANDB_API_KEY", "VLLM_API_KEY", "GOOGLE_API_KEY", "FSSPEC_S3_SECRET",
+           "HF_HUB_APITOKEN", "UB_ACCESSKEY", "WANDB_CLIENTSECRET")  # (a secret inside a word)
 
 
 def test_workers_get_the_settings_they_need_and_no_secret_they_do_not(monkeypatch):
@@ -175,6 +176,11 @@ def test_workers_get_the_settings_they_need_and_no_secret_they_do_not(monkeypatc
                            "PREFECT_API_URL": "http://head:4200/api"}.items()
     assert "UNRELATED_SETTING" not in env
     assert not [name for name in SECRETS if name in env]
+    # A URL with a password is a secret whatever its variable's name.
+    monkeypatch.setenv("HF_ENDPOINT", "https://ub:hunter2@hub.example.com")
+    monkeypatch.setenv("UB_MIRROR", "see s3://bucket and https://mirror.example.com/x@y")
+    env = ray_init_kwargs(None)["runtime_env"]["env_vars"]
+    assert "HF_ENDPOINT" not in env and "UB_MIRROR" in env
     # Named ones go too, secrets included (a node without credentials of its own).
     monkeypatch.setenv("UB_RAY_ENV", "HF_TOKEN, AWS_SECRET_ACCESS_KEY")
     env = ray_init_kwargs(None)["runtime_env"]["env_vars"]

@@ -487,3 +487,25 @@ def test_doctor_names_the_schema_versions_of_a_runs_rounds(versioned_roots, tmp_
     (run / "rounds" / "round-000003.json").unlink()
     assert examine(run).format_line.splitlines()[1] == "; ".join(line.split("; ")[:2]) + \
         " (v1, v2 older, read in the current column names)"
+
+
+def test_ub_sql_stopped_by_sigterm_leaves_no_temporary_folder(tmp_path, rollout):
+    """DuckDB's private spill folder (above) went only at a normal exit: `kill` left it."""
+    import subprocess
+    import sys
+
+    write_shard(tmp_path / "data", ShardId(0, 0), "run", rollout.steps, rollout.games)
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    shell = subprocess.Popen([sys.executable, "-m", "ub.flows.cli", "sql", str(tmp_path / "data")],
+                             stdin=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             env={**os.environ, "TMPDIR": str(temp)})
+    deadline = time.monotonic() + 120
+    while not list(temp.glob("ub-duckdb-*")) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert list(temp.glob("ub-duckdb-*")), "the shell made no temporary folder"
+    time.sleep(1.0)  # (in its prompt's read)
+    shell.terminate()
+    _, err = shell.communicate(timeout=60)
+    assert shell.returncode == 130, err
+    assert list(temp.iterdir()) == []

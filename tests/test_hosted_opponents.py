@@ -13,6 +13,7 @@ import pytest
 from servers import free_port
 from stub_openai import STUB_KEY
 
+from ub.actors import hosted
 from ub.actors.hosted import HostedSettings, check_hosted, parse_hosted
 from ub.actors.spec import parse_actor
 from ub.data.shards import ShardId, write_shard
@@ -101,6 +102,23 @@ def test_a_key_given_in_place_of_its_variable_is_refused_and_never_shown(
     assert SECRET not in captured.err and SECRET[3:9] not in captured.err
     assert re.search(message, captured.err), captured.err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("token", ["ghp_" + "aB3dE6gH9jK2mN5pQ8sT1vW4yZ7bC0eF3hJ6",
+                                   "hf_" + "QwErTyUiOpAsDfGhJkLzXcVbNm1234567890",
+                                   "AKIA" + "ABCDEFGHIJKLMNOP", "Xy7" * 8])
+def test_a_key_that_would_pass_for_a_variables_name_is_refused_too(bad_server, capsys, token):
+    """GitHub's and Hugging Face's tokens are letters, digits and `_`: `key=ghp_...` was taken
+    for a variable's name, stored in the run and printed back as "the variable ghp_..."."""
+    from ub.flows.cli import main
+
+    name = f"hosted:m@{bad_server}/keyed/v1?key={token}"
+    assert main(["play", "--env", "TicTacToe-v0-train", "--players", f"{name},random",
+                 "--games", "1", "--out", "unused"]) == 2
+    err = capsys.readouterr().err
+    assert "key= takes the name of the environment variable" in err and token not in err
+    assert hosted.shown(name).endswith("key=***")
+    assert hosted.is_variable_name("OPENAI_API_KEY") and hosted.is_variable_name("hf_home_key")
 
 
 def test_plain_http_to_another_machine_is_warned_about(bad_server, monkeypatch, capsys):

@@ -300,3 +300,22 @@ def test_bad_input_is_one_clear_line(served_run, tmp_path, capsys, monkeypatch):
             err = capsys.readouterr().err
             assert err.count("\n") == 1 and err.startswith("ub: error: "), err
             assert expected in err, err
+
+
+def test_a_checkpoint_with_a_pickle_put_in_it_is_not_served(served_run, tmp_path, capsys):
+    """A pickled `adapter_model.bin` beside the safetensors, or instead of them, passed the
+    plan: vLLM unpickles it (code runs) when the safetensors are gone. Only what the
+    checkpoint's manifest lists, at its sha256, is served."""
+    import shutil
+
+    copy = tmp_path / "runs" / RUN
+    shutil.copytree(served_run.root, copy)
+    checkpoint = copy / "checkpoints" / "ckpt-000001"
+    (checkpoint / "adapter_model.bin").write_bytes(b"\x80\x04K\x01.")  # pickle of 1
+    argv = ["serve", RUN, "--root", str(copy.parent), "--checkpoint", "1"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "holds adapter_model.bin, which ub did not write" in err
+    (checkpoint / "adapter_model.safetensors").unlink()
+    assert main(argv) == 2
+    assert "holds adapter_model.bin, which ub did not write" in capsys.readouterr().err

@@ -197,12 +197,23 @@ def _check_port(host: str, port: int) -> str:
 
 
 def _check_adapters(engine: Any, modules: dict[str, Path]) -> None:
-    """Each checkpoint loads in vLLM with these settings (a bad adapter would stop the server
-    in the middle of its start, with a traceback)."""
+    """Each checkpoint is as ub wrote it (every file its manifest lists, at its sha256, and no
+    other: vLLM would load a pickled ``adapter_model.bin`` put beside or instead of the
+    safetensors, and unpickling runs code) and loads in vLLM with these settings (a bad
+    adapter would stop the server in the middle of its start, with a traceback)."""
     from ub.inference.validation import validate_adapter_dir, validate_model_dir
+    from ub.learner.checkpoint import foreign_files, read_manifest, verify_files
 
     model_config = validate_model_dir(engine.model)
     for path in modules.values():
+        manifest = read_manifest(path)
+        foreign = foreign_files(path, manifest)
+        if foreign:
+            raise UbError(f"checkpoint {path} holds {', '.join(foreign)}, which ub did not write "
+                          "there: ub serves a checkpoint only as ub wrote it (safetensors; a "
+                          "pickled adapter_model.bin would run code as it loads). Move those "
+                          "files out, or serve another checkpoint")
+        verify_files(path, manifest)
         validate_adapter_dir(path, engine.max_lora_rank, model_config, engine.model)
 
 

@@ -53,6 +53,12 @@ MAX_TOKENS = 65_536
 """The longest reply asked for."""
 KEY_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 """What ``key=`` takes: an environment variable's name, never the key."""
+TOKEN_SHAPED = re.compile(  # GitHub, Hugging Face, Stripe, Google, AWS; any long mix
+    r"(gh[opusr]_[A-Za-z0-9]{30,}|github_pat_\w{30,}|hf_[A-Za-z0-9]{30,}"
+    r"|[sr]k_(live|test)_[A-Za-z0-9]{20,}|AIza\w{30,}|(AKIA|ASIA)[0-9A-Z]{16}"
+    r"|(?=.*[a-z])(?=.*[A-Z])(?=.*[0-9]).{20,})$")
+"""A key that would also pass for a variable's name (``ghp_...``, ``hf_...``): taken for the
+key, so never stored nor repeated."""
 MASK = "***"
 
 
@@ -82,13 +88,20 @@ class HostedSettings(Section):
     @field_validator("key_env")
     @classmethod
     def _a_variables_name(cls, value: str | None) -> str | None:
-        if value is not None and not KEY_NAME.fullmatch(value):
+        if value is not None and not is_variable_name(value):
             raise ValueError(KEY_HELP)  # (the value itself is not repeated: it may be the key)
         return value
 
 
+def is_variable_name(value: str) -> bool:
+    """Whether ``key=``'s ``value`` names a variable: letters, digits and ``_``, and not shaped
+    like a token (:data:`TOKEN_SHAPED`)."""
+    return bool(KEY_NAME.fullmatch(value)) and not TOKEN_SHAPED.match(value)
+
+
 KEY_HELP = ("key= takes the name of the environment variable that holds the API key (letters, "
-            "digits and _, not starting with a digit), never the key itself, which would be "
+            "digits and _, not starting with a digit, and not shaped like a token: ghp_..., "
+            "hf_..., a long mix of cases and digits), never the key itself, which would be "
             "stored with the actor's name in the run's config, data, W&B and Prefect: export "
             "the key, e.g. as OPENAI_API_KEY, and write key=OPENAI_API_KEY")
 
@@ -107,7 +120,7 @@ def shown(text: str) -> str:
 
     def option(m: re.Match[str]) -> str:
         name, value = m.group(2), urllib.parse.unquote_plus(m.group(3))
-        safe = (not value or KEY_NAME.fullmatch(value)) if name == "key" else name in OPTIONS
+        safe = (not value or is_variable_name(value)) if name == "key" else name in OPTIONS
         return f"{m.group(1)}{name}={m.group(3) if safe else MASK}"
 
     return re.sub(r"([?&])([^=&#]*)=([^&#]*)", option, text)
@@ -141,7 +154,7 @@ def parse_hosted(name: str) -> HostedSettings:
         raise UbError(f"hosted actor {shown(name)!r}: unknown option(s) {', '.join(unknown)}; "
                       f"valid: {', '.join(sorted(OPTIONS))}")
     key = options.get("key")
-    if key is not None and not (isinstance(key, str) and KEY_NAME.fullmatch(key)):
+    if key is not None and not (isinstance(key, str) and is_variable_name(key)):
         raise UbError(f"hosted actor {shown(name)!r}: {KEY_HELP}")
     try:
         return HostedSettings.from_dict({"model": model, "base_url": url.rstrip("/"), **options})

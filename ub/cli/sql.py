@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -32,6 +33,16 @@ def add_parser(sub) -> None:
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
+    # SIGTERM (a scheduler's stop, `kill`) ends the command as Ctrl-C does, so its private
+    # temporary folders go with it (killed by the default handler, they stayed).
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        return _sql(args)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _sql(args: argparse.Namespace) -> int:
     from ub.data.sql import connect, table_dataset
     from ub.run.folder.urls import is_url
     from ub.run.folder.views import RunViews, is_run
@@ -62,6 +73,10 @@ def cmd_sql(args: argparse.Namespace) -> int:
     finally:
         con.close()
     return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _connect_store(url: str):

@@ -58,6 +58,17 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> Path:
     return path
 
 
+def publishable(path: Path) -> None:
+    """Give folder ``path`` and its files the permissions of a normal mkdir and open under the
+    umask: mkdtemp makes a folder 0700, and safetensors writes its files 0600, so a checkpoint's
+    weights were private while the rest of its run was not."""
+    umask = os.umask(0)
+    os.umask(umask)
+    path.chmod(0o777 & ~umask)
+    for child in path.iterdir():
+        child.chmod(0o666 & ~umask)
+
+
 @contextlib.contextmanager
 def removed_on_failure(path: Path, keep: Callable[[], bool] = lambda: False) -> Iterator[None]:
     """If the block fails and ``path`` did not exist before it, remove ``path`` and the parent

@@ -170,6 +170,15 @@ def verify_files(path: str | os.PathLike[str], manifest: Mapping[str, Any]) -> N
                           f"in {MANIFEST}: the file is damaged or was modified")
 
 
+def foreign_files(path: str | os.PathLike[str], manifest: Mapping[str, Any]) -> list[str]:
+    """The entries of checkpoint folder ``path`` that ub did not write there: its manifest
+    lists every file ub wrote (a folder, a link or another file is someone else's)."""
+    listed = manifest.get("files", {})
+    return sorted(entry.name for entry in Path(path).expanduser().iterdir()
+                  if entry.name != MANIFEST and (entry.name not in listed or entry.is_symlink()
+                                                 or not entry.is_file()))
+
+
 def read_checkpoint(path: str | os.PathLike[str]) -> CheckpointState:
     """Read and verify checkpoint ``path`` (not the adapter weights: see :func:`read_adapter`)."""
     ckpt = Path(path).expanduser()

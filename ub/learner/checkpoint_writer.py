@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from ub.data.atomic import fsync_dir
+from ub.data.atomic import fsync_dir, publishable
 from ub.errors import UbError
 from ub.faults import fault_point
 from ub.learner.checkpoint import (
@@ -77,6 +77,7 @@ def write_checkpoint(out_dir: str | os.PathLike[str], state: CheckpointState,
             save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()},
                       str(tmp / module_file(name)), metadata={"format": "pt"})
         (tmp / METRICS).write_text(_dumps(state.metrics))
+        publishable(tmp)  # (the umask's permissions, as the run's other files have)
         files = {}
         for path in sorted(tmp.iterdir()):
             if path.is_file():
@@ -123,7 +124,7 @@ def check_replaceable(out: str | os.PathLike[str]) -> None:
     and nothing else (a copied manifest alone does not make a project a checkpoint). Anything
     else (a folder of other files, a run, a file, a link) is refused, naming what it holds,
     before any work is done."""
-    from ub.learner.checkpoint import read_manifest
+    from ub.learner.checkpoint import foreign_files, read_manifest
 
     out = Path(out).expanduser().absolute()
     if not out.exists() and not out.is_symlink():
@@ -134,13 +135,12 @@ def check_replaceable(out: str | os.PathLike[str]) -> None:
         what = "a file"
     elif (out / MANIFEST).is_file():
         try:
-            listed = read_manifest(out).get("files", {})
+            manifest = read_manifest(out)
         except UbError as exc:
-            listed, what = None, f"a folder whose {MANIFEST} does not read ({exc})"
-        if listed is not None:
-            unlisted = sorted(p.name for p in out.iterdir()
-                              if p.name != MANIFEST and (p.name not in listed or not p.is_file()
-                                                         or p.is_symlink()))
+            manifest, what = None, f"a folder whose {MANIFEST} does not read ({exc})"
+        if manifest is not None:
+            listed = manifest.get("files", {})
+            unlisted = foreign_files(out, manifest)
             resized = sorted(name for name, info in listed.items() if (out / name).is_file()
                              and (out / name).stat().st_size != info.get("bytes"))
             if not unlisted and not resized:

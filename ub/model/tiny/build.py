@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ub.data.atomic import removed_on_failure
+from ub.data.atomic import publishable, removed_on_failure
 from ub.errors import UbError
 from ub.model.builder import init_model, save_model, train_tokenizer
 from ub.model.tiny.cache import (
@@ -22,7 +22,6 @@ from ub.model.tiny.cache import (
     check_replaceable,
     is_complete,
     lock_path,
-    publishable,
     replace_dir,
     textarena_version,
     tiny_model_path,

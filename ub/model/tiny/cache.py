@@ -128,15 +128,6 @@ def build_lock(target: Path) -> Iterator[None]:
 
 
 
-def publishable(path: Path) -> None:
-    """Give the build the permissions of a normal mkdir under the umask (mkdtemp makes it 0700)."""
-    umask = os.umask(0)
-    os.umask(umask)
-    path.chmod(0o777 & ~umask)
-    for child in path.iterdir():
-        child.chmod(0o666 & ~umask)
-
-
 def replace_dir(new: Path, target: Path) -> None:
     """Move the finished ``new`` into ``target``; an old (damaged) ``target`` is moved aside first.
 

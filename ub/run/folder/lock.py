@@ -40,7 +40,7 @@ class RunLock:
     def acquire(self) -> RunLock:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         try:  # (no link followed: the holder's record truncates the file it opens)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
         except OSError as exc:
             if self.path.is_symlink():
                 raise UbError(f"{self.path} is a symbolic link: ub takes a run's lock only in "

@@ -26,6 +26,7 @@ import hashlib
 import logging
 import math
 import os
+import re
 import socket
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -53,7 +54,14 @@ FORWARDED_NAMES = ("DO_NOT_TRACK", "TOKENIZERS_PARALLELISM")
 SECRET_WORDS = frozenset({"KEY", "KEYS", "APIKEY", "SECRET", "SECRETS", "TOKEN", "TOKENS",
                           "PASSWORD", "PASSWD", "PASS", "CREDENTIAL", "CREDENTIALS", "AUTH",
                           "COOKIE", "PRIVATE", "SIGNATURE"})
-"""A word of a variable's name (between ``_``) that marks it as a secret..."""
+"""A word of a variable's name (between ``_``) that marks it as a secret, and so does a word
+that holds one of the longer ones or ends in ``KEY``/``KEYS`` (``HF_HUB_APITOKEN``,
+``MY_ACCESSKEY``)..."""
+SECRET_PARTS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "COOKIE", "SIGNATURE",
+                "PRIVATE")
+URL_PASSWORD = re.compile(r"://[^/@\s]*:[^/@\s]*@")
+"""A value that is (or holds) a URL with a password (``https://user:pass@host``): a secret
+too, whatever the variable's name."""
 PATH_SUFFIXES = ("_FILE", "_PATH", "_DIR")
 """...unless the name ends in one of these, or is GOOGLE_APPLICATION_CREDENTIALS: it names a
 file (which each node must have), not the secret in it."""
@@ -135,7 +143,9 @@ def is_secret_name(name: str) -> bool:
     ``WANDB_API_KEY``, ``PREFECT_API_KEY``), not a file that holds one."""
     if name.endswith(PATH_SUFFIXES) or name == "GOOGLE_APPLICATION_CREDENTIALS":
         return False
-    return any(word in SECRET_WORDS for word in name.upper().split("_"))
+    return any(word in SECRET_WORDS or word.endswith(("KEY", "KEYS"))
+               or any(part in word for part in SECRET_PARTS)
+               for word in name.upper().split("_"))
 
 
 def run_variables(config: Any) -> list[str]:
@@ -160,7 +170,7 @@ def forwarded_environment(needed: Iterable[str] = ()) -> dict[str, str]:
     named = {*needed, *(n.strip() for n in os.environ.get(EXTRA_VARIABLES, "").split(",") if n)}
     return {k: v for k, v in os.environ.items()
             if (k in named or ((k.startswith(FORWARDED_PREFIXES) or k in FORWARDED_NAMES)
-                               and not is_secret_name(k)))
+                               and not is_secret_name(k) and not URL_PASSWORD.search(v)))
             and not (k in ENGINE_DEFAULTS and SET_BY_UB.get(k) == v)}
 
 
