@@ -75,6 +75,21 @@ def test_a_lock_that_is_a_link_is_refused_and_its_target_untouched(tmp_path, cap
     assert victim.read_text() == "someone's notes"
 
 
+def test_a_repair_passes_a_dead_holders_record_on_to_the_next_holder(tmp_path):
+    """`ub doctor --repair` takes the lock of a killed `ub train`: its release emptied the
+    file, so the next `ub train` never learned of the dead flow run (left Running)."""
+    path = tmp_path / "run" / "run.lock"
+    child = _holder(path)
+    os.kill(child.pid, signal.SIGKILL)
+    child.wait()
+    with RunLock(path, pass_on_recovered=True) as repair:
+        assert repair.recovered_from["pid"] == child.pid
+    with RunLock(path) as train:
+        assert train.recovered_from is not None and train.recovered_from["pid"] == child.pid
+    with RunLock(path) as later:
+        assert later.recovered_from is None
+
+
 def test_orphaned_temporary_files_are_removed_and_nothing_else(tmp_path):
     keep = [tmp_path / "steps" / "round=000000" / "shard-0000.parquet",
             tmp_path / "config.yaml", tmp_path / ".prefect" / "prefect.db",

@@ -17,6 +17,7 @@ import httpx
 import yaml
 
 from faults.runs import CONFIG, KILL_POINTS, differences, plan_faults, table_rows, train
+from ub.flows.cli import main
 from ub.run.folder.layout import RunPaths
 
 # The suite's kills, in the order a run reaches them so that each fires: mid-rollout,
@@ -41,6 +42,9 @@ def test_killed_at_several_points_and_resumed_loses_nothing(reference, fault_con
             break  # the run finished before reaching the point
         assert result.returncode == -signal.SIGKILL, (fault, result.stderr[-2000:])
         injected.append(fault)
+        # A run stopped at any point is repaired as it stands (what a kill leaves: temporary
+        # files, a round's files without its commit), and resumes as if it were not.
+        assert main(["doctor", str(tmp_path / "run"), "--repair"]) == 0, fault
     ledger["faults injected"] += len(injected)
     result = train(fault_config, tmp_path, prefect_api)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -31,7 +31,9 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         exam = examine(root, live=live is not None)
         _print_findings(exam)
         return 1 if exam.findings else 0
-    with RunLock(root / "run.lock"):  # nothing may write the run while it is repaired
+    # Nothing may write the run while it is repaired; a dead driver's record stays for the
+    # next `ub train` (which marks its flow run crashed).
+    with RunLock(root / "run.lock", pass_on_recovered=True):
         exam = examine(root)
         _print_findings(exam)
         if not exam.findings:

@@ -29,10 +29,15 @@ class RunLocked(UbError):
 class RunLock:
     """``with RunLock(path):`` holds the run for the block (and the process's life)."""
 
-    def __init__(self, path: Path, owner: Mapping[str, str] | None = None) -> None:
-        """:param owner: more of the holder's record (beside its pid, host and start)."""
+    def __init__(self, path: Path, owner: Mapping[str, str] | None = None, *,
+                 pass_on_recovered: bool = False) -> None:
+        """:param owner: more of the holder's record (beside its pid, host and start).
+        :param pass_on_recovered: leave a dead holder's record for the next holder when this
+            one releases (``ub doctor --repair``: the next ``ub train`` marks that holder's
+            flow run crashed, which a release that emptied the file left running)."""
         self.path = path
         self.owner = dict(owner or {})
+        self.pass_on_recovered = pass_on_recovered
         self._fd: int | None = None
         self.recovered_from: dict | None = None
         """The previous holder's record when it died without releasing (a stale lock)."""
@@ -68,6 +73,8 @@ class RunLock:
         if self._fd is None:
             return
         os.ftruncate(self._fd, 0)  # an empty file = released cleanly
+        if self.pass_on_recovered and self.recovered_from:
+            os.pwrite(self._fd, json.dumps(self.recovered_from).encode(), 0)
         fcntl.flock(self._fd, fcntl.LOCK_UN)
         os.close(self._fd)
         self._fd = None
