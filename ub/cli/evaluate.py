@@ -102,8 +102,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
         table.add_column(column)
     for row in result["rows"]:
         table.add_row(shown(env_cell(row)), shown(row["opponent"]), str(row["games"]),
-                      eval_cell(row),
-                      baseline_cell(row), str(row["draws"]), str(row["losses"]),
+                      eval_cell(row), baseline_cell(row), str(row["draws"]), str(row["losses"]),
                       f"{row['invalid_move_rate']:.1%}", f"{row['format_rate']:.1%}")
     Console(highlight=False).print(table)
     print(f"games: {result['shard']}" + (" (stored earlier)" if result["reused"] else ""))
@@ -230,8 +229,7 @@ def _cmd_benchmarks(args: argparse.Namespace) -> int:
         metric = row["metric"] + (f" ({row['filter']})" if row["filter"] else "")
         error = "" if row["stderr"] is None else f" ± {row['stderr']:.3f}"
         table.add_row(str(row["checkpoint"]), shown(row["task"]), shown(metric),
-                      f"{row['value']:.3f}{error}",
-                      str(row["n"]))
+                      f"{row['value']:.3f}{error}", str(row["n"]))
     Console(highlight=False).print(table)
     print(f"scores: {paths.benchmarks} ({len(result['scored'])} scored in "
           f"{result['seconds']:.1f} s; `ub sql {paths.root} \"SELECT * FROM benchmarks\"`)")
@@ -286,8 +284,8 @@ def _cmd_exploitability(args: argparse.Namespace) -> int:
                                         cut=args.cut, again=True)
             for r in result["rows"]:
                 table.add_row(str(update), shown(r["env_id"]), shown(r["policy"]),
-                              r["legal_moves"],
-                              nash_conv_cell(r), f"{r['best_response_seat0']:+.3f}",
+                              r["legal_moves"], nash_conv_cell(r),
+                              f"{r['best_response_seat0']:+.3f}",
                               f"{r['best_response_seat1']:+.3f}", f"{r['illegal']:.1%}",
                               f"{r['random_nash_conv']:.3f}", f"{r['seconds']:.1f}")
     console = Console(highlight=False)

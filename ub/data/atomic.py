@@ -58,12 +58,22 @@ def write_atomic(path: Path, write: Callable[[BinaryIO], object]) -> Path:
     return path
 
 
+def _umask() -> int:
+    """The process's umask, read without setting it where Linux says it (setting it, even back
+    at once, would give a file another thread creates meanwhile the wrong mode)."""
+    with contextlib.suppress(OSError, ValueError, StopIteration):
+        status = Path("/proc/self/status").read_text().splitlines()
+        return int(next(line for line in status if line.startswith("Umask:")).split()[1], 8)
+    umask = os.umask(0)
+    os.umask(umask)
+    return umask
+
+
 def publishable(path: Path) -> None:
     """Give folder ``path`` and its files the permissions of a normal mkdir and open under the
     umask: mkdtemp makes a folder 0700, and safetensors writes its files 0600, so a checkpoint's
     weights were private while the rest of its run was not."""
-    umask = os.umask(0)
-    os.umask(umask)
+    umask = _umask()
     path.chmod(0o777 & ~umask)
     for child in path.iterdir():
         child.chmod(0o666 & ~umask)

@@ -126,8 +126,6 @@ def build_lock(target: Path) -> Iterator[None]:
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-
-
 def replace_dir(new: Path, target: Path) -> None:
     """Move the finished ``new`` into ``target``; an old (damaged) ``target`` is moved aside first.
 
