@@ -149,6 +149,30 @@ def test_role_advantage_only_model_seats_update_by_default():
     assert [r["reward"] for r in every.table.to_pylist()] == [1.0, -1.0, 0.5, -0.5]
 
 
+def test_role_advantage_by_opponent_keeps_a_baseline_per_opponent():
+    """Losses to the perfect player are the expected result against it: they lower its own
+    baseline, not the one the random player's games are judged by (issue 68)."""
+    games = table([game(0, 0, [-1.0, 1.0], actors=("model", "perfect")),
+                   game(0, 1, [-1.0, 1.0], actors=("model", "perfect")),
+                   game(0, 2, [1.0, -1.0], actors=("ckpt-000003", "random")),
+                   game(0, 3, [0.0, 0.0], actors=("model", "perfect")),
+                   game(0, 4, [1.0, -1.0], actors=("model", "model"))])
+    spec = [{"name": "role_advantage", "ema": 0.5, "by_opponent": True}]
+    got = [r["reward"] for r in apply_final_transforms(games, spec).table.to_pylist()]
+    # P0 vs perfect: b 0 -> -0.5 -> -0.75; the draw is +0.75 above it; vs random and vs a
+    # model each start at 0; the model seats of game 4 read their own keys (P1 vs model too).
+    assert got == [-1.0, 1.0, -0.5, 1.0, 1.0, -1.0, 0.75, 0.0, 1.0, -1.0]
+    chain = FinalRewardChain(spec)
+    chain.fold(games)
+    baselines = chain.transforms[0].baselines["E"]
+    assert baselines["P0 vs perfect"] == pytest.approx(-0.375)
+    assert set(baselines) == {"P0 vs perfect", "P0 vs random", "P0 vs model", "P1 vs model"}
+    # The per-game path (what a transform of one's own inherits) gives the same figures.
+    transform = build_transforms("final", spec)[0]
+    views = seat_rows(sort_games(games)).views()
+    assert [r for v in views for r in transform.transform_game(v.raw_rewards, v)] == got
+
+
 def test_errored_games_give_no_rewards_and_leave_state_unchanged():
     spec = [{"name": "role_advantage", "ema": 0.5}]
     clean = table([game(0, 0, [1.0, -1.0]), game(0, 2, [1.0, -1.0])])

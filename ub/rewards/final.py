@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
 
 from ub.actors.names import is_model_actor
@@ -66,11 +67,16 @@ class RoleAdvantage(FinalTransform):
     ``model:...`` or a run's checkpoint ``ckpt-...``) update ``b``: the baseline estimates
     the learner's return in that role, not a
     scripted opponent's. In self-play every seat is a model, which is SPIRAL exactly.
+    With ``by_opponent``, ``b`` is kept per opponent too (``b[env_id, role, opponents]``, the
+    other seats' players, any model as ``model``): against a player that wins nearly every
+    game, a loss is what is expected and a draw is credited as better than that, where one
+    baseline shared with the random player's games made every move of those games look bad.
     """
 
     name: ClassVar[str] = "role_advantage"
     ema: float = 0.95
     update_from: str = "model"
+    by_opponent: bool = False
     baselines: dict[str, dict[str, float]] = field(default_factory=dict, init=False, repr=False)
     counts: dict[str, dict[str, int]] = field(default_factory=dict, init=False, repr=False)
 
@@ -84,11 +90,20 @@ class RoleAdvantage(FinalTransform):
     def _updates(self, actor: str) -> bool:
         return self.update_from == "all" or is_model_actor(actor)
 
+    def _keys(self, roles: list[str], actors: list[str]) -> list[str]:
+        """Each seat's baseline key: its role, and with ``by_opponent`` who it played."""
+        if not self.by_opponent:
+            return roles
+        kinds = ["model" if is_model_actor(a) else a for a in actors]
+        return [f"{role} vs {'+'.join(sorted(kinds[:seat] + kinds[seat + 1:]))}"
+                for seat, role in enumerate(roles)]
+
     def transform_game(self, rewards: list[float], game: GameView) -> list[float]:
         seen = self.baselines.get(game.env_id, {})
-        out = [r - seen.get(role, 0.0) for r, role in zip(rewards, game.roles, strict=True)]
+        keys = self._keys(game.roles, game.actors)
+        out = [r - seen.get(key, 0.0) for r, key in zip(rewards, keys, strict=True)]
         ema = float(self.ema)
-        for r, role, actor in zip(rewards, game.roles, game.actors, strict=True):
+        for r, role, actor in zip(rewards, keys, game.actors, strict=True):
             if self._updates(actor):
                 env = self.baselines.setdefault(game.env_id, {})
                 counts = self.counts.setdefault(game.env_id, {})
@@ -102,7 +117,13 @@ class RoleAdvantage(FinalTransform):
         # The recursion is sequential by nature: a tight loop over plain floats keeps it
         # bit-identical to transform_game, at ~0.2 us per seat.
         n = len(rewards)
-        keys = pc.binary_join_element_wise(seats.env_id, seats.role, "\x1f")
+        role = seats.role
+        if self.by_opponent:
+            roles, actors, offsets = role.to_pylist(), seats.actor.to_pylist(), seats.offsets
+            role = pa.array([key for g in range(seats.num_games) for key in self._keys(
+                roles[offsets[g]:offsets[g + 1]], actors[offsets[g]:offsets[g + 1]])],
+                pa.string())
+        keys = pc.binary_join_element_wise(seats.env_id, role, "\x1f")
         encoded = pc.dictionary_encode(keys)
         codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int64)
         pairs = [k.split("\x1f", 1) for k in encoded.dictionary.to_pylist()]
