@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 from ub.cli import (
     batch,
+    compare,
     config,
     dashboard,
     doctor,
@@ -30,11 +31,11 @@ from ub.cli import (
     sql,
 )
 from ub.cli.parser import build_parser, run
-from ub.flows import train_command
+from ub.flows import sweep_command, train_command
 
 # In the order `ub --help` lists them.
-COMMANDS = (model, play, sql, batch, learn, train_command, sft, evaluate, serve, dashboard,
-            report, doctor, envs, config)
+COMMANDS = (model, play, sql, batch, learn, train_command, sweep_command, sft, evaluate, compare,
+            serve, dashboard, report, doctor, envs, config)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,10 +8,11 @@ the library's commands (:mod:`ub.cli`).
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ub.cli.args import round_number
+from ub.cli.args import named_run, round_number
 from ub.errors import UbError
 from ub.run.checks.gpu_plan import DEFAULT_GPU_GIB
 from ub.run.folder.urls import DEFAULT_RUNS_ROOT
@@ -25,8 +26,9 @@ def add_parser(sub) -> None:
     train.add_argument("config", nargs="?", help="a preset (tiny-cpu, qwen3-1.7b-simpletak, "
                        "spiral-kuhn) or a YAML file (default: tiny-cpu, or the run's own)")
     train.add_argument("--run", help="run name (default: the config's name)")
-    train.add_argument("--resume", metavar="NAME", help="continue run NAME with its own config")
-    train.add_argument("--root", default=DEFAULT_RUNS_ROOT, help="folder of runs, or an fsspec "
+    train.add_argument("--resume", metavar="NAME", help="continue run NAME (under --root, or "
+                       "without --root the run's folder) with its own config")
+    train.add_argument("--root", default=None, help="folder of runs, or an fsspec "
                        "URL such as s3://bucket/runs (docs/scaling.md; default: "
                        f"{DEFAULT_RUNS_ROOT})")
     train.add_argument("--rounds", type=round_number(1),
@@ -48,7 +50,6 @@ def add_parser(sub) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from ub.flows.prefect_env import configure_prefect
     from ub.flows.server_watch import grace_seconds, require_server
     from ub.run.checks.preflight import preflight
     from ub.run.config.load import config_run_name
@@ -57,6 +58,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.resume and args.config:
         raise UbError("give a CONFIG to start (or continue) a run, or --resume NAME to continue "
                       "one with its own config, not both")
+    if args.resume:  # (a name or, without --root, the run's folder: as every command takes it)
+        args.root, args.resume = named_run(args.resume, args.root)
+    elif args.root is None:
+        args.root = DEFAULT_RUNS_ROOT
     name = args.resume or args.run or config_run_name(args.config or "tiny-cpu")
     if args.gpu_memory is not None and not args.dry_run:
         raise UbError("--gpu-memory plans a run's memory: it goes with --dry-run")
@@ -67,29 +72,45 @@ def cmd_train(args: argparse.Namespace) -> int:
     require_server()  # a PREFECT_API_URL that nothing answers at
     start = preflight(_request(args, name))
 
-    configure_prefect((start.paths.root.parent if start.paths.store else Path(args.root))
-                      / ".prefect")
-    from ub.flows.prefect_env import start_tied_server
-
-    start_tied_server()  # dies with this process, even by SIGKILL
-    # (Prefect imports after configure_prefect)
+    start_prefect((start.paths.root.parent if start.paths.store else Path(args.root))
+                  / ".prefect")
     from ub.flows.selfplay import committed_so_far, preflighted, selfplay
+
+    def train() -> None:
+        with preflighted(start):  # the flow takes this preflight's config: resolved once
+            selfplay(run_name=name, config=args.config, root=str(args.root),
+                     rounds=args.rounds, overrides=list(args.set), quiet=args.quiet,
+                     ray_address=args.ray)
+
+    if not stopped_by_a_signal(train):
+        return 0
+    # How to go on (ub.cli.parser prints it, exit 130).
+    raise KeyboardInterrupt(f"{committed_so_far(start.paths)}: {start.paths.resume_command}")
+
+
+def start_prefect(home: Path) -> None:
+    """Prefect's settings for a command's flows, with ``home`` its folder (``RUNS/.prefect``),
+    and a temporary server of ub's own unless ``PREFECT_API_URL`` names one (it dies with this
+    process, even by SIGKILL). Prefect is imported after this."""
+    from ub.flows.prefect_env import configure_prefect, start_tied_server
+
+    configure_prefect(home)
+    start_tied_server()
+
+
+def stopped_by_a_signal(body: Callable[[], object]) -> bool:
+    """``body()`` with Ctrl-C and SIGTERM as one interrupt (its flow runs told how they ended):
+    whether a stop ended it. Any other failure is raised."""
     from ub.flows.stopping import stop_on_signals, stopped
 
-    with stop_on_signals():  # Ctrl-C or SIGTERM: one interrupt, its flow run told how it ended
+    with stop_on_signals():
         try:
-            with preflighted(start):  # the flow takes this preflight's config: resolved once
-                selfplay(run_name=name, config=args.config, root=str(args.root),
-                         rounds=args.rounds, overrides=list(args.set), quiet=args.quiet,
-                         ray_address=args.ray)
+            body()
         except BaseException as error:
             if not stopped(error):
                 raise
-        else:
-            if not stopped():
-                return 0
-    # How to go on (ub.cli.parser prints it, exit 130).
-    raise KeyboardInterrupt(f"{committed_so_far(start.paths)}: {start.paths.resume_command}")
+            return True
+        return stopped()
 
 
 def _request(args: argparse.Namespace, name: str) -> RunRequest:
@@ -125,7 +146,7 @@ def _dry_run(args: argparse.Namespace, paths) -> int:
     model_config = plan_model_config(resolved)
     if model_config is None or "num_hidden_layers" not in model_config:
         raise UbError(f"model.base {base}: no config.json on this machine (a hub id is read "
-                      f"from the Hugging Face cache only): fetch it first (`huggingface-cli "
+                      f"from the Hugging Face cache only): fetch it first (`hf "
                       f"download {base} config.json`) or give a local model folder")
     gpu_gib, found = _gpu_gib(args.gpu_memory)
     plan = plan_gpus(resolved, model_config, gpu_gib, f"model.base {base}'s config.json")

@@ -129,13 +129,24 @@ BAD_INPUTS = [
     (["sql", "{tmp}/missing", "SELECT 1"], "does not exist"),
     (["sql", "{out}", "SELEC 1"], "SQL error"),
     (["sql", "{out}", "COPY (SELECT 1) TO '{tmp}/leak.csv'"], "read-only"),
-    (["train", "tiny-gpu", "--root", "{out}"], "unknown preset 'tiny-gpu'; presets: "),
+    (["train", "tiny-gpu", "--root", "{out}"],
+     "unknown preset 'tiny-gpu'; did you mean 'tiny-cpu'? Presets: "),
+    # Issue 70: hints kept (DuckDB's own) and given (the nearest setting, command).
+    (["sql", "{out}", "SELECT invalid_mov FROM steps"],
+     'not found in FROM clause!; Candidate bindings: "invalid_move"'),
+    (["sql", "{out}", "SELECT * FROM gmes"], 'does not exist!; Did you mean "games"?'),
+    (["train", "--root", "{out}", "--set", "learner.learnig_rate=1"],
+     "learner.learnig_rate: unknown setting; did you mean learning_rate?"),
+    (["train", "--root", "{out}", "--set", "envs.0.legal_move=mask"],
+     "envs.0.legal_move: unknown setting; did you mean legal_moves?"),
+    (["trian"], "invalid choice: 'trian' (choose from 'model', "),
+    (["trian"], "; did you mean 'train'? (see `ub --help`)"),
     (["train", "--root", "{out}", "--set", "rounds=0"], "rounds: Input should be greater"),
     (["train", "--root", "{out}", "--set", "learner.algorithm=sarsa"], "sarsa"),
     (["train", "--root", "{out}", "--set", "rounds"], "expected key=value"),
     (["train", "{tmp}/nope.yaml", "--root", "{out}"], "nope.yaml does not exist"),
     (["train", "--run", "../escape", "--root", "{out}"], "invalid run name"),
-    (["train", "--resume", "ghost", "--root", "{out}"], "no run ghost under"),
+    (["train", "--resume", "ghost", "--root", "{out}"], "no run 'ghost' under"),
     (["train", "tiny-cpu", "--resume", "ghost", "--root", "{out}"], "not both"),
     (["train", "--root", "{out}", "--rounds", "0"], "must be >= 1"),
     (["train", "--root", "{file}/sub"], "not writable"),
@@ -161,7 +172,7 @@ BAD_INPUTS = [
      "sft.where: must be a non-empty SQL condition"),
     (["sft", "--shards", "{out}", "--out", "{out}/c", "--max-train-len", "1"],
      "sft.max_train_len: Input should be greater than or equal to 2 (got 1)"),
-    (["eval", "ghost", "--root", "{out}"], "no run ghost under"),
+    (["eval", "ghost", "--root", "{out}"], "no run 'ghost' under"),
     (["eval", "../ghost", "--root", "{out}"], "invalid run name"),
     (["dashboard", "ghost", "--root", "{out}", "--once"], "no run 'ghost'"),
     (["dashboard", "{out}", "--once"], "is not a ub run"),
@@ -211,6 +222,9 @@ BAD_INPUTS = [
     (["train", "--root", "{out}", "--set", "eval.opponents=[hosted:m@http://127.0.0.1:1/v1]"],
      "is unreachable"),
     (["train", "--resume", "broken", "--root", "{bad}/runs"], "round-000000.json is corrupt"),
+    # ... and each run named by its folder as well (issue 70: "invalid run name" before)
+    (["train", "--resume", "{bad}/runs/broken"], "round-000000.json is corrupt"),
+    (["eval", "{bad}/runs/exp", "--checkpoint", "0"], "cannot read adapter_model.safetensors"),
     # Issue 38, 1: a setting valid in type but not for what it feeds (the game's player counts,
     # the engine's seeds and context, the data's columns, the model's vocabulary, a socket).
     (["train", "--root", "{out}", "--set", "envs=[{{env_id: TicTacToe-v0-train, num_players: 3}}]"],
@@ -520,7 +534,8 @@ def test_an_explicit_root_always_names_the_run_under_it(tmp_path, monkeypatch):
     from ub.errors import UbError
 
     monkeypatch.chdir(tmp_path)
-    (tmp_path / "demo").mkdir()  # a folder of the same name in the working directory
+    (tmp_path / "demo").mkdir()  # a run of the same name in the working directory
+    (tmp_path / "demo" / "config.yaml").write_text("")
     (tmp_path / "elsewhere" / "demo").mkdir(parents=True)
     root = str(tmp_path / "elsewhere")
     assert run_dir(argparse.Namespace(run="demo", root=root)) == tmp_path / "elsewhere" / "demo"
@@ -528,5 +543,9 @@ def test_an_explicit_root_always_names_the_run_under_it(tmp_path, monkeypatch):
     (tmp_path / "runs" / "other").mkdir(parents=True)
     assert run_dir(argparse.Namespace(run="other", root=None)) == Path("runs") / "other"
     (tmp_path / "solo").mkdir()
-    with pytest.raises(UbError, match=r"^no run 'solo' under .*elsewhere$"):
+    with pytest.raises(UbError, match=r"^no run 'solo' under .*elsewhere; .*elsewhere holds "
+                                      r"no run$"):
         run_dir(argparse.Namespace(run="solo", root=root))
+    # (a folder that is no run is a name: runs/solo, which is not there)
+    with pytest.raises(UbError, match=r"^no run 'solo' under runs; runs holds no run$"):
+        run_dir(argparse.Namespace(run="solo", root=None))

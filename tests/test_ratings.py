@@ -96,7 +96,7 @@ def test_leaderboard_is_sorted_by_conservative_rating():
     ({"tau": -0.5}, r"^rating\.tau: Input should be greater than or equal to 0"),
     ({"mu": "high"}, r"^rating\.mu: Input should be a valid number \(got 'high'\)$"),
     ({"mu": True}, r"^rating\.mu: Input should be a valid number"),
-    ({"bta": 3}, r"^rating\.bta: unknown setting$"),
+    ({"bta": 3}, r"^rating\.bta: unknown setting; did you mean beta\?$"),
 ])
 def test_bad_rating_settings(data, message):
     with pytest.raises(UbError, match=message):

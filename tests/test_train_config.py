@@ -174,7 +174,8 @@ def test_the_base_model_bounds_the_context_and_the_pad_id(tmp_path):
 
 
 def test_unknown_preset_lists_the_presets():
-    with pytest.raises(UbError, match=r"unknown preset 'tiny-gpu'; presets: .*tiny-cpu"):
+    with pytest.raises(UbError, match=r"unknown preset 'tiny-gpu'; did you mean 'tiny-cpu'\? "
+                                      r"Presets: .*tiny-cpu"):
         load_config("tiny-gpu")
 
 

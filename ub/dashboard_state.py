@@ -13,8 +13,9 @@ from typing import Any
 
 from ub.errors import UbError
 from ub.run.config.schema import TrackingSection
+from ub.run.folder.layout import is_run
 from ub.run.folder.lock import holder
-from ub.run.folder.views import RunViews, is_run
+from ub.run.folder.views import RunViews
 from ub.run.steps.health import env_alerts
 
 

@@ -23,7 +23,8 @@ from typing import Any
 
 from ub.actors.names import checkpoint_update
 from ub.errors import UbError
-from ub.run.folder.views import RunViews, is_run
+from ub.run.folder.layout import is_run
+from ub.run.folder.views import RunViews
 
 SIZE = (8, 4.5)
 """A plot's size in inches (at 100 dpi: 800 x 450 pixels)."""

@@ -59,14 +59,16 @@ def components_of(info: Any) -> str | None:
     return extra.get("components") if isinstance(extra, dict) else None
 
 
-def format_errors(exc: ValidationError, section: str = "") -> str:
-    """A pydantic error as one line: each bad field by its dotted path, with what was given."""
+def format_errors(exc: ValidationError, section: str = "",
+                  model: type[BaseModel] | None = None) -> str:
+    """A pydantic error as one line: each bad field by its dotted path, with what was given
+    (an unknown setting with the nearest name ``model``, the class validated, has there)."""
     parts = []
     for err in exc.errors():
         where = ".".join(str(p) for p in (section, *err["loc"]) if p != "") or "(top level)"
         message = err["msg"]
         if err["type"] == "extra_forbidden":
-            message = "unknown setting"
+            message = "unknown setting" + _nearest_setting(model, err["loc"])
         elif err["type"] == "literal_error":
             message = f"got {err['input']!r}; {err['msg'].lower()}"
         elif err["type"] == "value_error" and not err["loc"] and not section:
@@ -78,6 +80,33 @@ def format_errors(exc: ValidationError, section: str = "") -> str:
             message = f"{message} (got {err['input']!r})"
         parts.append(f"{where}: {message}")
     return "; ".join(parts)
+
+
+def _nearest_setting(model: type[BaseModel] | None, loc: Sequence[Any]) -> str:
+    """``; did you mean NAME?`` for the unknown setting at ``loc`` of ``model`` (the field
+    names of the section it is in), or nothing."""
+    import difflib
+    import types
+    import typing
+
+    section: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int) or section is None:
+            continue  # (an index into a list of sections)
+        field = getattr(section, "model_fields", {}).get(part)
+        kinds = [field.annotation] if field is not None else []
+        section = None
+        while kinds:  # the section class inside Optional[...], list[...], X | Y
+            kind = kinds.pop(0)
+            if isinstance(kind, type) and issubclass(kind, BaseModel):
+                section = kind
+                break
+            if typing.get_origin(kind) is not None or isinstance(kind, types.UnionType):
+                kinds += list(typing.get_args(kind))
+    names = list(getattr(section, "model_fields", {}))
+    names += [f.alias for f in getattr(section, "model_fields", {}).values() if f.alias]
+    near = difflib.get_close_matches(str(loc[-1]), names, n=1) if loc else []
+    return f"; did you mean {near[0]}?" if near else ""
 
 
 class _YamlLoader(yaml.SafeLoader):
@@ -205,7 +234,7 @@ class Section(BaseModel):
             return cls.model_validate({} if data is None else dict(data) if isinstance(
                 data, Mapping) else data)
         except ValidationError as exc:
-            raise UbError(format_errors(exc, cls.key)) from None
+            raise UbError(format_errors(exc, cls.key, cls)) from None
 
     def to_dict(self) -> Any:
         """The settings as plain YAML/JSON data, in the form they are written (what
@@ -222,7 +251,7 @@ class Section(BaseModel):
         try:
             return type(self).model_validate({**fields, **changes})
         except ValidationError as exc:
-            raise UbError(format_errors(exc, self.key)) from None
+            raise UbError(format_errors(exc, self.key, type(self))) from None
 
 
 def default_of(section: type[BaseModel], name: str) -> Any:

@@ -155,27 +155,35 @@ def add_root_argument(parser: argparse.ArgumentParser) -> None:
                         "always a run's name under it")
 
 
-def run_dir(args: argparse.Namespace) -> Path:
-    """A run given by name under ``--root``, or, without ``--root``, as a path to its folder
-    (else by name under ``runs``). An explicit ``--root`` always wins: ``ROOT/NAME``, even
-    where a folder ``NAME`` exists in the working directory."""
-    from ub.run.folder.layout import RunPaths, check_run_name
+def named_run(run: str, root: str | None) -> tuple[str, str]:
+    """The runs root and the name of the run a command's RUN names, one way for every command:
+    a name under ``root`` (``--root``, default ``runs``), or, without ``--root``, a path to the
+    run's folder (``runs/demo``, ``/data/runs/demo``, a run's folder ``demo`` here). An
+    explicit ``--root`` always wins: ``ROOT/NAME``, even where a run ``NAME`` is here."""
+    from ub.run.folder.layout import is_run
     from ub.run.folder.urls import is_url
 
-    if args.root is None:
-        if Path(args.run).is_dir():
-            return Path(args.run)
-        given = DEFAULT_RUNS_ROOT
-    else:
-        given = args.root
+    if root is not None:
+        return root, run
+    path = Path(run).expanduser()
+    if not is_url(run) and (len(path.parts) > 1 or is_run(path)):
+        return str(path.parent), path.name
+    return DEFAULT_RUNS_ROOT, run
+
+
+def run_dir(args: argparse.Namespace) -> Path:
+    """The folder of the run ``args.run`` names (:func:`named_run`), which must exist."""
+    from ub.run.folder.layout import RunPaths, check_run_name, no_such_run
+    from ub.run.folder.urls import is_url
+
+    given, name = named_run(args.run, args.root)
     if is_url(given):  # a run in a store: this machine's working copy of it
-        root = RunPaths.of(given, args.run).root
+        root = RunPaths.of(given, name).root
         if not root.is_dir():
-            raise UbError(f"this machine has no copy of run {args.run!r} of {given}: "
-                          f"`ub sql {given.rstrip('/')}/{args.run}` reads it in place")
+            raise UbError(f"this machine has no copy of run {name!r} of {given}: "
+                          f"`ub sql {given.rstrip('/')}/{name}` reads it in place")
         return root
-    root = Path(given) / check_run_name(args.run)
+    root = Path(given) / check_run_name(name)
     if not root.is_dir():
-        where = "" if args.root is not None else f" (and no folder {args.run})"
-        raise UbError(f"no run {args.run!r} under {given}{where}")
+        raise no_such_run(given, name)
     return root

@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from ub.cli.args import checkpoint_choice, game_count, positive_int
+from ub.cli.args import checkpoint_choice, game_count, named_run, positive_int
 from ub.display import shown
 from ub.errors import UbError
 from ub.run.folder.urls import DEFAULT_RUNS_ROOT
@@ -21,8 +21,9 @@ if TYPE_CHECKING:
 def add_parser(sub) -> None:
     evaluate = sub.add_parser("eval", help="evaluate a run's checkpoint against fixed "
                               "opponents, or on reasoning benchmarks (--tasks)")
-    evaluate.add_argument("run", help="run name")
-    evaluate.add_argument("--root", default=DEFAULT_RUNS_ROOT,
+    evaluate.add_argument("run", help="run name (under --root), or without --root the run's "
+                          "folder")
+    evaluate.add_argument("--root", default=None,
                           help=f"folder of runs, or an fsspec URL (default: {DEFAULT_RUNS_ROOT})")
     evaluate.add_argument("--checkpoint", type=checkpoint_choice,
                           help="checkpoint update (0: the start, the base model), latest or "
@@ -85,7 +86,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     if args.checkpoint == "all":
         raise UbError("--checkpoint all goes with --tasks or --exploitability: games evaluate "
                       "one checkpoint (a number, or latest)")
-    paths = RunPaths.of(args.root, args.run)
+    paths = RunPaths.of(*named_run(args.run, args.root))
     # Everything that can be refused is refused before the lock and the engine (an eval that
     # starts writes a shard); a store run's working copy made for a refused one goes again.
     with removed_if_refused(paths):
@@ -206,7 +207,7 @@ def _cmd_benchmarks(args: argparse.Namespace) -> int:
     if games:
         raise UbError(f"{', '.join(games)} set up games; --tasks scores benchmarks: give "
                       "one or the other")
-    paths = RunPaths.of(args.root, args.run)
+    paths = RunPaths.of(*named_run(args.run, args.root))
     with removed_if_refused(paths):  # every refusal before the lock, the engine and a file
         catch_up(paths)
         config, _ = resolve_run_config(paths, None)
@@ -260,7 +261,7 @@ def _cmd_exploitability(args: argparse.Namespace) -> int:
                       "one or the other")
     if args.cut is not None and not 0 <= args.cut <= 1:
         raise UbError(f"--cut must be in [0, 1], got {args.cut}")
-    paths = RunPaths.of(args.root, args.run)
+    paths = RunPaths.of(*named_run(args.run, args.root))
     with removed_if_refused(paths):
         catch_up(paths)
         config, _ = resolve_run_config(paths, None)

@@ -16,6 +16,15 @@ class Parser(argparse.ArgumentParser):
     """argparse that reports bad arguments as a UbError (one line) instead of usage + exit."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        import difflib
+        import re
+
+        choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+        if choice:  # a mistyped command or choice: the nearest one first
+            near = difflib.get_close_matches(choice.group(1), re.findall(r"'([^']*)'",
+                                                                         choice.group(2)), n=1)
+            if near:
+                message += f"; did you mean {near[0]!r}?"
         raise UbError(f"{self.prog}: {message} (see `{self.prog} --help`)")
 
 

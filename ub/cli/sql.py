@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ub.cli.args import positive_int
+from ub.cli.args import add_root_argument, positive_int
 from ub.errors import UbError
 
 if TYPE_CHECKING:
@@ -20,9 +20,13 @@ whole run prints what a terminal can show without holding the rest."""
 
 
 def add_parser(sub) -> None:
-    sql = sub.add_parser("sql", help="read-only SQL over a data folder or run (docs/sql.md)")
-    sql.add_argument("root", help="a data folder, a run directory or a run's store URL "
+    sql = sub.add_parser("sql", help="read-only SQL over a data folder, a run or a folder of "
+                         "runs (docs/sql.md)")
+    sql.add_argument("run", metavar="RUN", help="a run (its name under --root, or its "
+                     "folder), a folder of runs (every run's tables as one, with a run "
+                     "column), a data folder of `ub play`, or a run's store URL "
                      "(s3://bucket/runs/NAME)")
+    add_root_argument(sql)
     sql.add_argument("query", nargs="?", help="the SQL query (none: an interactive shell)")
     sql.add_argument("--format", choices=("table", "csv"), default="table",
                      help="table (at most --max-rows rows) or csv (every row, streamed)")
@@ -43,33 +47,49 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
 
 def _sql(args: argparse.Namespace) -> int:
-    from ub.data.sql import connect, table_dataset
-    from ub.run.folder.urls import is_url
-    from ub.run.folder.views import RunViews, is_run
+    from ub.data.sql import connect, connect_tables, table_dataset
+    from ub.run.folder.layout import is_run, no_such_run
+    from ub.run.folder.sweep import is_runs_root, sweep_tables
+    from ub.run.folder.urls import DEFAULT_RUNS_ROOT, is_url
+    from ub.run.folder.views import RunViews
 
-    if is_url(args.root):
-        con, names = _connect_store(args.root)
-        root = args.root
+    given = args.run if args.root is None else f"{args.root.rstrip('/')}/{args.run}"
+    shown: Path | str = given
+    if is_url(given):
+        con, names = _connect_store(given)
     else:
-        root = Path(args.root)
+        root = Path(given)
+        named = Path(DEFAULT_RUNS_ROOT) / args.run
+        if not root.exists() and args.root is None and len(root.parts) == 1 and is_run(named):
+            root = named  # a run's name, under the default runs root
         if not root.exists():
-            raise UbError(f"{root} does not exist: give the folder `ub play --out` or a run "
-                          "wrote")
-        extra = {}
-        if is_run(root):
-            views = RunViews(root)
-            extra = views.tables()
-            for table in ("steps", "games"):
-                extra[f"eval_{table}"] = table_dataset(root / "eval", table)
-            for warning in views.warnings:
-                print(f"ub: warning: {warning}", file=sys.stderr)
-        con = connect(root, extra)
-        names = sorted(["steps", "games", *extra])
+            if len(Path(args.run).parts) == 1:
+                raise no_such_run(args.root or DEFAULT_RUNS_ROOT, args.run,
+                                  "" if args.root else f" (and no folder {args.run} here)")
+            raise UbError(f"{root} does not exist: give a run (its name or folder), a folder "
+                          "of runs, or the folder `ub play --out` wrote")
+        warnings: list[str] = []
+        if is_runs_root(root):
+            tables, warnings = sweep_tables(root)
+            con, names = connect_tables(tables), sorted(tables)
+        else:
+            extra = {}
+            if is_run(root):
+                views = RunViews(root)
+                extra = views.tables()
+                for table in ("steps", "games"):
+                    extra[f"eval_{table}"] = table_dataset(root / "eval", table)
+                warnings = views.warnings
+            con = connect(root, extra)
+            names = sorted(["steps", "games", *extra])
+        for warning in warnings:
+            print(f"ub: warning: {warning}", file=sys.stderr)
+        shown = root
     try:
         if args.query is not None:
             _print_result(con, args.query, args.format, args.max_rows)
             return 0
-        _sql_shell(con, root, names, args.max_rows)
+        _sql_shell(con, shown, names, args.max_rows)
     finally:
         con.close()
     return 0
@@ -110,6 +130,8 @@ def _sql_shell(con, root: Path | str, views: list[str], max_rows: int = MAX_ROWS
     """Read statements (ending with ``;``) from stdin until EOF or ``.quit``."""
     import duckdb
 
+    from ub.data.sql import sql_error_line
+
     interactive = sys.stdin.isatty()
     if interactive:
         print(f"ub sql {root} (read-only). Views: {', '.join(views)}. End statements with ';', "
@@ -130,7 +152,7 @@ def _sql_shell(con, root: Path | str, views: list[str], max_rows: int = MAX_ROWS
                 for statement in con.extract_statements(buffer):
                     _print_result(con, statement.query, "table", max_rows)
             except (UbError, duckdb.Error) as exc:
-                print(f"ub: error: {str(exc).splitlines()[0]}", file=sys.stderr)
+                print(f"ub: error: {sql_error_line(exc)}", file=sys.stderr)
             buffer = ""
 
 

@@ -230,6 +230,18 @@ def _read_only(con: duckdb.DuckDBPyConnection, sql: str) -> duckdb.DuckDBPyRelat
     return con.sql(sql)
 
 
+def sql_error_line(error: BaseException) -> str:
+    """DuckDB's error in one line, with its hints (``Candidate bindings: ...``, ``Did you mean
+    "games"?``) and without the query's text it quotes below them (``LINE 1: ...``)."""
+    lines = []
+    for line in str(error).splitlines():
+        if line.startswith("LINE "):
+            break
+        if line.strip():
+            lines.append(line.strip())
+    return "; ".join(lines)
+
+
 @contextlib.contextmanager
 def _sql_errors() -> Iterator[None]:
     """DuckDB's errors as one-line :class:`UbError`; a query that a signal (Ctrl-C, SIGTERM)
@@ -243,7 +255,7 @@ def _sql_errors() -> Iterator[None]:
             raise KeyboardInterrupt from None
         raise
     except duckdb.Error as exc:
-        message = str(exc).splitlines()[0]
+        message = sql_error_line(exc)
         if "Parquet" in message and "input source" in message:
             message += " (`ub doctor RUN` checks every file; --repair quarantines broken ones)"
         raise UbError(f"SQL error: {message}") from None

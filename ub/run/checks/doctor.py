@@ -37,8 +37,9 @@ from ub.run.folder.layout import (
     RunPaths,
     check_run_format,
     find_orphans,
+    is_run,
 )
-from ub.run.folder.views import METRICS_SCHEMA, _numbered, is_run
+from ub.run.folder.views import METRICS_SCHEMA, _numbered
 
 
 @dataclass(frozen=True)

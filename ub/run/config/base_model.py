@@ -120,7 +120,7 @@ def check_base_model(base: str) -> None:
 
         if not isinstance(try_to_load_from_cache(base, "config.json"), str):
             raise UbError(f"model.base {base} is not in the Hugging Face cache and "
-                          "HF_HUB_OFFLINE is set: download it first (huggingface-cli download "
+                          "HF_HUB_OFFLINE is set: download it first (hf download "
                           f"{base}) or unset HF_HUB_OFFLINE")
 
 

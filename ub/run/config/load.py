@@ -64,7 +64,7 @@ def read_text(path: Path, what: str) -> str:
 
 
 def _format_error(exc: ValidationError, source: str) -> str:
-    return f"invalid config {source}: " + format_errors(exc)
+    return f"invalid config {source}: " + format_errors(exc, model=TrainConfig)
 
 
 def preset_names() -> list[str]:
@@ -96,8 +96,12 @@ def read_config_data(name_or_path: str) -> tuple[dict[str, Any], str]:
     else:
         path = PRESETS_DIR / f"{name_or_path}.yaml"
         if not path.is_file():
-            raise UbError(f"unknown preset {name_or_path!r}; presets: "
-                          f"{', '.join(preset_names())} (or give a YAML file path)")
+            import difflib
+
+            near = difflib.get_close_matches(name_or_path, preset_names(), n=1)
+            raise UbError(f"unknown preset {name_or_path!r}"
+                          + (f"; did you mean {near[0]!r}?" if near else "")
+                          + f" Presets: {', '.join(preset_names())} (or give a YAML file path)")
         label = f"preset {name_or_path}"
     try:
         data = load_yaml(read_text(path, "config")) or {}

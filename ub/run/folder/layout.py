@@ -58,6 +58,26 @@ def check_run_name(name: str) -> str:
     return name
 
 
+def is_run(root: Path) -> bool:
+    """A training run directory (as opposed to a bare data folder of ``ub play``)."""
+    return (Path(root) / "config.yaml").exists() or (Path(root) / "rounds").is_dir()
+
+
+def no_such_run(root: str | Path, name: str, then: str = "") -> UbError:
+    """"no run NAME under ROOT", then ``then`` (more of what was looked for, what to do), the
+    nearest name and the runs ROOT holds."""
+    import difflib
+
+    folder = Path(root)
+    held = sorted(p.name for p in folder.iterdir() if is_run(p)) if folder.is_dir() else []
+    near = difflib.get_close_matches(name, held, n=1)
+    holds = (f"{folder} holds {', '.join(held[:12])}"
+             + (f" and {len(held) - 12} more" if len(held) > 12 else "") if held else
+             f"{folder} holds no run" if folder.is_dir() else f"{folder} does not exist")
+    return UbError(f"no run {name!r} under {root}{then}; "
+                   + (f"did you mean {near[0]!r}? " if near else "") + holds)
+
+
 def check_run_format(root: Path) -> int:
     """Refuse a run directory written in a newer format than this ub reads, before anything in
     it is read or written. Returns the run's format; a run without the marker predates it

@@ -334,8 +334,3 @@ def _cell(value: Any, type_: pa.DataType) -> Any:
     if value is None or not pa.types.is_string(type_) or isinstance(value, str):
         return value
     return json.dumps(value)
-
-
-def is_run(root: Path) -> bool:
-    """A training run directory (as opposed to a bare data folder of ``ub play``)."""
-    return (Path(root) / "config.yaml").exists() or (Path(root) / "rounds").is_dir()

@@ -43,6 +43,7 @@ from ub.run.folder.layout import (
     RunPaths,
     check_run_format,
     mark_run_format,
+    no_such_run,
     read_json,
     write_json_atomic,
 )
@@ -147,9 +148,11 @@ def resolve_run_config(paths: RunPaths, config: TrainConfig | None, *,
                     f"Resume it as it is with `{paths.resume_command}` (optionally "
                     "--rounds N), or start a new run with another --run NAME")
     elif config is None:
-        where = paths.store.rpartition("/")[0] if paths.store else paths.root.parent
-        raise UbError(f"no run {paths.name} under {where}: start it with "
-                      f"`ub train CONFIG --run {paths.name}`")
+        if paths.store:
+            raise UbError(f"no run {paths.name} under {paths.store.rpartition('/')[0]}: start "
+                          f"it with `ub train CONFIG --run {paths.name}`")
+        raise no_such_run(paths.root.parent, paths.name,
+                          f" (start it with `ub train CONFIG --run {paths.name}`)")
     chosen = config if config is not None else stored
     assert chosen is not None
     if stored is not None:

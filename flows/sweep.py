@@ -1,0 +1,80 @@
+"""Arms x seeds of one config, as a Prefect flow (``ub sweep``): a sweep's runs, one after
+another, each a ``selfplay`` subflow in the folder ``root``.
+
+Run ``ARM-sSEED`` is the config with the arm's settings and ``seed=SEED``. The runs go seed
+by seed (every arm of seed 0, then of seed 1, ...), so a sweep stopped part way has paired
+runs to compare (``ub compare ROOT``). Starting the sweep again continues it: each run resumes
+after its last committed round, and a finished run is left as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from prefect import flow
+
+from ub.flows.selfplay import selfplay
+from ub.run.config.load import load_config
+from ub.run.folder.layout import RunPaths, check_run_name
+from ub.run.folder.urls import DEFAULT_RUNS_ROOT
+
+
+@dataclass(frozen=True)
+class SweepRun:
+    """One run of a sweep: its name, its arm's settings and its seed."""
+
+    name: str
+    arm: str
+    seed: int
+    overrides: tuple[str, ...]
+
+
+def sweep_runs(config: str, arms: dict[str, list[str]], seeds: list[int]) -> list[SweepRun]:
+    """Every run of the sweep, seed by seed, each config checked (a bad setting in the last arm
+    is refused before the first run starts)."""
+    runs = []
+    for seed in seeds:
+        for arm, settings in arms.items():
+            overrides = (*settings, f"seed={seed}")
+            name = check_run_name(f"{arm}-s{seed}")
+            load_config(config, list(overrides))  # (a one-line UbError naming the setting)
+            runs.append(SweepRun(name, arm, seed, overrides))
+    return runs
+
+
+@flow(name="sweep", validate_parameters=True)
+def sweep(config: str, arms: dict[str, list[str]], seeds: list[int],
+          root: str = DEFAULT_RUNS_ROOT, rounds: int | None = None,
+          quiet: bool = False) -> list[dict[str, Any]]:
+    """Train every arm of ``config`` on every seed.
+
+    Args:
+        config: A preset name (``tiny-cpu``) or a YAML path, the runs' common config.
+        arms: Each arm's name and its ``key.sub=value`` settings over ``config`` (an arm
+            without settings is the config itself).
+        seeds: The seeds each arm runs with (``seed=S``).
+        root: The folder of the sweep's runs (or an fsspec URL).
+        rounds: Each run's rounds. Empty: the config's.
+        quiet: No progress lines on stdout.
+
+    Returns:
+        Each run's summary (``selfplay``'s), in the order they ran.
+    """
+    done = []
+    for run in sweep_runs(config, arms, seeds):
+        if _finished(RunPaths.of(root, run.name), rounds):
+            continue
+        done.append(selfplay(run_name=run.name, config=config, root=root, rounds=rounds,
+                             overrides=list(run.overrides), quiet=quiet))
+    return done
+
+
+def _finished(paths: RunPaths, rounds: int | None) -> bool:
+    """Whether a run of the sweep committed all its rounds already (it is left alone)."""
+    if not paths.config.exists():
+        return False
+    from ub.run.steps.rounds import resolve_run_config
+
+    planned = rounds or resolve_run_config(paths, None)[0].rounds
+    return len(paths.committed_rounds()) >= planned

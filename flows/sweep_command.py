@@ -1,0 +1,81 @@
+"""``ub sweep CONFIG --arm NAME [KEY=VALUE ...] ... --seeds 0-9``: a config's arms over seeds,
+as the ``sweep`` Prefect flow (:mod:`ub.flows.sweep`); ``ub compare ROOT`` reads them."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ub.cli.args import round_number
+from ub.errors import UbError
+from ub.numbers import NumberError, parse_int
+
+
+def add_parser(sub) -> None:
+    sweep = sub.add_parser("sweep", help="train a config's arms over seeds (a resumable "
+                           "Prefect flow); ub compare ROOT reads them")
+    sweep.add_argument("config", help="a preset or a YAML file: every run's config")
+    sweep.add_argument("--arm", nargs="+", action="append", required=True,
+                       metavar=("NAME", "KEY=VALUE"),
+                       help="an arm: its name, then its settings over CONFIG (none: CONFIG "
+                       "itself); repeat for each arm")
+    sweep.add_argument("--seeds", required=True, type=seed_list,
+                       help="the seeds of every arm: 0-9, or 0,3,7")
+    sweep.add_argument("--root", required=True,
+                       help="the sweep's folder: its runs are ROOT/ARM-sSEED")
+    sweep.add_argument("--rounds", type=round_number(1), help="each run's rounds (default: "
+                       "the config's)")
+    sweep.add_argument("--quiet", action="store_true", help="no progress lines")
+    sweep.set_defaults(func=cmd_sweep)
+
+
+def seed_list(text: str) -> list[int]:
+    """``0-9`` or ``0,3,7`` (or both: ``0-4,9``), as whole numbers in order, once each."""
+    seeds: list[int] = []
+    try:
+        for part in text.split(","):
+            first, dash, last = part.strip().partition("-")
+            span = range(parse_int(first, 0), parse_int(last, 0) + 1) if dash else [
+                parse_int(first, 0)]
+            seeds += [seed for seed in span if seed not in seeds]
+    except NumberError as exc:
+        raise argparse.ArgumentTypeError(f"seeds are whole numbers >= 0 as 0-9 or 0,3,7: "
+                                         f"{exc}") from None
+    if not seeds:
+        raise argparse.ArgumentTypeError(f"no seed in {text!r}: give 0-9 or 0,3,7")
+    return seeds
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from ub.flows.server_watch import grace_seconds, require_server
+    from ub.flows.train_command import start_prefect, stopped_by_a_signal
+
+    arms: dict[str, list[str]] = {}
+    for name, *settings in args.arm:
+        if name in arms:
+            raise UbError(f"--arm {name} is given twice: give each arm one name")
+        bad = [s for s in settings if "=" not in s]
+        if bad:
+            raise UbError(f"--arm {name}: {bad[0]!r} is no KEY=VALUE setting")
+        arms[name] = settings
+    grace_seconds()
+    require_server()
+    # Every run's config is checked before Prefect starts (and again by the flow).
+    from ub.flows.sweep import sweep_runs
+
+    runs = sweep_runs(args.config, arms, args.seeds)
+    start_prefect(Path(args.root) / ".prefect")
+    from ub.flows.sweep import sweep
+
+    def train() -> None:
+        sweep(config=args.config, arms=arms, seeds=args.seeds, root=str(args.root),
+              rounds=args.rounds, quiet=args.quiet)
+
+    if not stopped_by_a_signal(train):
+        print(f"{len(runs)} runs under {args.root}: `ub compare {args.root}` compares the arms")
+        return 0
+    again = " ".join(["ub sweep", args.config, *(f"--arm {name} {' '.join(s)}".strip()
+                                                  for name, s in arms.items()),
+                      "--seeds", ",".join(map(str, args.seeds)), "--root", str(args.root)])
+    raise KeyboardInterrupt(f"the sweep stopped; each run keeps its committed rounds: "
+                            f"`{again}` continues it")

@@ -1,0 +1,107 @@
+"""``ub compare FOLDER``: a sweep's arms over paired seeds (:mod:`ub.compare`)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from ub.cli.args import whole_number
+from ub.errors import UbError
+
+
+def add_parser(sub) -> None:
+    compare = sub.add_parser("compare", help="a folder of runs as arms over paired seeds: "
+                             "each arm's mean and interval, each arm less the reference")
+    compare.add_argument("folder", help="a folder of runs (a sweep: runs that differ in their "
+                         "settings and seed)")
+    compare.add_argument("--checkpoint", type=whole_number,
+                         help="the checkpoint to compare (default: the latest every run "
+                         "evaluated)")
+    compare.add_argument("--reference", help="the arm the others are paired with, by its name "
+                         "or a part of it (default: the first arm by name)")
+    compare.add_argument("--format", choices=("table", "csv"), default="table")
+    compare.set_defaults(func=cmd_compare)
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from ub.compare import compare, latest_common_checkpoint, measured
+    from ub.run.folder.sweep import is_runs_root, sweep_tables
+
+    folder = Path(args.folder)
+    if not is_runs_root(folder):
+        raise UbError(f"{folder} is no folder of runs: give the folder that holds a sweep's "
+                      "runs (`ub sql FOLDER \"SELECT * FROM runs\"` lists them)")
+    tables, warnings = sweep_tables(folder)
+    for warning in warnings:
+        print(f"ub: warning: {warning}", file=sys.stderr)
+    runs = tables["runs"].to_pylist()
+    evals = tables["evals"].to_pylist()
+    checkpoint = args.checkpoint
+    if checkpoint is None:
+        checkpoint = latest_common_checkpoint(evals, [r["run"] for r in runs])
+        if checkpoint is None:
+            raise UbError(f"the runs under {folder} evaluated no checkpoint in common: compare "
+                          "one they did with --checkpoint N (the evals view lists them)")
+    figures = measured(runs, evals, tables["exploitability"].to_pylist(), checkpoint)
+    if not figures:
+        raise UbError(f"no run under {folder} evaluated checkpoint {checkpoint}")
+    arms = sorted({f.arm for f in figures})
+    reference = arms[0]
+    if args.reference is not None:
+        named = [arm for arm in arms if args.reference in arm]
+        if len(named) != 1:
+            raise UbError(f"--reference {args.reference!r} names {len(named)} of the arms "
+                          f"({'; '.join(arms)}): give a part of exactly one")
+        reference = named[0]
+    summaries, pairs = compare(figures, reference)
+    _print(summaries, pairs, reference, checkpoint, args.format)
+    return 0
+
+
+def _print(summaries, pairs, reference: str, checkpoint: int, fmt: str) -> None:
+    paired = {(p.figure, p.arm): p for p in pairs}
+    # A table names each arm by a letter, and a legend above it says its settings once.
+    letters = {arm: _letter(i) for i, arm in enumerate(sorted({s.arm for s in summaries}))}
+    columns = ("figure", "arm", "seeds", "mean", "95% interval", "clears random",
+               "less the reference", "se", "seeds up")
+    rows = []
+    for s in summaries:
+        p = paired.get((s.figure, s.arm))
+        rows.append((s.figure, s.arm if fmt == "csv" else letters[s.arm], str(s.seeds),
+                     f"{s.mean:.3f}",
+                     f"[{s.low:.3f}, {s.high:.3f}]",
+                     f"{s.clears} of {s.barred}" if s.barred else "-",
+                     f"{p.mean:+.3f}" if p else "(reference)" if s.arm == reference else "-",
+                     f"{p.se:.3f}" if p and p.se is not None else "-",
+                     f"{p.up} of {p.seeds}" if p else "-"))
+    if fmt == "csv":
+        import csv
+
+        writer = csv.writer(sys.stdout, lineterminator="\n")
+        writer.writerow(["checkpoint", *columns])
+        writer.writerows([(checkpoint, *row) for row in rows])
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    from ub.display import shown
+
+    console = Console(highlight=False)
+    if not console.is_terminal:  # (a pipe or a log: rich would wrap at 80 columns)
+        console.width = max(console.width, 160)
+    for arm, letter in letters.items():
+        console.print(shown(f"arm {letter}: {arm}" + (" (the reference)" if arm == reference
+                                                       else "")))
+    table = Table(title=f"checkpoint {checkpoint}: each arm over its seeds, and less the "
+                  f"reference arm ({letters[reference]}) seed by seed")
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*(shown(cell) for cell in row))
+    console.print(table)
+
+
+def _letter(index: int) -> str:
+    """A, B, ..., Z, AA, AB, ..."""
+    return (_letter(index // 26 - 1) if index >= 26 else "") + chr(ord("A") + index % 26)

@@ -1,0 +1,150 @@
+"""Arms against arms over paired seeds, from the runs' own data (``ub compare``).
+
+A sweep is a folder of runs (:mod:`ub.run.folder.sweep`); its runs differ in some settings
+(the ``runs`` view's ``settings``) and in their seed. An **arm** is the runs that share their
+settings; the arm whose settings sort first is the reference unless one is named. For every
+figure the runs evaluated at one checkpoint (the latest that every run evaluated, unless one is
+named): a checkpoint's win rate against each opponent on each env, and its exploitability
+(NashConv, under each way it was measured), each arm's mean over its seeds with a 95%
+t-interval, how many of its seeds' own intervals clear the random player's (the bar: the random
+player's win rate in the same seats on the same games), and for every other arm its paired
+difference from the reference on the seeds both ran: the mean, its standard error and how many
+seeds went up. docs/learning.md's tables are these.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+# Student's t at 0.975 for 1..30 degrees of freedom (beyond: the normal's 1.96).
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+@dataclass(frozen=True)
+class Measured:
+    """One run's figure: ``clears`` is whether its interval is above the random player's
+    (``None``: no bar, as for NashConv or an opponent the random player was not measured
+    against)."""
+
+    run: str
+    arm: str
+    seed: int | None
+    figure: str
+    value: float
+    clears: bool | None
+
+
+@dataclass(frozen=True)
+class ArmFigure:
+    """An arm's figure over its seeds: mean, 95% t-interval (equal to the mean for one seed)
+    and how many seeds' intervals clear the random player's (of those with a bar)."""
+
+    figure: str
+    arm: str
+    seeds: int
+    mean: float
+    low: float
+    high: float
+    clears: int
+    barred: int
+
+
+@dataclass(frozen=True)
+class Paired:
+    """An arm less the reference arm, seed by seed, on the seeds both ran."""
+
+    figure: str
+    arm: str
+    reference: str
+    seeds: int
+    mean: float
+    se: float | None
+    up: int
+
+
+def arm_label(settings: Iterable[tuple[str, str]]) -> str:
+    """An arm's name: its settings as ``key=value``, comma-separated (``(base)``: none)."""
+    text = ", ".join(f"{key}={value}" for key, value in sorted(settings))
+    return text or "(base)"
+
+
+def latest_common_checkpoint(evals: list[dict[str, Any]], runs: Iterable[str]) -> int | None:
+    """The latest checkpoint every run of ``runs`` evaluated (``None``: there is none)."""
+    updates = [{r["update"] for r in evals if r["run"] == run} for run in runs]
+    common = set.intersection(*updates) if updates else set()
+    return max(common) if common else None
+
+
+def measured(runs: list[dict[str, Any]], evals: list[dict[str, Any]],
+             exploitability: list[dict[str, Any]], checkpoint: int) -> list[Measured]:
+    """Every run's figures at ``checkpoint`` (rows of the ``runs``, ``evals`` and
+    ``exploitability`` views of a folder of runs)."""
+    arms = {r["run"]: arm_label(r["settings"] or []) for r in runs}
+    seeds = {r["run"]: r["seed"] for r in runs}
+    out = []
+    for r in evals:
+        if r["update"] != checkpoint or r["run"] not in arms:
+            continue
+        mode = f", {r['legal_moves']}" if r.get("legal_moves") else ""
+        bar = r.get("baseline_high")
+        out.append(Measured(r["run"], arms[r["run"]], seeds[r["run"]],
+                            f"{r['env_id']} vs {r['opponent']}{mode}: win rate", r["win_rate"],
+                            None if bar is None else r["win_low"] > bar))
+    for r in exploitability:
+        if r["update"] != checkpoint or r["run"] not in arms:
+            continue
+        out.append(Measured(r["run"], arms[r["run"]], seeds[r["run"]],
+                            f"{r['env_id']} {r['policy']}, {r['legal_moves']}: NashConv",
+                            r["nash_conv"], None))
+    return out
+
+
+def compare(figures: list[Measured], reference: str | None = None
+            ) -> tuple[list[ArmFigure], list[Paired]]:
+    """Each arm's figures and each arm's paired differences from ``reference`` (default: the
+    first arm by name)."""
+    arms = sorted({m.arm for m in figures})
+    if reference is None and arms:
+        reference = arms[0]
+    by: dict[tuple[str, str], list[Measured]] = {}
+    for m in figures:
+        by.setdefault((m.figure, m.arm), []).append(m)
+    summaries, pairs = [], []
+    for figure in sorted({m.figure for m in figures}):
+        for arm in arms:
+            mine = by.get((figure, arm), [])
+            if not mine:
+                continue
+            mean, half = _mean_interval([m.value for m in mine])
+            barred = [m for m in mine if m.clears is not None]
+            summaries.append(ArmFigure(figure, arm, len(mine), mean, mean - half, mean + half,
+                                       sum(bool(m.clears) for m in barred), len(barred)))
+            if arm == reference:
+                continue
+            theirs = {m.seed: m.value for m in by.get((figure, reference or ""), [])}
+            diffs = [m.value - theirs[m.seed] for m in mine if m.seed in theirs]
+            if diffs:
+                mean_d, _ = _mean_interval(diffs)
+                se = _sd(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else None
+                pairs.append(Paired(figure, arm, reference or "", len(diffs), mean_d, se,
+                                    sum(d > 0 for d in diffs)))
+    return summaries, pairs
+
+
+def _sd(values: list[float]) -> float:
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))
+
+
+def _mean_interval(values: list[float]) -> tuple[float, float]:
+    """The mean and the half-width of its 95% t-interval (0 for one value)."""
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, 0.0
+    t = T_975[len(values) - 2] if len(values) - 1 <= len(T_975) else 1.959964
+    return mean, t * _sd(values) / math.sqrt(len(values))
