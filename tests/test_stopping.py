@@ -23,6 +23,17 @@ def no_stop_yet(monkeypatch):
     monkeypatch.setattr(stopping, "_asked", [])
 
 
+@pytest.fixture(autouse=True)
+def signals_as_a_terminal_gives_them():
+    """SIGINT and SIGTERM at their defaults, as `ub train` starts with them: a pytest-xdist
+    worker ignores SIGINT, and stop_on_signals leaves an ignored signal ignored."""
+    previous = {sig: signal.signal(sig, handler) for sig, handler in (
+        (signal.SIGINT, signal.default_int_handler), (signal.SIGTERM, signal.SIG_DFL))}
+    yield
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
+
+
 def _lands_in_a_collection(sig: signal.Signals):
     """A gc callback that sends ``sig`` and runs on, so the handler raises inside it (dropped)."""
     sent: list[bool] = []

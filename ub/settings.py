@@ -105,7 +105,8 @@ def _nearest_setting(model: type[BaseModel] | None, loc: Sequence[Any]) -> str:
                 kinds += list(typing.get_args(kind))
     names = list(getattr(section, "model_fields", {}))
     names += [f.alias for f in getattr(section, "model_fields", {}).values() if f.alias]
-    near = difflib.get_close_matches(str(loc[-1]), names, n=1) if loc else []
+    # (0.75: `legal_move` finds legal_moves, `rnak` rank; `lr` is no `lora`)
+    near = difflib.get_close_matches(str(loc[-1]), names, n=1, cutoff=0.75) if loc else []
     return f"; did you mean {near[0]}?" if near else ""
 
 
