@@ -9,38 +9,14 @@ after its last committed round, and a finished run is left as it is.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from prefect import flow
 
 from ub.flows.selfplay import selfplay
-from ub.run.config.load import load_config
-from ub.run.folder.layout import RunPaths, check_run_name
+from ub.flows.sweep_plan import sweep_runs
+from ub.run.folder.layout import RunPaths
 from ub.run.folder.urls import DEFAULT_RUNS_ROOT
-
-
-@dataclass(frozen=True)
-class SweepRun:
-    """One run of a sweep: its name, its arm's settings and its seed."""
-
-    name: str
-    arm: str
-    seed: int
-    overrides: tuple[str, ...]
-
-
-def sweep_runs(config: str, arms: dict[str, list[str]], seeds: list[int]) -> list[SweepRun]:
-    """Every run of the sweep, seed by seed, each config checked (a bad setting in the last arm
-    is refused before the first run starts)."""
-    runs = []
-    for seed in seeds:
-        for arm, settings in arms.items():
-            overrides = (*settings, f"seed={seed}")
-            name = check_run_name(f"{arm}-s{seed}")
-            load_config(config, list(overrides))  # (a one-line UbError naming the setting)
-            runs.append(SweepRun(name, arm, seed, overrides))
-    return runs
 
 
 @flow(name="sweep", validate_parameters=True)

@@ -61,7 +61,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     grace_seconds()
     require_server()
     # Every run's config is checked before Prefect starts (and again by the flow).
-    from ub.flows.sweep import sweep_runs
+    from ub.flows.sweep_plan import sweep_runs
 
     runs = sweep_runs(args.config, arms, args.seeds)
     start_prefect(Path(args.root) / ".prefect")
