@@ -34,3 +34,14 @@ def test_a_line_of_markup_shows_a_value_in_it_as_it_is():
     console.print(f"[dim]vs {in_markup('[/fold] ' + OSC)}[/dim]")
     assert console.export_text().strip() == r"vs [/fold] a\x1b]0;retitled\x07b"
     assert printable("tab\tand\nnewline\x9b") == "tab\tand\nnewline\\x9b"
+
+
+def test_a_cut_cell_says_so_and_how_to_see_it_whole(tmp_path, rollout, capsys):
+    write_shard(tmp_path, ShardId(0, 0), "run", rollout.steps, rollout.games)
+    assert main(["sql", str(tmp_path), "SELECT repeat('x', 81) AS long, 'short' AS s"]) == 0
+    out = capsys.readouterr().out
+    assert "…" in out
+    assert "(values longer than 80 characters are cut, ending in …: --format csv writes them " \
+           "whole)" in out
+    assert main(["sql", str(tmp_path), "SELECT 'short' AS s"]) == 0
+    assert "are cut" not in capsys.readouterr().out

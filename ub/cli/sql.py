@@ -177,10 +177,11 @@ def _print_result(con, sql: str, fmt: str, max_rows: int = MAX_ROWS) -> None:
     view = Table(show_lines=False)
     for name in schema.names:
         view.add_column(_cell(name))
-    shown, more = 0, False
+    shown, more, cut = 0, False, False
     for batch in batches:
         room = max_rows - shown
         for row in batch.slice(0, room).to_pylist():
+            cut = cut or any(len(str(v)) > CELL_WIDTH for v in row.values())
             view.add_row(*[_cell(v) for v in row.values()])
         shown += min(batch.num_rows, room)
         if batch.num_rows > room:  # (a row past the cap: the query stops here)
@@ -192,9 +193,16 @@ def _print_result(con, sql: str, fmt: str, max_rows: int = MAX_ROWS) -> None:
               "add LIMIT/OFFSET, raise --max-rows, or use --format csv for every row)")
     else:
         print(f"({shown} row{'s' if shown != 1 else ''})")
+    if cut:
+        print(f"(values longer than {CELL_WIDTH} characters are cut, ending in …: --format "
+              "csv writes them whole)")
 
 
-def _cell(value: object, width: int = 80) -> Text:
+CELL_WIDTH = 80
+"""The characters a table cell shows of a value (a prompt is thousands)."""
+
+
+def _cell(value: object, width: int = CELL_WIDTH) -> Text:
     from ub.display import shown
 
     text = "NULL" if value is None else str(value)
