@@ -4,6 +4,7 @@ as the ``sweep`` Prefect flow (:mod:`ub.flows.sweep`); ``ub compare ROOT`` reads
 from __future__ import annotations
 
 import argparse
+import shlex
 from pathlib import Path
 
 from ub.cli.args import round_number
@@ -74,8 +75,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not stopped_by_a_signal(train):
         print(f"{len(runs)} runs under {args.root}: `ub compare {args.root}` compares the arms")
         return 0
-    again = " ".join(["ub sweep", args.config, *(f"--arm {name} {' '.join(s)}".strip()
-                                                  for name, s in arms.items()),
-                      "--seeds", ",".join(map(str, args.seeds)), "--root", str(args.root)])
+    again = shlex.join(["ub", "sweep", args.config,
+                        *(word for name, s in arms.items() for word in ("--arm", name, *s)),
+                        "--seeds", ",".join(map(str, args.seeds)), "--root", str(args.root)])
     raise KeyboardInterrupt(f"the sweep stopped; each run keeps its committed rounds: "
                             f"`{again}` continues it")
