@@ -77,6 +77,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return 0
     again = shlex.join(["ub", "sweep", args.config,
                         *(word for name, s in arms.items() for word in ("--arm", name, *s)),
-                        "--seeds", ",".join(map(str, args.seeds)), "--root", str(args.root)])
+                        "--seeds", ",".join(map(str, args.seeds)), "--root", str(args.root),
+                        *(["--rounds", str(args.rounds)] if args.rounds else [])])
     raise KeyboardInterrupt(f"the sweep stopped; each run keeps its committed rounds: "
                             f"`{again}` continues it")
