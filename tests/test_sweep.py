@@ -110,7 +110,8 @@ def test_ub_compare_pairs_the_arms_by_seed(runs, capsys):
     assert header == ["checkpoint", "figure", "arm", "seeds", "mean", "95% interval",
                       "clears random", "less the reference", "se", "seeds up"]
     lr1, lr2 = [dict(zip(header, row, strict=True)) for row in rows
-                if row[1].startswith("TicTacToe-v0-train vs random")]
+                if row[1].startswith("TicTacToe-v0-train vs random")
+                and row[1].endswith(": win rate")]
     assert (lr1["arm"], lr2["arm"]) == ("learner.learning_rate=0.001",
                                         "learner.learning_rate=0.002")
     for arm, row in (("lr1", lr1), ("lr2", lr2)):

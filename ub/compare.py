@@ -4,7 +4,8 @@ A sweep is a folder of runs (:mod:`ub.run.folder.sweep`); its runs differ in som
 (the ``runs`` view's ``settings``) and in their seed. An **arm** is the runs that share their
 settings; the arm whose settings sort first is the reference unless one is named. For every
 figure the runs evaluated at one checkpoint (the latest that every run evaluated, unless one is
-named): a checkpoint's win rate against each opponent on each env, and its exploitability
+named): a checkpoint's win rate against each opponent on each env (and its rate of games not
+lost, where any run drew one), and its exploitability
 (NashConv, under each way it was measured), each arm's mean over its seeds with a 95%
 t-interval, how many of its seeds' own intervals clear the random player's (the bar: the random
 player's win rate in the same seats on the same games), and for every other arm its paired
@@ -87,14 +88,18 @@ def measured(runs: list[dict[str, Any]], evals: list[dict[str, Any]],
     arms = {r["run"]: arm_label(r["settings"] or []) for r in runs}
     seeds = {r["run"]: r["seed"] for r in runs}
     out = []
-    for r in evals:
-        if r["update"] != checkpoint or r["run"] not in arms:
-            continue
+    rows = [r for r in evals if r["update"] == checkpoint and r["run"] in arms]
+    drawn = {(r["env_id"], r["opponent"]) for r in rows if r["draws"]}
+    for r in rows:
         mode = f", {r['legal_moves']}" if r.get("legal_moves") else ""
         bar = r.get("baseline_high")
-        out.append(Measured(r["run"], arms[r["run"]], seeds[r["run"]],
-                            f"{r['env_id']} vs {r['opponent']}{mode}: win rate", r["win_rate"],
-                            None if bar is None else r["win_low"] > bar))
+        name = f"{r['env_id']} vs {r['opponent']}{mode}"
+        out.append(Measured(r["run"], arms[r["run"]], seeds[r["run"]], f"{name}: win rate",
+                            r["win_rate"], None if bar is None else r["win_low"] > bar))
+        if (r["env_id"], r["opponent"]) in drawn:  # (against a perfect player: a draw is all)
+            out.append(Measured(r["run"], arms[r["run"]], seeds[r["run"]],
+                                f"{name}: no-loss rate", (r["wins"] + r["draws"]) / r["games"],
+                                None))
     for r in exploitability:
         if r["update"] != checkpoint or r["run"] not in arms:
             continue
