@@ -134,9 +134,9 @@ def compare(figures: list[Measured], reference: str | None = None
             theirs = {m.seed: m.value for m in by.get((figure, reference or ""), [])}
             diffs = [m.value - theirs[m.seed] for m in mine if m.seed in theirs]
             if diffs:
-                mean_d, _ = _mean_interval(diffs)
                 se = _sd(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else None
-                pairs.append(Paired(figure, arm, reference or "", len(diffs), mean_d, se,
+                pairs.append(Paired(figure, arm, reference or "", len(diffs),
+                                    sum(diffs) / len(diffs), se,
                                     sum(d > 0 for d in diffs)))
     return summaries, pairs
 

@@ -9,7 +9,6 @@ import argparse
 from typing import TYPE_CHECKING
 
 from ub.cli.args import checkpoint_choice, game_count, named_run, positive_int
-from ub.display import shown
 from ub.errors import UbError
 from ub.run.folder.urls import DEFAULT_RUNS_ROOT
 
@@ -65,6 +64,7 @@ def cmd_eval(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from ub.display import shown
     from ub.run.folder.layout import RunPaths, checkpoint_name
     from ub.run.folder.lock import RunLock, removed_if_refused
     from ub.run.processes.worker import process_worker
@@ -194,6 +194,7 @@ def _cmd_benchmarks(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     from ub.benchmarks import BenchmarksSection
+    from ub.display import shown
     from ub.learner.checkpoint import read_adapter
     from ub.run.config.base_model import resolve_base_model
     from ub.run.folder.layout import RunPaths
@@ -243,6 +244,7 @@ def _cmd_exploitability(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
+    from ub.display import shown
     from ub.learner.checkpoint import read_adapter
     from ub.run.config.base_model import resolve_base_model
     from ub.run.config.load import check_exploitability
