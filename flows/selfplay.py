@@ -234,8 +234,8 @@ def _rounds(run: Run, quiet: bool, lock: RunLock, gc_clock: GcClock) -> dict[str
             track(run, round_, manifest)
         commit(run, round_, manifest)
         progress.round_done(round_, manifest)
+    report(run, max(0, train_config.rounds - first))  # (its figures go to W&B: before finish)
     finish_wandb(run)
-    report(run, max(0, train_config.rounds - first))
     return progress.finish()
 
 

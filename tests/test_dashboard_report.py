@@ -24,6 +24,9 @@ CONFIG = {
     # Two envs with different decisions per game: a per-env mean differs from a per-decision one.
     "envs": [{"env_id": "TicTacToe-v0-train"}, {"env_id": "Nim-v0-train"}],
     "rollout": {"games_per_round": 8},
+    # Mirror games, and games against a fixed opponent for the report's training figure.
+    "opponents": [{"mode": "mirror", "weight": 0.5}, {"mode": "fixed", "names": ["random"],
+                                                      "weight": 0.5}],
     "batch": {"batch_size": 32},
     "learner": {"learning_rate": 1e-3, "lora": {"rank": 8, "alpha": 16}},
     "eval": {"every": 1, "games": 6, "opponents": ["random"]},
@@ -216,17 +219,19 @@ def test_report_writes_real_plots_and_one_page(run_dir, tmp_path, capsys):
     import matplotlib.image
 
     from ub.flows.cli import main
+    from ub.report.common import SIZE, SIZES
 
     out = tmp_path / "report"
     assert main(["report", str(run_dir), "--out", str(out)]) == 0
     assert capsys.readouterr().out.strip() == str(out / "report.html")
     pngs = sorted(out.glob("*.png"))
-    assert {p.stem for p in pngs} >= {"learning_curve", "ratings", "match_matrix",
-                                      "move_quality", "entropy", "response_length", "learner",
-                                      "throughput"}
+    assert {p.stem for p in pngs} >= {"learning_curve", "training_by_opponent", "ratings",
+                                      "match_matrix", "move_quality", "entropy",
+                                      "response_length", "learner", "throughput"}
     for png in pngs:
         image = matplotlib.image.imread(png)
-        assert image.shape[:2] == ((700, 800) if png.stem == "match_matrix" else (450, 800))
+        width, height = SIZES.get(png.stem, SIZE)
+        assert image.shape[:2] == (100 * height, 100 * width)
         assert image.std() > 0.01, f"{png.name} is blank"
     page = (out / "report.html").read_text()
     assert page.count('src="data:image/png;base64,') == len(pngs)
@@ -265,21 +270,28 @@ def test_report_plots_put_each_quantity_on_its_own_labelled_axis(run_dir, tmp_pa
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from ub.report import SIZE, _learner, _match_matrix, _response_length
+    from ub.report.common import SIZE
+    from ub.report.health import learner, response_length
+    from ub.report.pool import match_matrix
     from ub.run.folder.views import RunViews
 
     views = RunViews(run_dir)
     t = {name: table.to_pylist() for name, table in views.tables().items()}
     fig = plt.figure(figsize=SIZE)
-    assert _learner(t, fig)
-    assert [ax.get_ylabel() for ax in fig.axes] == ["loss", "gradient norm", "clip fraction"]
+    assert learner(t, fig)
+    assert [ax.get_ylabel() for ax in fig.axes] == [
+        "loss", "gradient norm", "clip fraction", "KL (nats per token)", "learning rate",
+        "reward (batch mean)"]
+    # Each panel draws the learner view's own numbers (the learning rate: the optimizer's).
+    rates = [r["learning_rate"] for r in t["learner"]]
+    assert list(fig.axes[4].lines[0].get_ydata()) == rates
     fig = plt.figure(figsize=SIZE)
-    assert _response_length(t, fig)
+    assert response_length(t, fig)
     labels = [ax.get_ylabel() for ax in fig.axes]
     assert labels == ["completion tokens per decision", "truncated sequences in the batch (count)"]
     fig = plt.figure(figsize=SIZE)
     matches = {"ckpt-000001": {"random": [3, 1, 0]}, "random": {"ckpt-000001": [0, 1, 3]}}
-    assert _match_matrix(matches, fig)
+    assert match_matrix(matches, fig)
     image = fig.axes[0].images[0]
     assert image.get_clim() == (0, 1)
     assert image.get_array()[0][1] == pytest.approx(3.5 / 4)
@@ -360,3 +372,114 @@ def test_sparkline_scales_to_the_series():
     # Elsewhere a tiny relative change stays small (at least 10% of the magnitude is shown).
     assert sparkline([100.0, 99.8, 100.0]) in ("▅▄▅", "▅▅▅")
     assert sparkline([10.0, 20.0, 30.0]) == "▁▅█"
+
+
+def test_training_results_credit_the_newest_checkpoint_by_opponent_kind():
+    """The learner of a round is its newest seated checkpoint; each of its seats counts once,
+    against the kind of whoever else sits: past checkpoints, a fixed opponent, or itself."""
+    from ub.report.curves import MIRROR, PAST, training_results
+
+    rows = [
+        {"round": 4, "env_id": "E", "actors": ["ckpt-000004", "random"],
+         "results": ["win", "loss"], "games": 3},
+        {"round": 4, "env_id": "E", "actors": ["random", "ckpt-000004"],
+         "results": ["draw", "draw"], "games": 1},
+        {"round": 4, "env_id": "E", "actors": ["ckpt-000002", "ckpt-000004"],
+         "results": ["win", "loss"], "games": 2},
+        {"round": 4, "env_id": "E", "actors": ["ckpt-000004", "ckpt-000004"],
+         "results": ["win", "loss"], "games": 5},
+        # The pool playing itself without the learner: not the learner's game.
+        {"round": 4, "env_id": "E", "actors": ["ckpt-000001", "ckpt-000002"],
+         "results": ["win", "loss"], "games": 7},
+    ]
+    got = {r["opponent"]: (r["seats"], r["wins"], r["draws"], r["losses"])
+           for r in training_results(rows)}
+    assert got == {"random": (4, 3, 1, 0), PAST: (2, 0, 0, 2), MIRROR: (10, 5, 0, 5)}
+
+
+def test_training_figure_is_the_games_as_plain_duckdb_counts_them(run_dir):
+    """The report's training win rates against `random`, per round and env, equal a query of
+    plain DuckDB over the run's game shards."""
+    import duckdb
+
+    from ub.report.page import training_rows
+
+    mine = {(r["round"], r["env_id"]): (r["wins"], r["seats"]) for r in training_rows(run_dir)
+            if r["opponent"] == "random"}
+    direct = duckdb.sql(f"""
+        WITH seats AS (
+            SELECT round, env_id, results[list_position(actors, printf('ckpt-%06d', round))]
+                   AS result
+            FROM read_parquet('{run_dir}/games/*/*.parquet')
+            WHERE outcome <> 'error' AND parent_game_id IS NULL
+              AND list_contains(actors, 'random'))
+        SELECT round, env_id, count(*) FILTER (result = 'win'), count(*)
+        FROM seats GROUP BY ALL""").fetchall()
+    assert mine and mine == {(r, e): (w, n) for r, e, w, n in direct}
+
+
+def test_report_figures_say_what_they_leave_out():
+    """Each env has its own learning-curve panel (one env's line cannot hide another's); mu
+    over rounds draws a few labelled checkpoints and says how many of how many; the match
+    matrix names the checkpoints it leaves out."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ub.report.curves import learning_curve
+    from ub.report.pool import MAX_LINES, MAX_MATRIX, match_matrix, ratings
+
+    row = {"update": 0, "opponent": "random", "games": 10, "wins": 5, "draws": 0, "losses": 5,
+           "win_rate": 0.5, "win_low": 0.2, "win_high": 0.8, "baseline_win_rate": 0.5}
+    evals = [{**row, "env_id": env, "update": u} for env in ("Nim-v0", "TicTacToe-v0")
+             for u in (0, 8)]
+    fig = plt.figure()
+    assert learning_curve({"evals": evals}, fig)
+    assert [ax.get_title() for ax in fig.axes] == ["Nim-v0", "TicTacToe-v0"]
+    assert fig.axes[0].get_xlabel() == "checkpoint (evaluated: 0, 8)"
+    members = [f"ckpt-{u:06d}" for u in range(30)] + ["random"]
+    fig = plt.figure()
+    assert ratings({"ratings": [{"name": n, "round": r, "mu": 25.0 + r, "sigma": 1.0}
+                                for n in members for r in range(3)]}, fig)
+    over_time = fig.axes[1]
+    labels = [line.get_label() for line in over_time.lines]
+    assert labels[:MAX_LINES] == ["ckpt 0", "ckpt 6", "ckpt 12", "ckpt 17", "ckpt 23",
+                                  "ckpt 29"][:MAX_LINES] and labels[-1] == "random"
+    assert f"{MAX_LINES} of 30 checkpoints" in over_time.get_title()
+    fig = plt.figure()
+    assert match_matrix({a: {"random": [1, 0, 1]} for a in members[:-1]}, fig)
+    assert f"left out: checkpoints 0-{30 - MAX_MATRIX}" in fig.axes[0].get_xlabel()
+    plt.close("all")
+
+
+def test_report_of_a_folder_of_runs_overlays_them_by_arm(run_dir, tmp_path, capsys):
+    """`ub report FOLDER`: every run's learning curve in its arm's colour with each arm's mean,
+    a legend of the arms' settings and the arms' figures as `ub compare` gives them."""
+    from ub.compare import compare, latest_common_checkpoint, measured
+    from ub.flows.cli import main
+    from ub.run.folder.sweep import sweep_tables
+
+    folder = tmp_path / "sweep"
+    for name, rate in (("a-s0", None), ("a-s1", None), ("b-s0", 0.01)):
+        shutil.copytree(run_dir, folder / name)
+        config = yaml.safe_load((folder / name / "config.yaml").read_text())
+        config["seed"] = int(name[-1])
+        if rate is not None:
+            config["learner"]["learning_rate"] = rate
+        (folder / name / "config.yaml").write_text(yaml.safe_dump(config))
+    assert main(["report", str(folder)]) == 0
+    page = Path(capsys.readouterr().out.strip())
+    assert page == folder / "report" / "report.html"
+    assert {p.stem for p in page.parent.glob("*.png")} == {"sweep_learning_curves",
+                                                          "sweep_health"}
+    text = page.read_text()
+    assert "<td>A</td><td>learner.learning_rate=0.001</td><td>a-s0 (seed 0), a-s1 (seed 1)" \
+        in text
+    assert "<td>B</td><td>learner.learning_rate=0.01</td><td>b-s0 (seed 0)" in text
+    tables, _ = sweep_tables(folder)
+    evals = tables["evals"].to_pylist()
+    checkpoint = latest_common_checkpoint(evals, ["a-s0", "a-s1", "b-s0"])
+    summaries, _ = compare(measured(tables["runs"].to_pylist(), evals, [], checkpoint))
+    for s in summaries:
+        assert f"<td>{s.mean:.3f} [{s.low:.3f}, {s.high:.3f}]</td>" in text

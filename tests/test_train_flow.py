@@ -190,9 +190,12 @@ def _artifacts(*keys: str) -> list:
             artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=list(keys))))
 
 
-def test_artifacts_count_rounds_as_the_summary_does_and_link_a_page_that_exists(
+def test_artifacts_count_rounds_as_the_summary_does_and_show_the_report(
         reference_run, prefect_api):
+    import base64
     import re
+
+    from ub.run.folder.views import RunViews
 
     rounds = _artifacts("ub-ref-round")
     shown = set()
@@ -204,12 +207,21 @@ def test_artifacts_count_rounds_as_the_summary_does_and_link_a_page_that_exists(
     ladders = {a.description for a in _artifacts("ub-ref-leaderboard")}
     assert {"TrueSkill ladder of ref after round 1 of 2",
             "TrueSkill ladder of ref after round 2 of 2"} <= ladders
-    links = _artifacts("ub-ref-report")
-    assert links
-    for artifact in links:  # every link the UI shows opens a page
-        [url] = re.findall(r"\((file://[^)]+)\)", artifact.data)
-        page = Path(url.removeprefix("file://"))
-        assert page.is_file() and page.read_text().startswith("<!doctype html>"), url
+    reports = _artifacts("ub-ref-report")
+    assert reports
+    for artifact in reports:  # what the UI shows: the numbers and the figures inline
+        assert artifact.type == "markdown" and "file://" not in artifact.data
+        images = dict(re.findall(r"!\[([^\]]+)\]\(data:image/png;base64,([^)]+)\)",
+                                 artifact.data))
+        # (the reference run plays mirror games only: no training figure by opponent)
+        assert set(images) == {"Learning curve",
+                               "Exploitability (NashConv: what best responses win)"}
+        assert all(base64.b64decode(data).startswith(b"\x89PNG") for data in images.values())
+        for row in RunViews(reference_run.root).evals().to_pylist():
+            assert (f"| {row['update']} | {row['env_id']} | {row['opponent']} | "
+                    f"{100 * row['win_rate']:.1f}% [") in artifact.data
+        [page] = re.findall(r"`([^`]+report\.html)`", artifact.data)
+        assert Path(page).read_text().startswith("<!doctype html>")
 
 
 def test_evaluate_run_returns_and_logs_its_result(reference_run, prefect_api):
@@ -517,8 +529,9 @@ def test_wandb_offline_files_plot_evals_by_checkpoint_under_the_runs_own_id(
     """W&B's offline files, as `wandb sync` would upload them: the run id made when the run
     started (not its name), kept by a resumed process; round figures against `round`, each
     evaluation against the `checkpoint` it measured (checkpoint 2 was evaluated in round 1)."""
+    from ub.report.page import build_report
     from ub.run.steps.rounds import Run, resolve_run_config
-    from ub.run.steps.tracking import finish_wandb, log_wandb, round_metrics
+    from ub.run.steps.tracking import finish_wandb, log_wandb, log_wandb_figures, round_metrics
 
     monkeypatch.setenv("WANDB_MODE", "offline")
     copy = RunPaths.of(tmp_path, "ref")
@@ -531,6 +544,9 @@ def test_wandb_offline_files_plot_evals_by_checkpoint_under_the_runs_own_id(
         manifest = manifests[round_]
         log_wandb(run, round_, round_metrics(run, round_, manifest, manifest["leaderboard"]),
                   manifest["evals"])
+        if round_ == 1:  # the flow's report, before it finishes W&B
+            report = build_report(copy.root, tmp_path / "report")
+            log_wandb_figures(run, {f.name: f.path for f in report.figures})
         finish_wandb(run)
     logs = sorted((copy.root / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
     assert len(logs) == 2, list((copy.root / "wandb").iterdir())
@@ -546,8 +562,16 @@ def test_wandb_offline_files_plot_evals_by_checkpoint_under_the_runs_own_id(
     assert [(h["checkpoint"], h[win]) for h in history if "checkpoint" in h] == [
         (int(u), rows[0]["win_rate"]) for m in manifests for u, rows in m["evals"].items()]
     rate = "collection/TicTacToe-v0-train/invalid_move_rate"
-    assert [h["round"] for h in history if "round" in h] == [0, 1]
-    assert all(rate in h for h in history if "round" in h)
+    rounds = [h for h in history if "round" in h and not any(k.startswith("report/") for k in h)]
+    assert [h["round"] for h in rounds] == [0, 1]
+    assert all(rate in h for h in rounds)
+    # The report's figures, as images in the last row (what W&B's UI shows as media).
+    [shown] = [h for h in history if "report/learning_curve/path" in h]
+    assert shown is history[-1]
+    assert {f"report/{f.name}/_type" for f in report.figures} <= set(shown)
+    assert shown["report/learning_curve/_type"] == "image-file"
+    assert (logs[1].parent / "files" / shown["report/learning_curve/path"]).read_bytes() == (
+        tmp_path / "report" / "learning_curve.png").read_bytes()
     assert not any(k.startswith("eval/") for h in history if "round" in h for k in h)
 
 

@@ -74,6 +74,16 @@ def arm_label(settings: Iterable[tuple[str, str]]) -> str:
     return text or "(base)"
 
 
+def arm_letters(arms: Iterable[str]) -> dict[str, str]:
+    """A short name for each arm, by name order: A, B, ..., Z, AA, AB, ... (a table or a
+    figure names arms so, and a legend says each one's settings once)."""
+    return {arm: _letter(i) for i, arm in enumerate(sorted(set(arms)))}
+
+
+def _letter(index: int) -> str:
+    return (_letter(index // 26 - 1) if index >= 26 else "") + chr(ord("A") + index % 26)
+
+
 def latest_common_checkpoint(evals: list[dict[str, Any]], runs: Iterable[str]) -> int | None:
     """The latest checkpoint every run of ``runs`` evaluated (``None``: there is none)."""
     updates = [{r["update"] for r in evals if r["run"] == run} for run in runs]

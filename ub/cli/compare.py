@@ -60,9 +60,11 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _print(summaries, pairs, reference: str, checkpoint: int, fmt: str) -> None:
+    from ub.compare import arm_letters
+
     paired = {(p.figure, p.arm): p for p in pairs}
     # A table names each arm by a letter, and a legend above it says its settings once.
-    letters = {arm: _letter(i) for i, arm in enumerate(sorted({s.arm for s in summaries}))}
+    letters = arm_letters({s.arm for s in summaries})
     columns = ("figure", "arm", "seeds", "mean", "95% interval", "clears random",
                "less the reference", "se", "seeds up")
     rows = []
@@ -101,7 +103,3 @@ def _print(summaries, pairs, reference: str, checkpoint: int, fmt: str) -> None:
         table.add_row(*(shown(cell) for cell in row))
     console.print(table)
 
-
-def _letter(index: int) -> str:
-    """A, B, ..., Z, AA, AB, ..."""
-    return (_letter(index // 26 - 1) if index >= 26 else "") + chr(ord("A") + index % 26)

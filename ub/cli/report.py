@@ -1,4 +1,4 @@
-"""``ub report``: plots of a run, as PNGs and one HTML page."""
+"""``ub report``: plots of a run, or of a folder of runs overlaid, as PNGs and one HTML page."""
 
 from __future__ import annotations
 
@@ -9,16 +9,23 @@ from ub.cli.args import add_root_argument, run_dir
 
 
 def add_parser(sub) -> None:
-    report = sub.add_parser("report", help="plots of a run: PNGs and one HTML page")
-    report.add_argument("run", help="run name (under --root) or run directory")
+    report = sub.add_parser("report", help="plots of a run (or of a folder of runs, "
+                            "overlaid by arm): PNGs and one HTML page")
+    report.add_argument("run", help="run name (under --root), run directory, or a folder of "
+                        "runs (a sweep: each run's learning curve, each arm's mean)")
     add_root_argument(report)
-    report.add_argument("--out", help="output folder (default: RUN/report)")
+    report.add_argument("--out", help="output folder (default: RUN/report, or FOLDER/report)")
     report.set_defaults(func=cmd_report)
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from ub.report import write_report
+    from ub.report import write_report, write_sweep_report
+    from ub.run.folder.sweep import is_runs_root
 
+    folder = Path(args.run)
+    if is_runs_root(folder):
+        print(write_sweep_report(folder, Path(args.out) if args.out else folder / "report"))
+        return 0
     root = run_dir(args)
     print(write_report(root, Path(args.out) if args.out else root / "report"))
     return 0

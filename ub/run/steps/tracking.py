@@ -29,7 +29,8 @@ plus a random suffix) and kept in ``RUN/ub-run.json``: a resumed run continues i
 two machines' runs of the same name stay two W&B runs. Round metrics are plotted against
 ``round``, evaluation metrics (``eval/...``, ``exploitability/...``, ``benchmarks/...``) against
 ``checkpoint``, the
-update they measure.
+update they measure; the report's figures (``ub report``) as images under ``report/``, in the
+last row a flow run logs.
 """
 
 from __future__ import annotations
@@ -286,6 +287,21 @@ def log_wandb(run: Run, round_: int, metrics: dict[str, float],
             wb.define_metric(f"{group}/*", step_metric="round")
             axes.add(group)
         wb.log(row, step=step)
+
+
+def log_wandb_figures(run: Run, figures: dict[str, Path]) -> None:
+    """Log the report's figures (``{name: PNG}``) to the W&B run this process logged rounds
+    to, as images under ``report/NAME``; nothing when W&B is off or this process committed no
+    round (a resume that had nothing to do)."""
+    wb = _WANDB.get(run.name)
+    if wb is None or not figures:
+        return
+    import wandb
+
+    # Into the last row (W&B's steps are 2u and 2r + 1: there is none between rounds, and a
+    # resumed run logs its next round at the next one); its media panel shows the newest.
+    wb.log({f"report/{name}": wandb.Image(str(path), caption=name)
+            for name, path in figures.items()})
 
 
 def finish_wandb(run: Run) -> None:

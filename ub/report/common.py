@@ -1,0 +1,70 @@
+"""What every figure of a report shares: sizes, labels and the axes it draws on."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ub.actors.names import checkpoint_update
+
+SIZE = (8, 4.5)
+"""A plot's size in inches (at 100 dpi: 800 x 450 pixels)."""
+SIZES = {"match_matrix": (8, 7), "learner": (10, 6)}
+"""The plots that need more room: square matrix cells, a 2 x 3 grid of learner panels."""
+
+Tables = dict[str, list[dict[str, Any]]]
+"""A run's (or a folder of runs') views as rows (:mod:`ub.run.folder.views`)."""
+
+
+def short_name(name: str) -> str:
+    """A readable label: ``ckpt-000004`` -> ``ckpt 4``; other names as they are, cut."""
+    update = checkpoint_update(name)
+    return f"ckpt {update}" if update is not None else (name if len(name) <= 14
+                                                        else name[:13] + "…")
+
+
+def pct(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}%"
+
+
+def integer_ticks() -> Any:
+    from matplotlib.ticker import MaxNLocator
+
+    return MaxNLocator(integer=True)
+
+
+def colormap(name: str) -> Any:
+    import matplotlib
+
+    return matplotlib.colormaps[name]
+
+
+def panels(fig: Any, count: int, columns: int = 3, sharey: bool = True) -> list[Any]:
+    """``count`` panels side by side (up to ``columns`` a row), by default sharing the y axis:
+    the same rate reads the same height in every panel."""
+    rows = -(-count // columns)
+    axes = fig.subplots(rows, min(count, columns), squeeze=False, sharey=sharey)
+    flat = [ax for row in axes for ax in row]
+    for spare in flat[count:]:
+        spare.set_visible(False)
+    return flat[:count]
+
+
+def spread(values: Sequence[int], most: int) -> list[int]:
+    """At most ``most`` of the sorted ``values``, evenly spread, the first and last kept."""
+    values = sorted(values)
+    if len(values) <= most:
+        return values
+    step = (len(values) - 1) / (most - 1)
+    return sorted({values[round(i * step)] for i in range(most)})
+
+
+def ranges(updates: Sequence[int]) -> str:
+    """``[0, 1, 2, 5]`` -> ``0-2, 5``."""
+    out: list[str] = []
+    for u in sorted(updates):
+        if out and (last := out[-1].split("-")[-1]) and int(last) == u - 1:
+            out[-1] = f"{out[-1].split('-')[0]}-{u}"
+        else:
+            out.append(str(u))
+    return ", ".join(out)
