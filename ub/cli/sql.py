@@ -5,23 +5,18 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from ub.cli.args import add_root_argument, positive_int
+from ub.cli.sql_output import MAX_ROWS
 from ub.errors import UbError
-
-if TYPE_CHECKING:
-    from rich.text import Text
-
-MAX_ROWS = 1000
-"""The rows a table shows by default (``--max-rows``): the result streams, so a query of a
-whole run prints what a terminal can show without holding the rest."""
 
 
 def add_parser(sub) -> None:
     sql = sub.add_parser("sql", help="read-only SQL over a data folder, a run or a folder of "
                          "runs (docs/sql.md)")
+    _parse_intermixed(sql)
     sql.add_argument("run", metavar="RUN", help="a run (its name under --root, or its "
                      "folder), a folder of runs (every run's tables as one, with a run "
                      "column), a data folder of `ub play`, or a run's store URL "
@@ -34,6 +29,31 @@ def add_parser(sub) -> None:
                      help=f"most rows a table shows (default {MAX_ROWS}); the rest is never "
                      "computed: add LIMIT/OFFSET, or --format csv for every row")
     sql.set_defaults(func=cmd_sql)
+
+
+def _parse_intermixed(parser: argparse.ArgumentParser) -> None:
+    """Let ``parser``'s positionals come after its options too: ``ub sql NAME --root R QUERY``.
+    argparse matches the positionals before the first option at once, so the optional QUERY
+    was given nothing at NAME and the query after ``--root`` refused as unrecognized. A
+    subcommand's parser is called through its ``parse_known_args`` (argparse has no way to
+    make a subparser parse intermixed), which ``parse_known_intermixed_args`` calls in turn:
+    hence the guard."""
+    plain = parser.parse_known_args
+    inside = False
+
+    def parse_known_args(args: Sequence[str] | None = None,
+                         namespace: argparse.Namespace | None = None
+                         ) -> tuple[argparse.Namespace, list[str]]:
+        nonlocal inside
+        if inside:
+            return plain(args, namespace)
+        inside = True
+        try:
+            return parser.parse_known_intermixed_args(args, namespace)
+        finally:
+            inside = False
+
+    parser.parse_known_args = parse_known_args  # type: ignore[method-assign, assignment]
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
@@ -87,9 +107,13 @@ def _sql(args: argparse.Namespace) -> int:
         shown = root
     try:
         if args.query is not None:
-            _print_result(con, args.query, args.format, args.max_rows)
+            from ub.cli.sql_output import print_result
+
+            print_result(con, args.query, args.format, args.max_rows)
             return 0
-        _sql_shell(con, shown, names, args.max_rows)
+        from ub.cli.sql_shell import sql_shell
+
+        sql_shell(con, shown, names, args.max_rows)
     finally:
         con.close()
     return 0
@@ -124,86 +148,3 @@ def _connect_store(url: str):
     for warning in views.warnings:
         print(f"ub: warning: {warning}", file=sys.stderr)
     return connect_tables(tables), sorted(tables)
-
-
-def _sql_shell(con, root: Path | str, views: list[str], max_rows: int = MAX_ROWS) -> None:
-    """Read statements (ending with ``;``) from stdin until EOF or ``.quit``."""
-    import duckdb
-
-    from ub.data.sql import sql_error_line
-
-    interactive = sys.stdin.isatty()
-    if interactive:
-        print(f"ub sql {root} (read-only). Views: {', '.join(views)}. End statements with ';', "
-              "quit with .quit or Ctrl-D.")
-    buffer = ""
-    while True:
-        try:
-            line = input("ub> " if not buffer else "... ") if interactive else sys.stdin.readline()
-        except EOFError:
-            break
-        if not interactive and line == "":
-            break
-        if line.strip() in (".quit", ".exit"):
-            break
-        buffer += line + ("\n" if interactive else "")
-        if buffer.strip().endswith(";"):
-            try:
-                for statement in con.extract_statements(buffer):
-                    _print_result(con, statement.query, "table", max_rows)
-            except (UbError, duckdb.Error) as exc:
-                print(f"ub: error: {sql_error_line(exc)}", file=sys.stderr)
-            buffer = ""
-
-
-def _print_result(con, sql: str, fmt: str, max_rows: int = MAX_ROWS) -> None:
-    """Print ``sql``'s result as it streams: every row as CSV, or a table of at most
-    ``max_rows`` rows (the query stops there)."""
-    from ub.data.sql import stream_sql
-
-    schema, batches = stream_sql(con, sql)
-    if fmt == "csv":
-        import csv
-
-        writer = csv.writer(sys.stdout, lineterminator="\n")
-        writer.writerow(schema.names)
-        for batch in batches:
-            for row in batch.to_pylist():
-                writer.writerow(["" if v is None else v for v in row.values()])
-        return
-    from rich.console import Console
-    from rich.table import Table
-
-    view = Table(show_lines=False)
-    for name in schema.names:
-        view.add_column(_cell(name))
-    shown, more, cut = 0, False, False
-    for batch in batches:
-        room = max_rows - shown
-        for row in batch.slice(0, room).to_pylist():
-            cut = cut or any(len(str(v)) > CELL_WIDTH for v in row.values())
-            view.add_row(*[_cell(v) for v in row.values()])
-        shown += min(batch.num_rows, room)
-        if batch.num_rows > room:  # (a row past the cap: the query stops here)
-            more = True
-            break
-    Console().print(view)
-    if more:
-        print(f"(the first {shown} rows; the query returns more, not fetched: "
-              "add LIMIT/OFFSET, raise --max-rows, or use --format csv for every row)")
-    else:
-        print(f"({shown} row{'s' if shown != 1 else ''})")
-    if cut:
-        print(f"(values longer than {CELL_WIDTH} characters are cut, ending in …: --format "
-              "csv writes them whole)")
-
-
-CELL_WIDTH = 80
-"""The characters a table cell shows of a value (a prompt is thousands)."""
-
-
-def _cell(value: object, width: int = CELL_WIDTH) -> Text:
-    from ub.display import shown
-
-    text = "NULL" if value is None else str(value)
-    return shown(text if len(text) <= width else text[: width - 1] + "…")
