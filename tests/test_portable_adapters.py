@@ -11,8 +11,14 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import re
 import shutil
-from contextlib import redirect_stdout
+import subprocess
+import sys
+import threading
+from contextlib import contextmanager, redirect_stdout
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -175,6 +181,79 @@ def test_checkpoint_with_an_absolute_base_path_still_loads(
                                machine_a["expected"], rtol=0, atol=1e-4)
 
 
+@contextmanager
+def unreachable_hub():
+    """A stand-in hub on a local port that answers every request 404 (nothing there, at
+    once: no retries) and records what was asked; yields the list of paths asked for."""
+    asked: list[str] = []
+
+    class NotHere(BaseHTTPRequestHandler):
+        def _none(self) -> None:
+            asked.append(self.path)
+            self.send_response(404)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        do_GET = do_HEAD = do_POST = _none
+
+        def log_message(self, *args) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), NotHere)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield asked, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def run_as_a_user(code: str, cwd: Path, hub: str) -> subprocess.CompletedProcess:
+    """``code`` in a plain Python process as a user's shell runs it: not offline (no
+    HF_HUB_OFFLINE / TRANSFORMERS_OFFLINE, which conftest sets), the hub at ``hub``, this
+    ub's ``ub`` on the PATH."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
+    env.update(HF_ENDPOINT=hub, PATH=f"{Path(sys.executable).parent}:{env.get('PATH', '')}")
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_the_documented_plain_peft_load_asks_no_hub(machine_a: dict, tmp_path: Path) -> None:
+    """docs/serving.md's plain-PEFT block, run as written in a user's folder with the hub
+    out of reach and offline mode unset, loads the checkpoint without asking the hub anything
+    (AutoPeftModelForCausalLM on the same folder asks it for `tiny-KEY12` and, with no
+    network, retried for ~50 s before it failed)."""
+    doc = (Path(__file__).parents[1] / "docs" / "serving.md").read_text()
+    section = doc.split("## A checkpoint in a plain script", 1)[1]
+    block = re.search(r"```python\n(.*?)```", section, re.S)
+    assert block, "docs/serving.md has no plain-PEFT block"
+    ckpt = Path(shutil.copytree(machine_a["ckpt1"], tmp_path / "runs" / "demo" / "checkpoints"
+                                / "ckpt-000016"))
+    code = block.group(1)
+    assert '"runs/demo/checkpoints/ckpt-000016"' in code
+    # (what the child loaded: the checkpoint's LoRA weights, summed)
+    report = ("print(type(model).__name__, len(tokenizer), sum(float(p.abs().sum()) for n, p "
+              "in model.named_parameters() if 'lora_' in n))\n")
+    from safetensors.torch import load_file
+
+    saved = sum(float(t.abs().sum()) for t in load_file(ckpt / ADAPTER_WEIGHTS).values())
+    with unreachable_hub() as (asked, hub):
+        loaded = run_as_a_user(code + report, tmp_path, hub)
+        assert loaded.returncode == 0, loaded.stderr[-3000:]
+        kind, vocab, weights = loaded.stdout.split()[-3:]
+        assert kind.startswith("PeftModel") and int(vocab) > 0
+        assert float(weights) == pytest.approx(saved, rel=1e-5) and saved > 0
+        assert asked == [], asked
+        assert "Retrying" not in loaded.stderr
+        # The control: the hub stand-in is the one PEFT would ask. AutoPeft reads the portable
+        # name and asks the hub for it.
+        auto = run_as_a_user("from peft import AutoPeftModelForCausalLM as A\n"
+                             f"A.from_pretrained({str(ckpt)!r})\n", tmp_path, hub)
+        assert auto.returncode != 0
+        assert any(machine_a["base"].name in path for path in asked), asked
+
+
 def other_build(tiny_model: Path, where: Path) -> Path:
     """The tiny build as another recipe version would make it: same config.json (so the same
     config fingerprint and shapes), another key."""
@@ -271,7 +350,8 @@ def test_ub_play_finds_the_base_of_a_copied_checkpoint(machine_a: dict, tiny_mod
     from ub.run.processes.worker import process_worker
 
     # The engine ran this machine's build (the tiny_model fixture's cache), not A's folder.
-    assert process_worker()._engine.config.model == str(tiny_model)
+    running = process_worker()._engine
+    assert running is not None and running.config.model == str(tiny_model)
     played = duckdb.sql(f"SELECT count(*) FROM read_parquet('{out}/steps/**/*.parquet') "
                         "WHERE actor_kind = 'model'").fetchall()[0][0]
     assert played > 0

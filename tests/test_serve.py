@@ -18,6 +18,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
@@ -33,7 +34,7 @@ from ub.rollout import assign_games, play_games
 from ub.run.folder.layout import RunPaths
 
 RUN = "srv"
-CONFIG = {
+CONFIG: dict[str, Any] = {
     "seed": 3,
     "rounds": 1,
     "model": {"base": "tiny"},
@@ -114,6 +115,7 @@ class Served:
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
+        assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.lines.append(line.rstrip("\n"))
 
@@ -178,7 +180,8 @@ def _alive(pids: list[int], timeout: float) -> list[int]:
         time.sleep(0.2)
 
 
-def test_served_checkpoints_answer_as_the_recorded_greedy_eval(served_run, tmp_path):
+def test_served_checkpoints_answer_as_the_recorded_greedy_eval(served_run, tmp_path,
+                                                               monkeypatch):
     recorded = _recorded(served_run)
     by_actor = {actor: [r for r in recorded if r["actor"] == actor]
                 for actor in ("ckpt-000000", "ckpt-000001")}
@@ -218,6 +221,8 @@ def test_served_checkpoints_answer_as_the_recorded_greedy_eval(served_run, tmp_p
                                            ).stdout)
         assert answer["model"] == f"{RUN}/ckpt-000001" and answer["choices"][0]["text"].strip()
         assert any("template plain" in line for line in server.lines)
+        monkeypatch.setenv("NO_PROXY", "*")  # (the client is on this machine)
+        _check_an_openai_client(server, late)
 
         spawned = server.processes()
         assert len(spawned) >= 2  # vLLM's server and its engine process
@@ -227,6 +232,41 @@ def test_served_checkpoints_answer_as_the_recorded_greedy_eval(served_run, tmp_p
         assert _alive(spawned, timeout=5) == []
     finally:
         server.close()
+
+
+def move_of(row: dict) -> str:
+    """The move of a recorded completion: up to and including its first `]`."""
+    return row["completion"][:row["completion"].index("]") + 1]
+
+
+def _check_an_openai_client(server: Served, rows: list[dict]) -> None:
+    """What a user of the `openai` package gets from the server of `--checkpoint all`: a
+    wrong model name's 404 names every served model (vLLM's named only the base), and a move
+    asked for with the run's kind of stop string comes back whole, `]` included, as ub's
+    rollouts record it (vLLM's server cut it off unless the request said otherwise)."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="EMPTY",
+                           max_retries=0, timeout=60)
+    with pytest.raises(openai.NotFoundError) as missing:
+        client.completions.create(model=f"{RUN}/ckpt-32", prompt="x", max_tokens=1)
+    assert (f"The model `{RUN}/ckpt-32` does not exist. Served models: {RUN}/base, "
+            f"{RUN}/ckpt-000000, {RUN}/ckpt-000001.") in str(missing.value)
+
+    bracketed = [r for r in rows if "]" in r["completion"]]
+    assert bracketed
+    for row in bracketed:
+        move = move_of(row)  # (e.g. " [4]")
+        answer = client.completions.create(
+            model=f"{RUN}/ckpt-000001", prompt=row["prompt"], temperature=0,
+            max_tokens=CONFIG["sampling"]["max_tokens"], stop=["]"])
+        assert answer.choices[0].text == move, (answer.choices[0].text, row["completion"])
+    # A request that asks for vLLM's way still gets it.
+    cut = client.completions.create(
+        model=f"{RUN}/ckpt-000001", prompt=bracketed[0]["prompt"], temperature=0,
+        max_tokens=CONFIG["sampling"]["max_tokens"], stop=["]"],
+        extra_body={"include_stop_str_in_output": False})
+    assert cut.choices[0].text == move_of(bracketed[0])[:-1]
 
 
 def test_a_served_checkpoint_plays_as_a_hosted_opponent_and_killing_ub_serve_takes_it_down(

@@ -11,7 +11,10 @@ which applies what the in-process engine applies on this machine (engine argumen
 :func:`~ub.vllm_environment.vllm_server_environment`, the CPU LoRA fix) and then runs
 ``vllm.entrypoints.openai.api_server``'s own ``main()`` (the function ``python -m
 vllm.entrypoints.openai.api_server`` calls) with those arguments. The base model is served as
-``RUN/base`` and each checkpoint as a LoRA module ``RUN/ckpt-NNNNNN``.
+``RUN/base`` and each checkpoint as a LoRA module ``RUN/ckpt-NNNNNN``. Two answers differ from
+vLLM's, each for want of a server option: a 404 for an unknown model names every served
+model, LoRA modules included, and a request's stop string stays in the text (as in ub's
+rollouts) unless it sends ``include_stop_str_in_output: false``.
 
 The child dies with ``ub serve``: it runs in a process group of its own, the kernel sends it
 SIGTERM when ``ub serve`` dies (``PR_SET_PDEATHSIG``, even on SIGKILL), and on Ctrl-C or SIGTERM
@@ -249,6 +252,8 @@ def _server_main(argv: list[str]) -> None:
     quiet_vllm_logging()
     if os.environ.get("VLLM_API_KEY"):
         _guard_every_route()
+    _name_every_model_when_not_found()
+    _keep_stop_strings()
     from vllm.platforms import current_platform
 
     on_cpu = current_platform.is_cpu()
@@ -269,6 +274,54 @@ def _guard_every_route() -> None:
         raise SystemExit("ub serve: this vLLM has no authenticate.GUARDED_PREFIX, so ub cannot "
                          "guard every route with the API key: refusing to serve")
     authenticate.GUARDED_PREFIX = ("/",)
+
+
+def _name_every_model_when_not_found() -> None:
+    """vLLM's 404 for a model name it does not serve lists only the base model ("Valid
+    aliases: RUN/base"), not the LoRA modules, which are what a client of ``ub serve`` asks
+    for: there is no server option for it (``--served-model-name`` would make each
+    checkpoint name an alias of the base model). ub's server names them all, so a client can
+    correct the name."""
+    from http import HTTPStatus
+
+    from vllm.entrypoints.serve.engine.serving import BaseServing
+
+    original = BaseServing._check_model
+
+    async def check_model(self: Any, request: Any) -> Any:
+        error = await original(self, request)
+        # (only "not found": a runtime LoRA load's own 400 keeps its message)
+        if error is not None and error.error.code == HTTPStatus.NOT_FOUND.value:
+            names = [*(model.name for model in self.models.base_model_paths),
+                     *self.models.lora_requests]
+            error.error.message = (f"The model `{request.model}` does not exist. Served "
+                                   f"models: {', '.join(names)}.")
+        return error
+
+    BaseServing._check_model = check_model
+
+
+def _keep_stop_strings() -> None:
+    """vLLM drops a request's stop string from the text unless the request sends
+    ``include_stop_str_in_output``, and no server option changes that (the served generation
+    config sets no stop strings). ub's rollouts and evaluations keep it (a move is ``[4]``,
+    not ``[4``), so on ub's server it is kept unless a request sends
+    ``include_stop_str_in_output: false``."""
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    for request in (CompletionRequest, ChatCompletionRequest):
+        field = request.model_fields.get("include_stop_str_in_output")
+        if field is None:
+            raise SystemExit(f"ub serve: this vLLM's {request.__name__} has no "
+                             "include_stop_str_in_output: ub cannot keep stop strings in the "
+                             "text as its rollouts do; refusing to serve")
+        field.default = True
+        request.model_rebuild(force=True)
+    if not CompletionRequest(model="m", prompt="p").include_stop_str_in_output:
+        raise SystemExit("ub serve: this vLLM (or pydantic) ignored ub's default "
+                         "include_stop_str_in_output=true: refusing to serve completions that "
+                         "cut a move before its stop string")
 
 
 if __name__ == "__main__":
