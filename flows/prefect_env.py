@@ -2,8 +2,9 @@
 
 Only defaults: a variable the user set wins. With no ``PREFECT_API_URL`` a flow starts a
 temporary local server whose SQLite database lives in ``PREFECT_HOME``; ub puts that home next to
-the runs (``RUNS_ROOT/.prefect``) instead of ``~/.prefect``, turns analytics off (they need the
-network), and gives the server time to start on a busy 2-core machine.
+the runs (``RUNS_ROOT/.prefect``) instead of ``~/.prefect``, turns analytics off, the server's and
+the client's (they need the network, and the client's printed a notice), and gives the server
+time to start on a busy 2-core machine.
 """
 
 from __future__ import annotations
@@ -22,6 +23,11 @@ def configure_prefect(home: Path, *, console_level: str = "CRITICAL") -> None:
         "PREFECT_HOME": str(home),
         "PREFECT_MEMO_STORE_PATH": str(home / "memo_store.toml"),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        # The client's telemetry is another switch: `import prefect` on a terminal, with a new
+        # home (ub's is), printed a "collects anonymous usage data" notice and queued usage
+        # events. Prefect reads DO_NOT_TRACK at import, so it is set here, not with vLLM's
+        # variables (which come later); the server process ub starts inherits it.
+        "DO_NOT_TRACK": "1",
         "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
         # ub prints its own progress and a one-line error for expected failures; Prefect's
         # task-run chatter and failure tracebacks stay in its UI and database (an unexpected

@@ -17,6 +17,8 @@ flow runs of one tiny round) is the only place the step is seen inside a round.
 from __future__ import annotations
 
 import json
+import logging
+import re
 import shutil
 from pathlib import Path
 
@@ -90,6 +92,11 @@ target is ``-`` (``a < b``). The tiny model answers no sum right, so ub_arith's 
 wrong; this task's mix of right and wrong is what tells a mean from a sum, a maximum or one
 sample."""
 
+MEDIAN = ARITH.replace("task: ub_arith", "task: ub_median").replace("aggregation: mean",
+                                                                     "aggregation: median")
+"""ub_arith scored by its median: the harness bootstraps the stderr of a median (a tqdm bar
+of its own, and a line printed on stdout)."""
+
 HUB_ONLY = """\
 task: ub_hub_only
 dataset_path: ub-test/not-in-any-cache
@@ -125,6 +132,7 @@ def tasks_dir(tmp_path_factory) -> Path:
                             for a, b in QUESTIONS))
     (folder / "arith.yaml").write_text(ARITH.format(data=data))
     (folder / "marked.yaml").write_text(MARKED.format(data=data))
+    (folder / "median.yaml").write_text(MEDIAN.format(data=data))
     (folder / "hub_only.yaml").write_text(HUB_ONLY)
     (folder / "choice.yaml").write_text(CHOICE.format(data=data))
     return folder
@@ -227,6 +235,27 @@ def test_scores_every_checkpoint_as_rows_of_the_run(capsys, engine, run_copy, ta
     count = duckdb.sql(f"SELECT count(*) FROM read_parquet('{run}/benchmarks/*/*.parquet')"
                        ).fetchall()
     assert count == [(2,)]
+
+
+BAR = re.compile(r"\d+%\||it/s\]|s/it\]")
+"""A tqdm bar's marks: ``25%|``, ``[00:00<00:00, 803.35it/s]``."""
+
+
+def test_the_output_is_ubs_lines_only(capsys, caplog, engine, run_copy, tasks_dir):
+    """Issue: the harness's tqdm bars (one per task's requests, one per bootstrapped stderr)
+    and its bootstrap line on stdout came between ub's lines; now the table and the scores
+    line are all of stdout, no bar is drawn, and the harness's line is in ub's log."""
+    with caplog.at_level(logging.INFO, logger="ub.eval"):
+        code, out, err = ub(capsys, "eval", "bench", "--root", str(run_copy), "--tasks",
+                            "ub_arith,ub_median", "--checkpoint", "all", "--include-path",
+                            str(tasks_dir), "--limit", "4")
+    assert code == 0, err
+    assert not BAR.search(out + err), err
+    lines = out.splitlines()
+    assert "bench: reasoning benchmarks (limit 4)" in lines[0]
+    assert lines[-1].startswith("scores: ") and "4 scored in" in lines[-1]
+    assert "bootstrapping" not in out
+    assert "lm-eval: bootstrapping for stddev: median" in caplog.messages
 
 
 def test_a_score_is_the_mean_of_its_samples(capsys, engine, run_copy, tasks_dir):

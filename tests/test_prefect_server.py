@@ -1,8 +1,10 @@
 """prefect.yaml on a real Prefect server, as its users run it: `prefect server start` on
 loopback, `prefect deploy --all`, the scheduler creating SCHEDULED runs for both deployments, and
 deployment runs completing on a process worker: ub's component logs in the flow run's logs, and
-the nightly continuation of a run that was started with overrides; and a deployment run with a
-bad setting refused at its start by the run's preflight, with `ub train`'s line.
+the nightly continuation of a run that was started with overrides; a deployment run with a
+bad setting refused at its start by the run's preflight, with `ub train`'s line, logged once and
+without a traceback; and `ub train` on a terminal, reporting to this server, without Prefect's
+usage-data notice.
 
 (With SQLAlchemy 2.1 the scheduler failed on every loop and no scheduled run ever appeared;
 requirements/cpu.lock pins the 2.0 series for that reason.)
@@ -14,6 +16,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import httpx
@@ -153,6 +156,100 @@ def test_a_deployment_run_with_a_bad_setting_fails_at_its_start_in_ub_trains_lin
     assert not runs.exists()
     wait_for(lambda: any(line in r["message"] for r in _logs(api, run_id)), 30,
               "the line in the flow run's logs")
+
+
+def test_ub_train_on_a_terminal_prints_no_prefect_usage_notice(server, tiny_model, tmp_path):
+    """Issue: `ub train` on a terminal, with a new runs folder, printed Prefect's "collects
+    anonymous usage data" notice first. Prefect's client shows it at import on a TTY unless
+    DO_NOT_TRACK is set, and ub set that only later, with vLLM's variables. Here a real pty and
+    the environment of a user who set neither (none of the test's own, nor a CI's)."""
+    import pty
+    import select
+
+    from prefect._internal.analytics.ci_detection import CI_ENV_VARS
+
+    api = server[0]
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("PREFECT_") and k != "DO_NOT_TRACK" and k not in CI_ENV_VARS}
+    env.update(PREFECT_API_URL=api, TERM="xterm-256color")
+    leader, follower = pty.openpty()
+    child = subprocess.Popen(
+        [sys.executable, "-m", "ub.flows.cli", "train", "tiny-cpu", "--run", "tty", "--root",
+         str(tmp_path / "runs"), "--rounds", "1", "--set", "rollout.games_per_round=4",
+         "--set", "eval.every=0"], stdin=follower, stdout=follower, stderr=follower, env=env,
+        cwd=ROOT, close_fds=True, preexec_fn=as_from_a_terminal)
+    os.close(follower)
+    out, deadline = b"", time.monotonic() + 600
+    try:
+        while time.monotonic() < deadline:
+            if select.select([leader], [], [], 1)[0]:
+                try:
+                    chunk = os.read(leader, 65536)
+                except OSError:  # the child closed the pty
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            elif child.poll() is not None:
+                break
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.wait(30)
+        os.close(leader)
+    text = out.decode("utf-8", "replace")
+    assert child.returncode == 0, text[-3000:]
+    assert "ub train" in text and "run data:" in text, text[-3000:]
+    assert "usage data" not in text and "telemetry" not in text, text[:3000]
+
+
+def _settled(log: Path, start: int, needle: str, quiet_s: float = 3.0) -> str:
+    """The worker's output from ``start`` on, once it holds ``needle`` and has not grown for
+    ``quiet_s`` seconds (the flow run's process logs on after its final state)."""
+    seen = {"size": -1, "since": 0.0}
+
+    def settled() -> str | None:
+        text = log.read_bytes()[start:].decode("utf-8", "replace")
+        if needle not in text or len(text) != seen["size"]:
+            seen.update(size=len(text), since=time.monotonic())
+            return None
+        return text if time.monotonic() - seen["since"] >= quiet_s else None
+
+    return wait_for(settled, 60, "the flow run's output in the worker's log", poll=0.5)
+
+
+def test_a_config_typo_fails_a_deployment_run_with_one_line_and_no_traceback(
+        server, worker, tiny_model, tmp_path, capsys):
+    """Issue: an unknown key in a deployment run's overrides printed three ~30-line tracebacks
+    of one UbError in the worker's log (the flow engine's, its re-raise in ``run_flow`` and in
+    ``python -m prefect.engine``) and one in the flow run's logs. Now the run fails with
+    `ub train`'s line, logged once, with no traceback in either."""
+    from ub.flows.cli import main
+
+    api, env, _ = server
+    runs, bad = tmp_path / "runs", "rollout.games_per_rond=4"
+    assert main(["train", "tiny-cpu", "--run", "typo", "--root", str(runs), "--set", bad]) == 2
+    line = capsys.readouterr().err.removeprefix("ub: error: ").rstrip("\n")
+    assert "did you mean games_per_round?" in line and "\n" not in line
+
+    start = worker.stat().st_size
+    run_id = _trigger(env, {"run_name": "typo", "root": str(runs), "overrides": [bad]})
+    state = _finished(api, run_id, worker, timeout=300)
+    assert state["type"] == "FAILED" and line in state["message"], state
+    assert not runs.exists()
+
+    # (Prefect's runner reports the process's exit status, 1 for every failed flow run, once
+    # the process has ended: all of its output is in by then.)
+    output = _settled(worker, start, "exited with status code", quiet_s=2)
+    assert "Traceback" not in output, output
+    said = [text for text in output.splitlines() if line in text]
+    assert len(said) == 2, output  # ub's line, and Prefect's final state
+    assert "| ERROR" in said[0] and said[0].endswith(f" - {line}"), output
+    assert "Finished in state Failed(" in said[1], output
+    logs = wait_for(lambda: [r for r in _logs(api, run_id) if "Finished in state" in r["message"]
+                             ] and _logs(api, run_id), 30, "the flow run's logs")
+    assert not [r["message"] for r in logs if "Traceback" in r["message"]]
+    assert [r["message"] for r in logs if line in r["message"] and r["level"] >= 40] == [line]
 
 
 def test_deployment_runs_log_ub_lines_and_continue_a_run_started_with_overrides(

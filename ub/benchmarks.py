@@ -35,6 +35,7 @@ import contextlib
 import difflib
 import functools
 import hashlib
+import io
 import json
 import logging
 import math
@@ -166,22 +167,44 @@ def check_task_names(names: Sequence[str], include_path: str | None) -> None:
 def _quiet_harness() -> Iterator[None]:
     """The harness logs every task's defaults at INFO and warnings ub already handles, and
     the datasets library draws a progress bar on stderr when it first reads a dataset (around
-    a refusal's one line, too)."""
+    a refusal's one line, too).
+
+    The harness's own tqdm bars have no switch: one per task as it builds its requests
+    (``lm_eval.api.task``'s module-level ``tqdm``) and one per bootstrapped stderr (a
+    ``from tqdm import tqdm`` at the call, with a ``print`` to stdout before it). In the block
+    both names are a tqdm that is off, and what the harness prints goes to ub's log."""
+    import tqdm as tqdm_package
     from datasets.utils import logging as datasets_logging
+    from lm_eval.api import task as harness_task
+
+    class SilentTqdm(tqdm_package.tqdm):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            kwargs["disable"] = True
+            super().__init__(*args, **kwargs)
 
     loggers = [logging.getLogger(name) for name in ("lm_eval", "lm-eval")]
     levels = [logger.level for logger in loggers]
     bars = datasets_logging.is_progress_bar_enabled()
+    tqdms = [(module, module.tqdm) for module in (harness_task, tqdm_package)]
+    printed = io.StringIO()
     for logger in loggers:
         logger.setLevel(logging.ERROR)
     datasets_logging.disable_progress_bar()
+    for module, _ in tqdms:
+        module.tqdm = SilentTqdm
     try:
-        yield
+        with contextlib.redirect_stdout(printed):
+            yield
     finally:
+        for module, original in tqdms:
+            module.tqdm = original
         for logger, level in zip(loggers, levels, strict=True):
             logger.setLevel(level)
         if bars:
             datasets_logging.enable_progress_bar()
+        for line in printed.getvalue().splitlines():
+            if line.strip():
+                log.info("lm-eval: %s", line.strip())
 
 
 def load_task(name: str, include_path: str | None) -> dict[str, Any]:
