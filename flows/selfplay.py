@@ -170,18 +170,19 @@ def _train(start: RunStart, quiet: bool, lock: RunLock, gc_clock: GcClock) -> di
     publish(paths, paths.config, paths.root / "ub-run.json")
     run = Run(paths, train_config, resolve_base_model(train_config))
     with cluster_tasks(run):
-        return _rounds(run, quiet, lock, gc_clock)
+        return _rounds(run, quiet, lock, gc_clock, start.settings)
 
 
 def committed_so_far(paths: RunPaths) -> str:
     """What a stopped run keeps, for the line that says how to resume it."""
     committed = len(paths.committed_rounds())
-    kept = {0: "no round is committed", 1: "round 0 is committed"}.get(
-        committed, f"rounds 0-{committed - 1} are committed")
+    kept = {0: "no round is committed", 1: "round 1 is committed"}.get(
+        committed, f"rounds 1-{committed} are committed")
     return f"{kept}; the round in progress is played again on resume"
 
 
-def _rounds(run: Run, quiet: bool, lock: RunLock, gc_clock: GcClock) -> dict[str, Any]:
+def _rounds(run: Run, quiet: bool, lock: RunLock, gc_clock: GcClock,
+            settings: tuple[str, ...] = ()) -> dict[str, Any]:
     """From the first uncommitted round to the last: play, learn, evaluate when due, rate,
     track, commit (the manifest, :func:`ub.run.steps.manifest.round_manifest`, written last)."""
     paths, train_config = run.paths, run.config
@@ -196,7 +197,7 @@ def _rounds(run: Run, quiet: bool, lock: RunLock, gc_clock: GcClock) -> dict[str
     if removed:
         progress.note(f"removed {len(removed)} unfinished file(s) of an interrupted process")
     first = paths.next_round()
-    progress.start(first)
+    progress.start(first, settings)
     start_checkpoint(run)
     staleness = train_config.pipeline.max_staleness
     pending: dict[int, list[ShardResult]] = {}

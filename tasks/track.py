@@ -9,6 +9,7 @@ from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 from prefect.cache_policies import NONE
 
+from ub.run.folder.layout import round_label
 from ub.run.steps.progress import round_summary_markdown
 from ub.run.steps.rounds import Run
 from ub.run.steps.tracking import log_wandb, round_metrics, write_metrics
@@ -22,7 +23,7 @@ def artifact_key(run: Run, what: str) -> str:
 def round_descriptions(run: Run, round_: int) -> dict[str, str]:
     """The descriptions of round ``round_``'s artifacts. Rounds count from 1 wherever a person
     reads them (the progress lines, the markdown summary's title), from 0 in files and keys."""
-    shown = f"round {round_ + 1} of {run.config.rounds}"
+    shown = f"{round_label(round_)} of {run.config.rounds}"
     return {"leaderboard": f"TrueSkill ladder of {run.name} after {shown}",
             "round": f"{run.name}: {shown}"}
 

@@ -227,7 +227,7 @@ def test_a_resume_says_when_the_code_of_ones_own_component_changed(run, tmp_path
     manifest["components"]["sources"]["own_components"] = "0" * 64  # as an older file had it
     copy.manifest(1).write_text(json.dumps(manifest))
     (note,) = preflight(RunRequest(name="own", root=str(tmp_path))).notes
-    assert note.startswith("own_components changed since round 1 recorded it (sha256 "
+    assert note.startswith("own_components changed since round 2 recorded it (sha256 "
                            "000000000000, now ")
     assert "the rounds from here train with the code as it is now" in note
 

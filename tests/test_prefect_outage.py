@@ -216,7 +216,7 @@ def test_ctrl_c_or_sigterm_stops_a_run_in_one_line_and_its_own_server_records_th
         assert train.returncode == 130, stderr[-3000:]
         assert "Traceback" not in stderr and "Error logging to API" not in stderr, stderr[-3000:]
         last = len(paths.committed_rounds()) - 1
-        kept = "round 0 is committed" if last == 0 else f"rounds 0-{last} are committed"
+        kept = "round 1 is committed" if last == 0 else f"rounds 1-{last + 1} are committed"
         assert stderr.splitlines()[-1] == (
             f"ub: interrupted: {kept}; the round in progress is played again on resume: "
             f"ub train --resume stopped --root {tmp_path}"), stderr

@@ -51,7 +51,24 @@ def test_a_new_run_passes_with_its_config_resolved_and_nothing_written(tmp_path,
     assert isinstance(start, RunStart) and start.paths == RunPaths.of(root, "new")
     assert (start.config.seed, start.config.rounds, start.config_changed) == (3, 2, True)
     assert start.notes == ()  # (a CPU run: no GPU plan to check, nothing to say)
+    assert start.settings == ("seed=3",)  # (what `ub train` prints at the start)
     assert not root.exists()
+
+
+def test_the_settings_printed_at_the_start_are_what_set_changed(tmp_path, tiny_model):
+    """One `--set` may change several settings (a list of envs), and one that sets a value to
+    what the preset has already changes nothing."""
+    preset = load_config("tiny-cpu", [])
+    start = preflight(RunRequest("new", str(tmp_path), "tiny-cpu", (
+        f"rollout.games_per_round={preset.rollout.games_per_round}", "learner.learning_rate=5e-4",
+        "envs=[{env_id: TicTacToe-v0-train, legal_moves: free}, {env_id: Nim-v0-train, "
+        "legal_moves: mask}]")))
+    assert [s.split("=")[0] for s in start.settings] == ["envs", "learner.learning_rate"]
+    assert "learner.learning_rate=0.0005" in start.settings and "legal_moves: free" in \
+        start.settings[0]
+    keep = preflight(RunRequest("new", str(tmp_path), "tiny-cpu", ("seed=5",),
+                                keep_run_config=True))
+    assert keep.settings == ("seed=5",)  # (a new run: the overrides start it)
 
 
 @pytest.mark.parametrize(("overrides", "message"), [

@@ -115,7 +115,7 @@ def test_two_rounds_commit_shards_checkpoints_ratings_and_evals(reference_run):
     logs = paths.root / "logs"
     assert (f"train shard 1/0 committed: {GAMES * (1 + COPIES)} games, {GAMES * COPIES} of them "
             "branch copies") in (logs / "rollout.log").read_text()
-    assert "round 1: ckpt-000001 -> ckpt-000002" in (logs / "learner.log").read_text()
+    assert "round 2: ckpt-000001 -> ckpt-000002" in (logs / "learner.log").read_text()
     assert "ckpt-000002 vs random on TicTacToe-v0-train: 8 games" in (
         logs / "eval.log").read_text()
     assert "ratings after round 1" in (logs / "pool.log").read_text()
@@ -253,7 +253,10 @@ def test_evaluate_run_returns_and_logs_its_result(reference_run, prefect_api):
     assert f"over {stored[0]['games']} games" in summary[0]
 
 
-def test_rerun_changes_nothing_and_more_rounds_extend(reference_run, config_file, tmp_path):
+def test_rerun_changes_nothing_and_more_rounds_extend(reference_run, config_file, tmp_path,
+                                                       capsys):
+    import re
+
     from ub.flows.selfplay import selfplay
 
     paths = reference_run
@@ -266,13 +269,21 @@ def test_rerun_changes_nothing_and_more_rounds_extend(reference_run, config_file
     selfplay(run_name="ref", config=str(config_file), root=str(paths.root.parent), quiet=True)
     assert files() == before, "a finished run started again must not rewrite anything"
 
-    # A copy extended by one round: rounds 0-1 stay as they were, round 2 is added.
+    # A copy extended by two rounds: round-000000 and -000001 stay as they were, two are added.
     copy = RunPaths.of(tmp_path, "ref")
     shutil.copytree(paths.root, copy.root)
-    summary = selfplay(run_name="ref", root=str(tmp_path), rounds=3, quiet=True)
-    assert summary["rounds"] == 3 and copy.committed_rounds() == [0, 1, 2]
+    capsys.readouterr()
+    summary = selfplay(run_name="ref", root=str(tmp_path), rounds=4)
+    assert summary["rounds"] == 4 and copy.committed_rounds() == [0, 1, 2, 3]
     assert _games(copy.root)[:2 * GAMES * (1 + COPIES)] == _games(paths.root)
-    assert is_checkpoint(copy.checkpoint(3))
+    assert is_checkpoint(copy.checkpoint(4))
+    # What it printed counts rounds one way, from 1 (round-000002 is the third), with the
+    # whole run's time so far and the time left after each round until the last.
+    out = capsys.readouterr().out
+    assert "(resuming at round 3; 4 rounds of" in out.splitlines()[0]
+    # (a round's time ends its block: the round's line and its evaluations' lines)
+    assert re.search(r"^round 3/4  .*\(\d+ s; run \S+, ETA \S+\)$", out, re.M), out
+    assert re.search(r"^round 4/4  (.|\n)*?\(\d+ s; run [^,]+\)$", out, re.M), out
 
 
 def test_the_flow_takes_ub_trains_preflight_and_resolves_the_config_once(reference_run,

@@ -15,8 +15,11 @@ _SHOW_BARS = True
 """Whether :func:`progress_bar` shows anything (``ub train --quiet`` turns it off)."""
 
 
-def _duration(seconds: float) -> str:
+def duration(seconds: float) -> str:
+    """``42s``, ``3m05s``, ``1h02m``."""
     whole = round(seconds)
+    if whole >= 3600:
+        return f"{whole // 3600}h{whole % 3600 // 60:02d}m"
     return f"{whole // 60}m{whole % 60:02d}s" if whole >= 60 else f"{whole}s"
 
 
@@ -69,9 +72,9 @@ class ProgressBar:
     def line(self) -> str:
         """The plain-text state: ``label: 120/400 games (3.1 games/s, ETA 1m30s)``."""
         rate = self.rate()
-        eta = (f", ETA {_duration((self.total - self.done) / rate)}"
+        eta = (f", ETA {duration((self.total - self.done) / rate)}"
                if rate > 0 and self.done < self.total else "")
-        took = (f" in {_duration(time.perf_counter() - self.started)}"
+        took = (f" in {duration(time.perf_counter() - self.started)}"
                 if self.done >= self.total else "")
         return (f"{self.label}: {self.done}/{self.total} {self.unit} ({rate:.1f} {self.unit}/s"
                 f"{eta}){took}")

@@ -28,7 +28,7 @@ def test_a_healthy_run_is_ok(reference, capsys):
     assert main(["doctor", str(ref)]) == 0
     assert capsys.readouterr().out.strip().splitlines() == [
         "run: 2 committed round(s), ok", "run format 2: shard folders round-NNNNNN",
-        f"data schema v{SCHEMA_VERSION}: rounds 0-1"]
+        f"data schema v{SCHEMA_VERSION}: rounds 1-2"]
 
 
 def test_a_format_1_run_still_reads_and_says_its_format(reference, fault_config, prefect_api,
@@ -95,7 +95,7 @@ def test_damage_is_named_repaired_and_replayed(reference, fault_config, prefect_
     damaged = {p.relative_to(run) for p in run.rglob("*") if p.is_file()}
     assert main(["doctor", str(run), "--repair"]) == 0
     out = capsys.readouterr().out
-    assert "run run is back at round 1" in out and "rewrote metrics/round-000000.parquet" in out
+    assert "run run is back at round 2" in out and "rewrote metrics/round-000000.parquet" in out
     # Nothing was deleted: what left the run is in quarantine/, byte for byte.
     [stamp] = (run / "quarantine").iterdir()
     kept = {p.relative_to(run) for p in run.rglob("*") if p.is_file()}
@@ -123,7 +123,7 @@ def test_the_repair_doctor_prints_works_as_printed_from_the_runs_parent_folder(
     assert main(shlex.split(printed)[1:]) == 0
     out = capsys.readouterr().out
     assert "quarantined games/round-000001 -> quarantine/" in out
-    assert "run damaged is back at round 1: `ub train --resume damaged` replays rounds 1..1" in out
+    assert "run damaged is back at round 2: `ub train --resume damaged` replays rounds 2..2" in out
     assert main(["doctor", "damaged"]) == 0
 
 
@@ -198,7 +198,7 @@ def test_damaged_or_crafted_metadata_is_named_in_one_line(reference, tmp_path, c
     problems = [line for line in capsys.readouterr().out.splitlines()
                 if line.startswith("problem:")]
     assert problems == [f"problem: {damaged.relative_to(run)}: {problems[0].split(': ', 2)[2]}"]
-    assert said in problems[0] and problems[0].endswith("(round 1 onwards)")
+    assert said in problems[0] and problems[0].endswith("(round 2 onwards)")
     for query in ("SELECT count(*) FROM games", "SELECT count(*) FROM ratings"):
         code = main(["sql", str(run), query, "--format", "csv"])
         err = capsys.readouterr().err.splitlines()
@@ -218,7 +218,7 @@ def test_a_manifest_pointing_at_nothing_is_found(reference, tmp_path, capsys):
     assert "games/round-000000/shard-0007.parquet: missing games shard of a committed round" in out
     assert "shard-0000.parquet: shard of a committed round that its manifest does not list" in out
     assert main(["doctor", str(run), "--repair"]) == 0
-    assert "back at round 0" in capsys.readouterr().out
+    assert "back at round 1" in capsys.readouterr().out
     assert not (run / "rounds").exists() or not list((run / "rounds").iterdir())
 
 

@@ -19,7 +19,7 @@ def add_parser(sub) -> None:
 
 def cmd_doctor(args: argparse.Namespace) -> int:
     from ub.run.checks.doctor import examine, repair
-    from ub.run.folder.layout import RunPaths
+    from ub.run.folder.layout import RunPaths, round_label
     from ub.run.folder.lock import RunLock, holder
 
     root = run_dir(args).absolute()
@@ -47,10 +47,10 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     first = exam.first_broken_round
     if first is not None:
         resume = RunPaths(root).resume_command
-        replays = (f"replays rounds {first}..{exam.rounds[-1]} as they were (same seed, same "
-                   "games)" if exam.rounds and first <= exam.rounds[-1] else
+        replays = (f"replays rounds {first + 1}..{exam.rounds[-1] + 1} as they were (same "
+                   "seed, same games)" if exam.rounds and first <= exam.rounds[-1] else
                    "plays on from there")
-        print(f"run {root.name} is back at round {first}: `{resume}` {replays}")
+        print(f"run {root.name} is back at {round_label(first)}: `{resume}` {replays}")
     return 0
 
 

@@ -148,13 +148,14 @@ class FinalRewardChain:
         """Restore a :meth:`state_dict`; refuse one saved with other transforms or parameters."""
         if state.get("format") != STATE_FORMAT:
             raise UbError(f"final-rewards state has format {state.get('format')!r}, this ub "
-                          f"reads {STATE_FORMAT}: start from no state (replays from round 0)")
+                          f"reads {STATE_FORMAT}: start from no state (replays from the first "
+                          "round)")
         saved = [{"name": t["name"], **t["params"]} for t in state.get("transforms", [])]
         mine = json.loads(json.dumps(self.specs()))
         if json.loads(json.dumps(saved)) != mine:
             raise UbError(f"final-rewards state was saved with final transforms {saved} but the "
                           f"config has {mine}: use the matching config, or no state to replay "
-                          "the games from round 0")
+                          "the games from the first round")
         for t, saved_t in zip(self.transforms, state["transforms"], strict=True):
             t.load_state_dict(saved_t.get("state", {}))
         through = state.get("through")

@@ -38,6 +38,7 @@ from ub.run.folder.layout import (
     check_run_format,
     find_orphans,
     is_run,
+    round_label,
 )
 from ub.run.folder.views import METRICS_SCHEMA, _numbered
 
@@ -59,7 +60,8 @@ class Finding:
         where = self.path.relative_to(root) if self.path.is_relative_to(root) else self.path
         scope = (" (rewritten by --repair)" if self.derived else
                  " (quarantined by --repair)" if self.alone else
-                 f" (round {self.breaks_round} onwards)" if self.breaks_round is not None else "")
+                 f" ({round_label(self.breaks_round)} onwards)" if self.breaks_round is not None
+                 else "")
         return f"{where}: {self.problem}{scope}"
 
 
@@ -84,7 +86,8 @@ class Examination:
         line = f"run format {self.run_format}: {RUN_FORMATS[self.run_format]}{note}"
         if not self.schema_versions:
             return line
-        versions = "; ".join(f"v{v}: round{'s' * (len(rounds) > 1)} {round_ranges(rounds)}"
+        versions = "; ".join(f"v{v}: round{'s' * (len(rounds) > 1)} "
+                             f"{round_ranges([r + 1 for r in rounds])}"
                              for v, rounds in sorted(self.schema_versions.items()))
         older = [f"v{v}" for v in sorted(self.schema_versions) if v != SCHEMA_VERSION]
         note = (f" ({', '.join(older)} older, read in the current column names)"
@@ -250,8 +253,9 @@ def examine(root: Path, *, live: bool = False) -> Examination:
     rounds = paths.committed_rounds()
     for expected, round_ in enumerate(rounds):
         if round_ != expected:
-            findings.append(Finding(paths.manifest(round_), f"round {expected} is missing "
-                                    "before it", expected))
+            findings.append(Finding(paths.manifest(round_), f"{round_label(expected)} "
+                                    f"(round-{expected:06d}.json) is missing before it",
+                                    expected))
             break
     versions: dict[int, list[int]] = {}
     for round_ in rounds:

@@ -55,6 +55,9 @@ class RunStart:
     notes: tuple[str, ...] = ()
     """What the run's log says at its start (a given config set aside, a check not made, a
     component of one's own whose code changed since the last round)."""
+    settings: tuple[str, ...] = ()
+    """The settings (``key=value``) in which ``--set`` made the config differ from the preset
+    or file it starts from, as ``ub train`` prints them at the start."""
 
 
 def preflight(request: RunRequest) -> RunStart:
@@ -85,7 +88,8 @@ def preflight(request: RunRequest) -> RunStart:
         check_not_held(paths.lock)
         check_can_create(paths.root.parent)
     return RunStart(paths, resolved, changed,
-                    (*notes, *([gpu_note] if gpu_note else []), *code_notes))
+                    (*notes, *([gpu_note] if gpu_note else []), *code_notes),
+                    changed_settings(request, config))
 
 
 def requested_config(paths: RunPaths, request: RunRequest) -> tuple[TrainConfig | None,
@@ -108,6 +112,22 @@ def requested_config(paths: RunPaths, request: RunRequest) -> tuple[TrainConfig 
                           "them)")
         return None, ()
     return load_config(source, list(request.overrides)), ()
+
+
+def changed_settings(request: RunRequest, config: TrainConfig | None) -> tuple[str, ...]:
+    """What ``request.overrides`` changed in the config it was applied to, as ``key=value``
+    (dotted keys, YAML values; one ``--set`` may change several, as ``envs`` does)."""
+    if config is None or not request.overrides:
+        return ()
+    from ub.run.config.load import load_config
+    from ub.run.folder.sweep import flat_settings
+
+    source = request.config or request.new_run_config
+    assert source is not None  # (overrides without a source were refused)
+    before = flat_settings(load_config(source, []).model_dump(mode="json"))
+    after = flat_settings(config.model_dump(mode="json"))
+    return tuple(f"{key}={value}" for key, value in sorted(after.items())
+                 if before.get(key) != value)
 
 
 def check_benchmarks(config: TrainConfig) -> None:

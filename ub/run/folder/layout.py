@@ -121,6 +121,12 @@ def mark_run_format(root: Path) -> None:
         write_json_atomic(marker, {"format": data_format(root), "ub_version": ub.__version__})
 
 
+def round_label(round_: int) -> str:
+    """Round ``round_`` as every line ub prints counts it: from 1 (``round 1`` is
+    ``rounds/round-000000.json``; the files count from 0, as checkpoints do)."""
+    return f"round {round_ + 1}"
+
+
 def checkpoint_name(update: int) -> str:
     """The folder name of checkpoint ``update``: its actor name (:mod:`ub.actors.names`)."""
     from ub.actors.names import checkpoint_actor

@@ -90,7 +90,7 @@ def runs_table(runs: list[Path]) -> pa.Table:
             config = None
         config = config if isinstance(config, dict) else {}
         envs = config.get("envs")
-        flat.append(_flattened(config))
+        flat.append(flat_settings(config))
         rows.append({"run": run.name, "seed": _whole(config.get("seed")),
                      "rounds": len(paths.committed_rounds()),
                      "rounds_planned": _whole(config.get("rounds")),
@@ -107,14 +107,14 @@ def _whole(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-def _flattened(value: Any, prefix: str = "") -> dict[str, str]:
+def flat_settings(value: Any, prefix: str = "") -> dict[str, str]:
     """A config as dotted keys to YAML-flow values (a list, of mappings too, as one value)."""
     import yaml
 
     if isinstance(value, dict):
         out: dict[str, str] = {}
         for key, item in value.items():
-            out.update(_flattened(item, f"{prefix}{key}."))
+            out.update(flat_settings(item, f"{prefix}{key}."))
         return out
     text = yaml.safe_dump(value, default_flow_style=True, width=10_000).strip()
     return {prefix.rstrip("."): text.removesuffix("...").strip()}

@@ -81,7 +81,7 @@ def learn_round(run: Run, round_: int, *, worker: Worker) -> dict[str, Any]:
     metrics["assemble_seconds"] = assemble_seconds
     log_learner.info(
         "round %d: %s -> %s%s: batch %s rows / %s tokens (%s truncated), loss %.5f, grad norm "
-        "%.4f, %.1f s", round_, checkpoint_name(round_), checkpoint_name(round_ + 1),
+        "%.4f, %.1f s", round_ + 1, checkpoint_name(round_), checkpoint_name(round_ + 1),
         " (reused)" if metrics.get("reused") else "", batch.stats.size,
         batch.stats.total_tokens, batch.stats.truncated, metrics.get("loss", 0.0),
         metrics.get("grad_norm", 0.0), metrics.get("seconds", 0.0))

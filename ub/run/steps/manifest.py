@@ -14,7 +14,7 @@ from typing import Any
 
 from ub.components import import_path
 from ub.run.config.load import TrainConfig
-from ub.run.folder.layout import RunPaths, read_json
+from ub.run.folder.layout import RunPaths, read_json, round_label
 from ub.run.folder.views import LEARNER_METRICS
 from ub.run.processes.cluster import rollout_worker
 from ub.run.steps.play import ShardResult
@@ -105,7 +105,7 @@ def changed_sources(paths: RunPaths, config: TrainConfig) -> list[str]:
     last = committed[-1]
     recorded = read_json(paths.manifest(last)).get("components", {}).get("sources", {})
     now = components(config)["sources"]
-    return [f"{module} changed since round {last} recorded it (sha256 {old[:12]}, now "
+    return [f"{module} changed since {round_label(last)} recorded it (sha256 {old[:12]}, now "
             f"{now[module][:12]}): the rounds from here train with the code as it is now"
             for module, old in sorted(recorded.items())
             if old and now.get(module) and now[module] != old]

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 from ub.actors.spec import ActorSpec
 from ub.data.shards import ShardId, is_committed, read_metadata, shard_path, write_shard
 from ub.run.config.load import TrainConfig, game_specs
+from ub.run.folder.layout import round_label
 from ub.run.folder.store import fetch_checkpoint, publish
 from ub.run.steps.plan import PlannedGame, actor_spec
 from ub.run.steps.rounds import Run
@@ -150,7 +151,7 @@ def play_shard(worker: Worker, run: Run, root: Path, sid: ShardId, assignments: 
     needs_engine = any(a.kind == "model" for g in assignments for a in g.actors)
     # Eval games are paired: every checkpoint meets the same seeds (env, opponent, sampling).
     paired = {"seed_round": "eval", "game_id_prefix": eval_game_id_prefix(run.name, sid)}
-    what = (f"eval ckpt {sid.round}" if kind == "eval" else f"round {sid.round}") + (
+    what = (f"eval ckpt {sid.round}" if kind == "eval" else round_label(sid.round)) + (
         f" shard {sid.shard}" if sid.shard else "")
     for attempt in range(1 + ENGINE_REPLACEMENTS):
         engine = run_engine(worker, run, sampling) if needs_engine else None

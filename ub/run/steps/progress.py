@@ -14,8 +14,8 @@ from rich.console import Console
 from rich.table import Table
 
 from ub.display import in_markup, shown
-from ub.progress_bar import show_progress_bars
-from ub.run.folder.layout import read_json
+from ub.progress_bar import duration, show_progress_bars
+from ub.run.folder.layout import read_json, round_label
 from ub.run.steps.health import env_alerts
 from ub.run.steps.tracking import read_metrics
 
@@ -76,18 +76,23 @@ class Progress:
         if not self.console.is_terminal:  # logs and CI: rich would wrap at 80 columns
             self.console.width = max(self.console.width, 120)
         self.started = time.perf_counter()
+        self.first_round = 0
 
     def note(self, text: str) -> None:
         self.console.print(f"[dim]{in_markup(text)}[/dim]")
 
-    def start(self, first_round: int) -> None:
+    def start(self, first_round: int, settings: tuple[str, ...] = ()) -> None:
+        """The run's first line, and the settings ``--set`` changed (``settings``)."""
         c = self.run.config
-        what = "starting" if first_round == 0 else f"resuming at round {first_round}"
+        what = "starting" if first_round == 0 else f"resuming at {round_label(first_round)}"
         self.console.print(
             f"[bold]ub train[/bold] run [cyan]{self.run.name}[/cyan] ({what}; "
             f"{c.rounds} rounds of {c.rollout.games_per_round} games on "
             f"{in_markup(', '.join(e.env_id for e in c.envs))}) -> "
             f"{in_markup(self.run.paths.location)}")
+        if settings:
+            self.console.print(f"  settings changed by --set: {in_markup(', '.join(settings))}")
+        self.first_round = first_round
 
     def round_done(self, round_: int, m: dict[str, Any]) -> None:
         t = m["timings"]
@@ -96,7 +101,7 @@ class Progress:
                 if play > 0 else "reused")
         invalid = m["invalid_moves"] / m["model_decisions"] if m["model_decisions"] else 0.0
         learner = m["learner"]
-        line = (f"round {round_ + 1}/{self.run.config.rounds}  {m['games']} games ({rate})  "
+        line = (f"{round_label(round_)}/{self.run.config.rounds}  {m['games']} games ({rate})  "
                 f"invalid {_pct(invalid)}  loss {learner.get('loss', 0.0):+.4f}  "
                 f"grad {learner.get('grad_norm', 0.0):.3f}")
         for update, rows in sorted(m["evals"].items(), key=lambda kv: int(kv[0])):
@@ -107,11 +112,21 @@ class Progress:
                          f"invalid {_pct(row['invalid_move_rate'])}")
             for text in exploitability_lines(m.get("exploitability", {}).get(update, [])):
                 line += f"\n    eval ckpt {int(update)} {in_markup(text)}"
-        self.console.print(f"{line}  [dim]({t['round']:.0f} s)[/dim]")
+        self.console.print(f"{line}  [dim]({t['round']:.0f} s{self._eta(round_)})[/dim]")
         tracking = self.run.config.tracking
         for alert in env_alerts(read_metrics(self.run.paths, round_),
                                 tracking.alert_invalid_move_rate, tracking.alert_entropy):
             self.console.print(f"    [yellow]{in_markup(alert)}[/yellow]")
+
+    def _eta(self, round_: int) -> str:
+        """The whole run so far and to go: this process's rounds' mean time, times the rounds
+        left (an earlier process's rounds ran on what may be another machine)."""
+        done = round_ + 1 - self.first_round
+        left = self.run.config.rounds - round_ - 1
+        elapsed = time.perf_counter() - self.started
+        if done <= 0 or left <= 0:
+            return f"; run {duration(elapsed)}"
+        return f"; run {duration(elapsed)}, ETA {duration(elapsed / done * left)}"
 
     def finish(self) -> dict[str, Any]:
         """Print the learning curve over every committed round; return the run's summary."""
@@ -159,7 +174,7 @@ def round_summary_markdown(run: Run, round_: int, m: dict[str, Any]) -> str:
     """A short markdown summary of a round (for the Prefect UI)."""
     t = m["timings"]
     invalid = m["invalid_moves"] / m["model_decisions"] if m["model_decisions"] else 0.0
-    lines = [f"# {run.name}: round {round_ + 1} of {run.config.rounds}", "",
+    lines = [f"# {run.name}: {round_label(round_)} of {run.config.rounds}", "",
              f"- {m['games']} games, {m['model_decisions']} model decisions, invalid moves "
              f"{_pct(invalid)}",
              f"- learner: loss {m['learner'].get('loss', 0.0):+.4f}, grad norm "

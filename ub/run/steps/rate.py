@@ -43,7 +43,7 @@ def rate_round(run: Run, round_: int, evaluated: list[int]) -> list[dict[str, An
     fault_point("rate.before-snapshot")
     publish(run.paths, write_json_atomic(run.paths.ratings(round_), table.snapshot()))
     top = table.leaderboard()[:3]
-    log_pool.info("ratings after round %d: %s", round_, ", ".join(
+    log_pool.info("ratings after round %d: %s", round_ + 1, ", ".join(
         f"{m['name']} {m['mu']:.2f}±{m['sigma']:.2f}" for m in top))
     return table.leaderboard()
 
