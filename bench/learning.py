@@ -1,21 +1,26 @@
-"""Does it learn? The demo's config for several seeds, judged against the right baseline.
+"""Does it learn? An arm of a config over seeds, judged against the right baseline, beyond what
+``ub compare`` prints.
 
-Not a test. ``.venv/bin/python bench/learning.py [--seeds 0,1,2] [--config tiny-cpu]
+Not a test. ``.venv/bin/python bench/learning.py [--seeds 0-9] [--config tiny-cpu]
 [--set key=value ...] [--label NAME] [--root DIR] [--games 400] [--evals ENV:OPP,...]``
 
-For each seed: ``ub train CONFIG --set seed=S`` (a subprocess, as a user runs it), then
-``ub eval`` of its first and last checkpoints against ``random`` and ``expert`` on TicTacToe,
-against ``random`` on Nim and on KuhnPoker (a game the run did not train on). ``--existing
-RUN,...`` skips training and evaluates runs already in ``--root`` (e.g. ``runs/demo`` after
-``make demo``). Every evaluation
-plays the same seeds for every checkpoint (paired), seats balanced, greedy. Printed per seed,
-env, opponent and seat: win/draw rates with 95% Wilson intervals, the random player's win rate
-in the same seats on the same seeds (the bar to clear), the share of games lost by an invalid
-move, how the first and last checkpoints played TicTacToe move by move (optimal moves, lines
-completed and stopped when they could be, lines completed at the cell it could complete most
-often and elsewhere), and the wall time of each part (rollout, learner, evaluation, other).
-Ends with one JSON object over every seed of LABEL measured in ROOT so far (the details in
-``ROOT/learning-LABEL.json``, to which each call adds its seeds: one seed a call adds up).
+The arm trains as ``ub sweep CONFIG --arm LABEL KEY=VALUE ... --seeds SEEDS --root ROOT`` (a
+subprocess, as a user runs it: resumable, runs ``ROOT/LABEL-sSEED``), then ``ub eval`` plays
+its first and last checkpoints in the pairs of ``--evals`` the runs did not evaluate
+themselves (by default ``expert`` on TicTacToe and ``random`` on KuhnPoker, a game the run did
+not train on). ``--existing RUN,...`` skips training and grades runs already in ``--root``
+(e.g. ``runs/demo`` after ``make demo``). Every evaluation plays the same seeds for every
+checkpoint (paired), seats balanced, greedy.
+
+The arms' means, intervals and paired differences are ``ub compare ROOT``'s, printed at the
+end (every arm of ROOT: call this once per arm with the same ``--root``). This script prints
+what ub does not measure: per run, env, opponent and seat the win/draw rates with 95% Wilson
+intervals, the share of games lost by an invalid move, how far from the best response to the
+random player, how the first and last checkpoints played TicTacToe move by move (optimal
+moves, lines completed and stopped when they could be, lines completed at the cell it could
+complete most often and elsewhere), each env's highest invalid-move rate of the last 8 rounds,
+and the wall time of each part (rollout, learner, evaluation, other). The details go to
+``ROOT/learning-LABEL.json``, to which each call adds its runs.
 """
 
 from __future__ import annotations
@@ -166,7 +171,8 @@ def late_invalid_rates(root: Path, run_name: str, rounds: int = 8) -> dict[str, 
 def summary_table(results: list[dict]) -> str:
     """A markdown table, one row per seed: each game's last checkpoint vs random [95% CI], the
     random player in its seats, whether the intervals are apart, how far from the best
-    response, and the highest invalid-move rate of the last 8 rounds; then the means."""
+    response, and the highest invalid-move rate of the last 8 rounds. (The arm's mean and its
+    interval, and its paired difference from another arm: ``ub compare``.)"""
     def row_of(res: dict, env: str, update: int) -> dict | None:
         return next((r for r in res["rows"] if r["env"] == env and r["opponent"] == "random"
                      and r["seat"] == "all" and r["checkpoint"] == update), None)
@@ -177,13 +183,11 @@ def summary_table(results: list[dict]) -> str:
                                     "above random | to best" for _, n in games) + \
         " | invalid moves, last 8 rounds (max) |"
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
-    finals: dict[str, list[dict]] = {env: [] for env, _ in games}
     for res in results:
         cells = []
         for env, _ in games:
             first, final = row_of(res, env, 0), row_of(res, env, res["rounds"])
             assert first is not None and final is not None
-            finals[env].append(final)
             low, high = final["random_baseline_ci"]
             to_best = "" if final["best"] is None else f"{final['best'] - final['win']:.1%}"
             cells.append(f"{first['win']:.1%} -> {final['win']:.1%} [{final['win_low']:.1%}, "
@@ -192,13 +196,6 @@ def summary_table(results: list[dict]) -> str:
                          f"{'yes' if final['win_low'] > high else '**no**'} | {to_best}")
         worst = max(res["late_invalid"].values(), default=0.0)
         lines.append(f"| {res['seed']} | " + " | ".join(cells) + f" | {worst:.1%} |")
-    means = []
-    for rows in finals.values():
-        above = sum(r["win_low"] > r["random_baseline_ci"][1] for r in rows)
-        means.append(f"mean {sum(r['win'] for r in rows) / len(rows):.1%} | | "
-                     f"{above} of {len(rows)} | |")
-    worst = max((max(r["late_invalid"].values(), default=0.0) for r in results), default=0.0)
-    lines.append("| all | " + " ".join(means) + f" {worst:.1%} |")
     return "\n".join(lines)
 
 
@@ -218,7 +215,7 @@ def baseline(config: dict, env: str, opponent: str, games: int) -> tuple[int, in
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seeds", default="0,1,2")
+    parser.add_argument("--seeds", default="0,1,2", help="ub sweep's seeds: 0-9 or 0,3,7")
     parser.add_argument("--config", default="tiny-cpu")
     parser.add_argument("--set", action="append", default=[], dest="overrides")
     parser.add_argument("--label", default="demo")
@@ -239,15 +236,17 @@ def main() -> None:
     env = {**os.environ, "UB_LOG_CONSOLE": "0"}
     os.environ.update(env)
     results = []
+    train_s = 0.0
     if args.existing:
-        jobs = [(name, None) for name in args.existing.split(",")]
+        names = args.existing.split(",")
     else:
-        jobs = [(f"{args.label}-s{seed}", int(seed)) for seed in args.seeds.split(",")]
-    for name, seed in jobs:
-        train_s = 0.0
-        if seed is not None:
-            sets = [x for o in [*args.overrides, f"seed={seed}"] for x in ("--set", o)]
-            train_s = run([UB, "train", args.config, "--run", name, "--root", str(root), *sets])
+        from ub.flows.sweep_command import seed_list
+
+        seeds = seed_list(args.seeds)
+        train_s = run([UB, "sweep", args.config, "--arm", args.label, *args.overrides,
+                       "--seeds", args.seeds, "--root", str(root), "--quiet"])
+        names = [f"{args.label}-s{seed}" for seed in seeds]
+    for name in names:
         paths = RunPaths.of(root, name)
         import yaml
 
@@ -301,12 +300,12 @@ def main() -> None:
                    if (TICTACTOE, "random") in evals else {})
         results.append({"seed": seed, "run": name, "rounds": last, "tactics": tactics,
                         "late_invalid": late_invalid_rates(root, name),
-                         "train_wall_seconds": round(train_s, 1),
-                         "extra_eval_wall_seconds": round(eval_s, 1),
-                         "timings": timings, "rows": rows})
-        print(f"\nseed {seed}: ub train {train_s:.0f} s (rollout {timings['rollout']:.0f}, "
-              f"learner {timings['learner']:.0f}, eval {timings['eval']:.0f}, "
-              f"other {timings['other']:.0f}); extra evaluations {eval_s:.0f} s")
+                        "extra_eval_wall_seconds": round(eval_s, 1),
+                        "timings": timings, "rows": rows})
+        print(f"\n{name} (seed {seed}): rounds {timings['round']:.0f} s (rollout "
+              f"{timings['rollout']:.0f}, learner {timings['learner']:.0f}, eval "
+              f"{timings['eval']:.0f}, other {timings['other']:.0f}); extra evaluations "
+              f"{eval_s:.0f} s")
         print(f"{'env':<20} {'opponent':<8} {'ckpt':>4} {'seat':<7} {'games':>5}  "
               f"{'win [95% CI]':<22} {'draw':>6} {'inv.loss':>8}  random in its seats   "
               "best response")
@@ -332,9 +331,13 @@ def main() -> None:
                          + results, key=lambda r: (r["seed"], r["run"]))
     out.write_text(json.dumps(results, indent=1))
     print("\n" + summary_table(results) + "\n")
+    if train_s:
+        print(f"ub sweep: {train_s:.0f} s of wall time")
+    # The arms over their seeds, from the runs' own data: every arm trained into ROOT so far.
+    subprocess.run([UB, "compare", str(root)], check=True)
     print(json.dumps({"label": args.label, "config": args.config, "overrides": args.overrides,
                       "summary": [{
-                          "seed": r["seed"], "train_wall_seconds": r["train_wall_seconds"],
+                          "seed": r["seed"],
                           **{f"{row['env']}/{row['opponent']}/ckpt{row['checkpoint']}":
                              round(row["win"], 3) for row in r["rows"] if row["seat"] == "all"}}
                           for r in results], "details": str(out)}))
