@@ -478,7 +478,8 @@ def test_doctor_names_the_schema_versions_of_a_runs_rounds(versioned_roots, tmp_
     for round_ in range(4):
         shard = f"games/round-{round_:06d}/shard-0000.parquet"
         (run / "rounds" / f"round-{round_:06d}.json").write_text(json.dumps({"shards": [shard]}))
-    line = ("data schema v1: round 0; v2: round 1; v3: round 2; v5: round 3 (v1, v2, v3 older, "
+    # (rounds counted from 1, as every line ub prints: round-000000 is round 1)
+    line = ("data schema v1: round 1; v2: round 2; v3: round 3; v5: round 4 (v1, v2, v3 older, "
             "read in the current column names)")
     assert examine(run).format_line.splitlines()[1] == line
     main(["doctor", str(run)])  # (the bare run has problems: no config, no checkpoints)

@@ -769,7 +769,7 @@ def test_a_run_written_before_positions_passes_doctor(first_round_run, capsys):
 
     assert main(["doctor", str(first_round_run.root)]) == 0
     out = capsys.readouterr().out
-    assert "1 committed round(s), ok" in out and "data schema v2: round 0 (v2 older" in out
+    assert "1 committed round(s), ok" in out and "data schema v2: round 1 (v2 older" in out
 
 
 def _adapter(paths: RunPaths, update: int) -> dict:
