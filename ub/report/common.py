@@ -68,3 +68,10 @@ def ranges(updates: Sequence[int]) -> str:
         else:
             out.append(str(u))
     return ", ".join(out)
+
+
+def line_style(i: int) -> dict[str, Any]:
+    """The ``i``-th line's look on a shared axis: two envs with the same rate (2 tokens per
+    move each) draw one on the other, so each later line is dashed with hollow markers."""
+    return {"ls": ("-", "--", ":", "-.")[i % 4], "marker": ("o", "x", "s", "^")[i % 4],
+            "markersize": 4 + 2 * (i % 4 > 0), "fillstyle": "full" if i % 4 == 0 else "none"}

@@ -8,7 +8,7 @@ from typing import Any
 
 from ub.actors.names import checkpoint_update
 from ub.evaluation import wilson_interval
-from ub.report.common import Tables, integer_ticks, panels, ranges, short_name
+from ub.report.common import Tables, integer_ticks, line_style, panels, ranges, short_name
 
 MIRROR = "itself"
 """The opponent kind of a mirror self-play game: the learner in every seat."""
@@ -147,17 +147,20 @@ def exploitability(t: Tables, fig: Any) -> bool:
     axes = fig.subplots(1, len(envs), squeeze=False)[0]
     for ax, env in zip(axes, envs, strict=True):
         mine = [r for r in rows if r["env_id"] == env]
-        for (policy, mode) in sorted({(r["policy"], r["legal_moves"]) for r in mine}):
+        ways = sorted({(r["policy"], r["legal_moves"]) for r in mine})
+        for i, (policy, mode) in enumerate(ways):
             line = sorted((r for r in mine if (r["policy"], r["legal_moves"]) == (policy, mode)),
                           key=lambda r: r["update"])
             x = [r["update"] for r in line]
-            drawn, = ax.plot(x, [r["nash_conv"] for r in line], marker="o",
-                             ls="-" if mode == "mask" else "--", label=f"{policy}, {mode}")
+            # (mask and free often measure the same: the later one, hollow, shows both)
+            drawn, = ax.plot(x, [r["nash_conv"] for r in line], label=f"{policy}, {mode}",
+                             zorder=2 + i, **line_style(i))
             if not all(r["exact"] for r in line):
                 ax.fill_between(x, [r["nash_conv_low"] for r in line],
                                 [r["nash_conv_high"] for r in line], alpha=0.2,
                                 color=drawn.get_color())
-        ax.axhline(mine[0]["random_nash_conv"], color="grey", ls=":", label="random policy")
+        ax.axhline(mine[0]["random_nash_conv"], color="grey", ls=":", zorder=1,
+                   label=f"random policy ({mine[0]['random_nash_conv']:.3f})")
         worst = 2 * (2.0 if mine[0]["unit"] == "chips" else 1.0)
         ax.set(xlabel="checkpoint (update)", ylim=(-0.05 * worst, 1.05 * worst),
                title=f"{env} ({mine[0]['unit']})")

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from ub.report.common import Tables, integer_ticks, panels
+from ub.report.common import Tables, integer_ticks, line_style, panels
 
 METRIC_LABELS = {"invalid_move_rate": "invalid moves", "format_rate": "format ok",
                  "response_tokens": "tokens"}
@@ -19,11 +19,12 @@ def _collection(t: Tables, keys: tuple[str, ...], ax: Any, ylabel: str) -> bool:
         if parts[0] == "collection" and len(parts) == 3 and parts[2] in keys:
             series[f"{METRIC_LABELS.get(parts[2], parts[2])} ({parts[1]})"][row["round"]] = (
                 row["value"])
-    for label, points in sorted(series.items()):
+    for i, (label, points) in enumerate(sorted(series.items())):
         rounds = sorted(points)
-        ax.plot(rounds, [points[r] for r in rounds], marker=".", label=label)
+        ax.plot(rounds, [points[r] for r in rounds], label=label, **line_style(i))
     ax.set(xlabel="round", ylabel=ylabel)
     return bool(series)
+
 
 
 def _learner_points(t: Tables, key: str, transform: Any = None) -> list[tuple[int, float]]:
