@@ -76,7 +76,8 @@ class Progress:
         if not self.console.is_terminal:  # logs and CI: rich would wrap at 80 columns
             self.console.width = max(self.console.width, 120)
         self.started = time.perf_counter()
-        self.first_round = 0
+        self.play_seconds: list[float] = []  # (this process's rounds, less their evaluation)
+        self.eval_seconds: list[float] = []
 
     def note(self, text: str) -> None:
         self.console.print(f"[dim]{in_markup(text)}[/dim]")
@@ -92,7 +93,6 @@ class Progress:
             f"{in_markup(self.run.paths.location)}")
         if settings:
             self.console.print(f"  settings changed by --set: {in_markup(', '.join(settings))}")
-        self.first_round = first_round
 
     def round_done(self, round_: int, m: dict[str, Any]) -> None:
         t = m["timings"]
@@ -112,21 +112,34 @@ class Progress:
                          f"invalid {_pct(row['invalid_move_rate'])}")
             for text in exploitability_lines(m.get("exploitability", {}).get(update, [])):
                 line += f"\n    eval ckpt {int(update)} {in_markup(text)}"
-        self.console.print(f"{line}  [dim]({t['round']:.0f} s{self._eta(round_)})[/dim]")
+        # (unwrapped: a log's reader greps the round's time on its line)
+        self.console.print(f"{line}  [dim]({t['round']:.0f} s{self._eta(round_, t)})[/dim]",
+                           soft_wrap=True)
         tracking = self.run.config.tracking
         for alert in env_alerts(read_metrics(self.run.paths, round_),
                                 tracking.alert_invalid_move_rate, tracking.alert_entropy):
             self.console.print(f"    [yellow]{in_markup(alert)}[/yellow]")
 
-    def _eta(self, round_: int) -> str:
-        """The whole run so far and to go: this process's rounds' mean time, times the rounds
-        left (an earlier process's rounds ran on what may be another machine)."""
-        done = round_ + 1 - self.first_round
-        left = self.run.config.rounds - round_ - 1
-        elapsed = time.perf_counter() - self.started
-        if done <= 0 or left <= 0:
-            return f"; run {duration(elapsed)}"
-        return f"; run {duration(elapsed)}, ETA {duration(elapsed / done * left)}"
+    def _eta(self, round_: int, timings: dict[str, float]) -> str:
+        """The run's time so far and to go: the rounds left at this process's median round
+        less its evaluation (the first also starts the engine: a mean counted it 31 times),
+        and the evaluations due (:func:`eval_due`) at its mean evaluation."""
+        from statistics import mean, median
+
+        from ub.run.steps.evaluate import eval_due
+
+        self.play_seconds.append(timings["round"] - timings.get("eval", 0.0))
+        if timings.get("eval"):
+            self.eval_seconds.append(timings["eval"])
+        config = self.run.config
+        left = config.rounds - round_ - 1
+        elapsed = f"; run {duration(time.perf_counter() - self.started)}"
+        if left <= 0:
+            return elapsed
+        evals = sum(eval_due(config, u) for u in range(round_ + 2, config.rounds + 1))
+        to_go = median(self.play_seconds) * left + (
+            mean(self.eval_seconds) * evals if self.eval_seconds else 0.0)
+        return f"{elapsed}, ETA {duration(to_go)}"
 
     def finish(self) -> dict[str, Any]:
         """Print the learning curve over every committed round; return the run's summary."""
