@@ -1,9 +1,48 @@
-"""Process-tree helpers for the tests that check nothing outlives a killed command."""
+"""Process-tree helpers for the tests that check nothing outlives a killed command, and a
+command run in a real terminal."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import time
+from collections.abc import Callable
 from pathlib import Path
+
+
+def in_a_terminal(argv: list[str], env: dict[str, str], timeout: float, *,
+                  cwd: Path | None = None, preexec_fn: Callable[[], None] | None = None
+                  ) -> tuple[int, str]:
+    """Run ``argv`` with a pty as its stdin, stdout and stderr (what a user's terminal is:
+    Rich draws bars, Prefect prints what it prints on a TTY) until it exits or ``timeout``
+    seconds pass (then it is killed); its exit code and everything it wrote."""
+    import pty
+    import select
+
+    leader, follower = pty.openpty()
+    child = subprocess.Popen(argv, stdin=follower, stdout=follower, stderr=follower, env=env,
+                             cwd=cwd, close_fds=True, preexec_fn=preexec_fn)
+    os.close(follower)
+    out, deadline = b"", time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            if select.select([leader], [], [], 1)[0]:
+                try:
+                    chunk = os.read(leader, 65536)
+                except OSError:  # the child closed the pty
+                    break
+                if not chunk:
+                    break
+                out += chunk
+            elif child.poll() is not None:
+                break
+    finally:
+        if child.poll() is None:
+            child.kill()
+        child.wait(30)
+        os.close(leader)
+    return child.returncode, out.decode("utf-8", "replace")
 
 
 def as_from_a_terminal() -> None:

@@ -22,7 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 import yaml
-from processes import as_from_a_terminal
+from processes import as_from_a_terminal, in_a_terminal
 from servers import free_port, serving, stop, wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -163,42 +163,17 @@ def test_ub_train_on_a_terminal_prints_no_prefect_usage_notice(server, tiny_mode
     anonymous usage data" notice first. Prefect's client shows it at import on a TTY unless
     DO_NOT_TRACK is set, and ub set that only later, with vLLM's variables. Here a real pty and
     the environment of a user who set neither (none of the test's own, nor a CI's)."""
-    import pty
-    import select
-
     from prefect._internal.analytics.ci_detection import CI_ENV_VARS
 
     api = server[0]
     env = {k: v for k, v in os.environ.items()
            if not k.startswith("PREFECT_") and k != "DO_NOT_TRACK" and k not in CI_ENV_VARS}
     env.update(PREFECT_API_URL=api, TERM="xterm-256color")
-    leader, follower = pty.openpty()
-    child = subprocess.Popen(
+    code, text = in_a_terminal(
         [sys.executable, "-m", "ub.flows.cli", "train", "tiny-cpu", "--run", "tty", "--root",
          str(tmp_path / "runs"), "--rounds", "1", "--set", "rollout.games_per_round=4",
-         "--set", "eval.every=0"], stdin=follower, stdout=follower, stderr=follower, env=env,
-        cwd=ROOT, close_fds=True, preexec_fn=as_from_a_terminal)
-    os.close(follower)
-    out, deadline = b"", time.monotonic() + 600
-    try:
-        while time.monotonic() < deadline:
-            if select.select([leader], [], [], 1)[0]:
-                try:
-                    chunk = os.read(leader, 65536)
-                except OSError:  # the child closed the pty
-                    break
-                if not chunk:
-                    break
-                out += chunk
-            elif child.poll() is not None:
-                break
-    finally:
-        if child.poll() is None:
-            child.kill()
-        child.wait(30)
-        os.close(leader)
-    text = out.decode("utf-8", "replace")
-    assert child.returncode == 0, text[-3000:]
+         "--set", "eval.every=0"], env, 600, cwd=ROOT, preexec_fn=as_from_a_terminal)
+    assert code == 0, text[-3000:]
     assert "ub train" in text and "run data:" in text, text[-3000:]
     assert "usage data" not in text and "telemetry" not in text, text[:3000]
 

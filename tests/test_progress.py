@@ -7,12 +7,11 @@ from __future__ import annotations
 import io
 import logging
 import os
-import pty
 import subprocess
 import sys
-import time
 
 import pytest
+from processes import in_a_terminal
 
 from ub.actors.spec import parse_actor
 from ub.games.specs import GameSpec
@@ -72,25 +71,9 @@ def test_a_bar_on_a_terminal():
               "    for i in range(1, 7):\n"
               "        time.sleep(0.15); bar(i, 6)\n"
               "print('after the bar')\n")
-    leader, follower = pty.openpty()
     env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "CI")}
     env["TERM"] = "xterm-256color"
-    child = subprocess.Popen([sys.executable, "-c", script], stdin=follower, stdout=follower,
-                             stderr=follower, env=env, close_fds=True)
-    os.close(follower)
-    out = b""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            chunk = os.read(leader, 4096)
-        except OSError:  # the child closed the pty
-            break
-        if not chunk:
-            break
-        out += chunk
-    child.wait(timeout=30)
-    os.close(leader)
-    text = out.decode("utf-8", "replace")
+    _, text = in_a_terminal([sys.executable, "-c", script], env, 60)
     assert "round 0" in text and "/6" in text and "games/s" in text and "ETA" in text
     assert "after the bar" in text
 

@@ -8,6 +8,7 @@ rounds of earlier processes too.
 from __future__ import annotations
 
 import time
+from statistics import mean, median
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -16,6 +17,7 @@ from rich.table import Table
 from ub.display import in_markup, shown
 from ub.progress_bar import duration, show_progress_bars
 from ub.run.folder.layout import read_json, round_label
+from ub.run.steps.evaluate import eval_due
 from ub.run.steps.health import env_alerts
 from ub.run.steps.tracking import read_metrics
 
@@ -124,10 +126,6 @@ class Progress:
         """The run's time so far and to go: the rounds left at this process's median round
         less its evaluation (the first also starts the engine: a mean counted it 31 times),
         and the evaluations due (:func:`eval_due`) at its mean evaluation."""
-        from statistics import mean, median
-
-        from ub.run.steps.evaluate import eval_due
-
         self.play_seconds.append(timings["round"] - timings.get("eval", 0.0))
         if timings.get("eval"):
             self.eval_seconds.append(timings["eval"])
