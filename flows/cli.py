@@ -10,7 +10,9 @@ flows because it is the one place that may import both: the library ``ub`` impor
 from __future__ import annotations
 
 import atexit
+import faulthandler
 import os
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -53,6 +55,9 @@ def entry() -> None:
     Ray shut down, Prefect drains its logs), as this one is registered first and so runs last.
     An exception escaping :func:`main` exits the normal way.
     """
+    # `kill -USR1 PID` prints where every thread of a running `ub` is, to its stderr (a run
+    # that seems stuck, or a stop that takes long), and it goes on.
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     code: list[int] = []
 
     def skip_teardown() -> None:
