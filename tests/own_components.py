@@ -1,8 +1,10 @@
-"""A user's own algorithms, reward transforms and position key, outside the ub package: a config
-names them by import path (``own_components:EnvBaseline``), with this folder on ``PYTHONPATH``.
-None of them is registered: the path alone finds them (tests/test_own_components.py). No file
-of ub knows them: ``EnvBaseline`` owns state (a module it trains, a file of its own in each
-checkpoint, a statistic) only through what ``ub.learner.Algorithm`` lets it declare."""
+"""A user's own algorithms, reward transforms, position key and seat, outside the ub package: a
+config names them by import path (``own_components:EnvBaseline``), with this folder on
+``PYTHONPATH``. None of them is registered: the path alone finds them
+(tests/test_own_components.py). No file of ub knows them: ``EnvBaseline`` owns state (a module
+it trains, a file of its own in each checkpoint, a statistic) only through what
+``ub.learner.Algorithm`` lets it declare; ``FirstLegal`` is a kind of seat only through
+``ub.actors.Actor``."""
 
 from __future__ import annotations
 
@@ -15,6 +17,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import torch
 
+from ub.actors import Actor, Move, Turn
+from ub.errors import UbError
+from ub.games.legal import supports_legal_actions
 from ub.learner import Algorithm, TokenBatch, Trained
 from ub.learner.algorithms import PolicyView, Reduction
 from ub.rewards import FinalTransform, SeatRows, StepTransform, sql_float
@@ -144,3 +149,15 @@ def guesses_so_far(env, seat: int) -> str:
 
 class NotATransform:
     """A class that subclasses none of ub's bases: a config naming it is refused."""
+
+
+class FirstLegal(Actor):
+    """A seat of one's own: plays the first legal move of every position, at once."""
+
+    def check_game(self, env_id: str) -> None:
+        if not supports_legal_actions(env_id):
+            raise UbError(f"{self.name} plays the first legal move, and ub knows no legal moves "
+                          f"of {env_id}")
+
+    def take_turn(self, turn: Turn) -> Move:
+        return Move(turn.game.legal_moves[0])

@@ -341,7 +341,7 @@ CONFIG_FIELD_CASES = [
      "importing no_such_module failed (ModuleNotFoundError"),
     ("learner.algorithm=own_components:Nope", "own_components:Nope': own_components"),
     ("learner.algorithm=own_components:Nope", "has no Nope; its classes: AsymmetricClip, "
-     "Baselines, CountedScale, EnvBaseline, LengthPenalty, NotATransform"),
+     "Baselines, CountedScale, EnvBaseline, FirstLegal, LengthPenalty, NotATransform"),
     ("envs=[{{env_id: TicTacToe-v0-train, position: 'own_components:cells'}}]", "has no cells; "
      "its functions: guesses_so_far, tictactoe_cells"),
     ("learner.algorithm=own_components:NotATransform", "does not subclass ub.learner.Algorithm"),

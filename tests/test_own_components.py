@@ -1,6 +1,7 @@
-"""An algorithm and reward transforms of one's own, outside the ub package, named by import path
-(tests/own_components.py, found through ``PYTHONPATH``): two real ``ub train`` rounds of the
-tiny model train with them, the run records them, and its resume takes the same classes. The
+"""An algorithm, reward transforms and a seat of one's own, outside the ub package, named by
+import path (tests/own_components.py, found through ``PYTHONPATH``): two real ``ub train``
+rounds of the tiny model train with them (against the seat, and evaluate against it too), the
+run records them, and its resume takes the same classes. The
 algorithm owns state (a learned baseline per env, in a file of its own) and a statistic of its
 own, declared to ub, which no file of ub names: the statistic reaches the round manifest, the
 learner view and the tracked metrics (W&B's), and a resume after round 1 writes checkpoint 2
@@ -34,6 +35,8 @@ ALGORITHM = "own_components:EnvBaseline"  # (AsymmetricClip's loss, less a learn
 FINAL = "own_components:CountedScale"
 STEP = "own_components:LengthPenalty"
 POSITION = "own_components:tictactoe_cells"
+SEAT = "own_components:FirstLegal"
+EVAL_GAMES = 4
 GAMES = 8
 
 # Two rounds of a few TicTacToe games, as tests/test_train_flow.py's config but smaller.
@@ -44,7 +47,9 @@ CONFIG = {
     "sampling": {"temperature": 1.0, "max_tokens": 12, "stop": ["]"]},
     "envs": [{"env_id": "TicTacToe-v0-train", "position": POSITION}],
     "rollout": {"games_per_round": GAMES, "concurrency": GAMES},
-    "opponents": [{"mode": "mirror", "weight": 1.0}],
+    "opponents": [{"mode": "mirror", "weight": 1.0},
+                  {"mode": "fixed", "names": [SEAT], "weight": 1.0}],
+    "eval": {"every": 2, "games": EVAL_GAMES, "opponents": [SEAT]},
     "batch": {"batch_size": 32,
               "final": ["win_draw_loss", {"name": FINAL, "factor": 0.5}],
               "step": [{"name": STEP, "cost": 0.01}],
@@ -170,6 +175,49 @@ def test_a_batch_that_the_algorithm_would_not_read_is_refused_in_one_line():
         "(the algorithm makes its own advantages)")
 
 
+def test_ones_own_seat_is_trained_against_and_evaluated_against(run):
+    """The seat of one's own, named by its path alone, sat in training games (as the fixed
+    opponent, in both seats) and in the evaluations of checkpoints 0 and 2, where the random
+    player in the checkpoint's seats was measured too (the seat needs neither the engine nor
+    the network); every one of its moves was the position's first legal move."""
+    moves = query(run.root, "SELECT seat, action, legal_moves, actor_kind, checkpoint FROM "
+                            f"steps WHERE actor = '{SEAT}'").to_pylist()
+    assert {m["seat"] for m in moves} == {0, 1}
+    assert all(m["action"] == m["legal_moves"][0] and m["actor_kind"] == "own"
+               and m["checkpoint"] is None for m in moves)
+    from ub.run.folder.views import RunViews
+
+    evals = sorted(RunViews(run.root).evals().to_pylist(), key=lambda e: e["update"])
+    assert [(e["update"], e["opponent"], e["games"]) for e in evals] == [
+        (0, SEAT, EVAL_GAMES), (2, SEAT, EVAL_GAMES)]
+    assert all(e["baseline_win_rate"] is not None for e in evals)
+
+
+def test_ub_play_seats_ones_own_actor_by_its_path(tmp_path):
+    """``ub play`` with the seat against random: no engine (neither needs one), a shard whose
+    every move of the seat is the first legal move."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(HERE), os.environ.get("PYTHONPATH")) if p)}
+    done = subprocess.run(
+        [sys.executable, "-m", "ub.flows.cli", "play", "--env", "TicTacToe-v0-train",
+         "--players", f"{SEAT},random", "--games", "4", "--out", str(tmp_path / "play")],
+        env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    moves = query(tmp_path / "play", "SELECT action, legal_moves FROM steps WHERE actor = "
+                                     f"'{SEAT}'").to_pylist()
+    assert moves and all(m["action"] == m["legal_moves"][0] for m in moves)
+
+
+def test_an_actor_path_that_names_no_actor_is_refused_in_one_line():
+    with pytest.raises(UbError) as refusal:
+        validate_config({**CONFIG, "eval": {**CONFIG["eval"],
+                                            "opponents": ["own_components:NotATransform"]}},
+                        "own.yaml")
+    assert str(refusal.value) == (
+        "invalid config own.yaml: eval.opponents: actor 'own_components:NotATransform' does not "
+        "subclass ub.actors.Actor: make it a subclass (docs/pool.md)")
+
+
 def test_a_game_keyed_by_ones_own_position_function(run):
     """Every decision's position is the function's key of the board its seat faced (the
     cells the earlier moves filled)."""
@@ -199,6 +247,7 @@ def test_the_run_records_each_component_and_its_source(run):
         "batch.step": [STEP],
         "batch.sampling": [],
         "envs.position": {"TicTacToe-v0-train": POSITION},
+        "actors": [SEAT],
         "sources": {"own_components": source},
     }
 
@@ -249,7 +298,8 @@ def test_doctor_in_a_shell_without_the_components_module_checks_the_data_and_say
             "import (ModuleNotFoundError: No module named 'own_components'): put the folder "
             "that holds own_components on PYTHONPATH (PYTHONPATH=DIR ub doctor ...) to check "
             "the config as well; the run's data was checked without it")
-        assert len(notes) == 4  # the algorithm, two transforms and the position function
+        # the algorithm, two transforms, the position function, the seat (opponent, eval)
+        assert len(notes) == 6
         assert "problem" not in done.stdout and "quarantined" not in done.stdout
         assert "own: 2 committed round(s), ok" in done.stdout
     assert not (run.root / "quarantine").exists()

@@ -31,7 +31,9 @@ def is_import_path(name: str) -> bool:
 def own_components(config: Mapping[str, Any]) -> list[tuple[str, str]]:
     """The settings of a config as written (a mapping, not yet validated) that name a
     component by import path, with the path: ``learner.algorithm``, the reward transforms of
-    ``batch.final|step|sampling`` and ``envs[].position``."""
+    ``batch.final|step|sampling``, ``envs[].position`` and the actors of ``opponents`` and
+    ``eval.opponents`` (an actor's name holds a ``:`` only as an import path, ``model:PATH`` or
+    ``hosted:...``)."""
     found: list[tuple[str, Any]] = []
     learner, batch = config.get("learner") or {}, config.get("batch") or {}
     if isinstance(learner, Mapping):
@@ -44,8 +46,16 @@ def own_components(config: Mapping[str, Any]) -> list[tuple[str, str]]:
     for i, env in enumerate(config.get("envs") or []):
         if isinstance(env, Mapping):
             found.append((f"envs.{i}.position", env.get("position")))
-    return [(setting, path) for setting, path in found
-            if isinstance(path, str) and is_import_path(path)]
+    opponents = config.get("opponents")
+    modes = opponents.get("modes") if isinstance(opponents, Mapping) else opponents
+    for i, mode in enumerate(modes if isinstance(modes, list) else []):
+        if isinstance(mode, Mapping):
+            found += [(f"opponents.modes.{i}.names", name) for name in mode.get("names") or []]
+    evaluation = config.get("eval") or {}
+    if isinstance(evaluation, Mapping):
+        found += [("eval.opponents", name) for name in evaluation.get("opponents") or []]
+    return [(setting, path) for setting, path in found if isinstance(path, str)
+            and is_import_path(path) and not path.startswith(("model:", "hosted:"))]
 
 
 def import_problem(path: str) -> str | None:

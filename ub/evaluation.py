@@ -15,7 +15,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from ub.actors.spec import ActorSpec, parse_actor
+from ub.actors.base import Actor
+from ub.actors.spec import parse_actor
 from ub.games.specs import GameSpec
 from ub.rollout import GameAssignment, play_games
 from ub.seeding import derive_seed
@@ -36,7 +37,7 @@ def wilson_interval(successes: int, trials: int, z: float = 1.959964) -> tuple[f
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-def eval_assignments(actor: ActorSpec, opponents: list[ActorSpec], specs: list[GameSpec],
+def eval_assignments(actor: Actor, opponents: list[Actor], specs: list[GameSpec],
                      games: int, seed: int) -> list[GameAssignment]:
     """``games`` games per (env, opponent); the actor sits in seat ``i % num_players`` of game
     ``i``, the opponent in every other seat. Env seeds derive from (seed, game index) only,

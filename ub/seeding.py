@@ -16,5 +16,12 @@ def derive_seed(*parts: object) -> int:
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "big") >> 1
 
 
+
+def env_seed(run_seed: int, round_: int, game_index: int) -> int:
+    """The seed a game's env is reset with: game ``game_index`` of round ``round_`` (its
+    cards, targets and first mover), the same in a training shard, ``ub play`` and a replay."""
+    return derive_seed(run_seed, round_, game_index, "env")
+
+
 DEFAULT_SEED = 0
 """The run's seed when a config gives none (``seed``); the learner's too (``learner.seed``)."""

@@ -32,12 +32,16 @@ import re
 import sys
 import time
 import urllib.parse
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Literal
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from typing import Any, Literal
 
 from pydantic import Field, field_validator
 
+from ub.actors.base import Actor, Batch, Move, MoveFailed, Pending, Turn
 from ub.errors import UbError
+from ub.games.actions import get_extractor
+from ub.games.templates import get_template
 from ub.numbers import NumberError, url_port
 from ub.settings import Section, setting_value
 
@@ -274,3 +278,81 @@ def check_hosted(name: str) -> None:
     except httpx.HTTPError as exc:
         raise UbError(f"hosted opponent endpoint {url} is unreachable ({type(exc).__name__}: "
                       f"{exc}); start the server or fix the URL") from None
+
+
+class HostedActor(Actor):
+    """A hosted endpoint in a seat (``hosted:MODEL@BASE_URL[?options]``): each turn's prompt
+    goes to the endpoint in the rollout's hosted batch, which every hosted seat shares."""
+
+    kind = "hosted"
+    plays_offline = False
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name)
+        self.settings = parse_hosted(name)
+
+    def check_ready(self) -> None:
+        check_hosted(self.name)
+
+    def environment_variables(self) -> list[str]:
+        return [self.settings.key_env] if self.settings.key_env else []
+
+    def take_turn(self, turn: Turn) -> Pending:
+        batch = turn.rollout.batch(HostedBatch.KEY, HostedBatch)
+        return batch.submit(self, turn)
+
+
+class HostedBatch(Batch):
+    """The hosted seats' requests of one rollout: a client (and thread pool) per endpoint
+    name; answers are applied in game order, not completion order, so that the rows do not
+    depend on timing."""
+
+    KEY = "hosted"
+
+    def __init__(self) -> None:
+        self._clients: dict[str, HostedClient] = {}
+        self._waiting: dict[Future, tuple[str, HostedActor, dict[str, Any], str]] = {}
+
+    @property
+    def waiting(self) -> int:
+        return len(self._waiting)
+
+    def submit(self, actor: HostedActor, turn: Turn) -> Pending:
+        """Send ``turn``'s prompt to ``actor``'s endpoint."""
+        client = self._clients.get(actor.name)
+        if client is None:
+            client = self._clients[actor.name] = HostedClient(actor.settings)
+        template = get_template(turn.spec.template)
+        # A chat endpoint applies its own chat template: send it the observation itself.
+        prompt = (turn.game.observation if template.name == "chat"
+                  else template.render(turn.game.observation, None))
+        details = {"template": template.name, "prompt": prompt, "legal_moves_mode": "free",
+                   "submitted": time.perf_counter()}
+        self._waiting[client.submit(prompt)] = (turn.request_id, actor, details,
+                                                turn.spec.extractor_name)
+        return Pending(self, turn.request_id)
+
+    def collect(self, block: bool) -> list[tuple[str, Move | MoveFailed]]:
+        pending = self._waiting
+        done = [f for f in pending if f.done()]
+        if not done and block:
+            done = list(wait_futures(list(pending), return_when=FIRST_COMPLETED).done)
+        answers: list[tuple[str, Move | MoveFailed]] = []
+        for future in sorted(done, key=lambda f: pending[f][0]):
+            request_id, actor, details, extractor = pending.pop(future)
+            try:
+                text = future.result()
+            except HostedFailure as exc:
+                if actor.settings.on_failure == "error":
+                    raise
+                answers.append((request_id, MoveFailed(exc)))  # skip: the game is errored
+                continue
+            action, format_ok = get_extractor(extractor)(text)
+            details.update(completion=text,
+                           gen_seconds=time.perf_counter() - details.pop("submitted"))
+            answers.append((request_id, Move(action, format_ok, details)))
+        return answers
+
+    def close(self) -> None:
+        for client in self._clients.values():
+            client.close()

@@ -23,6 +23,7 @@ import random
 from collections.abc import Callable
 from typing import Any, Protocol
 
+from ub.actors.base import Actor, Move, MoveFailed, Turn
 from ub.actors.expert import ExpertPlayer
 from ub.actors.perfect import PerfectPlayer
 from ub.errors import UbError
@@ -101,3 +102,21 @@ def make_scripted_player(name: str, seed: int) -> ScriptedPlayer:
         valid = ", ".join(sorted(SCRIPTED_PLAYERS))
         raise UbError(f"unknown scripted player {name!r}; choose one of: {valid}") from None
     return factory(seed)
+
+
+class ScriptedActor(Actor):
+    """A scripted player in a seat (``random``, ``expert``, ``perfect``): a fresh player per
+    game, seeded with the seat's seed, moves at once."""
+
+    kind = "scripted"
+
+    def check_game(self, env_id: str) -> None:
+        check_scripted_supports([self.name], env_id)
+
+    def take_turn(self, turn: Turn) -> Move:
+        if "player" not in turn.memory:
+            turn.memory["player"] = make_scripted_player(self.name, turn.seat_seed)
+        try:
+            return Move(turn.game.act_with(turn.memory["player"].act))
+        except Exception as exc:  # a broken scripted player must not stop the rollout
+            raise MoveFailed(exc) from exc

@@ -2,9 +2,11 @@
 
 - ``model``: the engine's base model (no adapter);
 - ``model:PATH``: the base model with the PEFT LoRA adapter at ``PATH``;
-- a scripted player name (``random``, ``expert``): see :mod:`ub.actors.scripted`;
+- a scripted player name (``random``, ``expert``, ``perfect``): see :mod:`ub.actors.scripted`;
 - ``hosted:MODEL@BASE_URL[?options]``: an OpenAI-compatible chat endpoint
-  (:mod:`ub.actors.hosted`).
+  (:mod:`ub.actors.hosted`);
+- ``package.module:Class``: an actor of one's own, a subclass of
+  :class:`ub.actors.base.Actor` built as ``Class(name)`` (docs/pool.md).
 
 A training run's checkpoints are ``ckpt-NNNNNN`` in the data; which names play a model is
 decided in :mod:`ub.actors.names` alone.
@@ -14,58 +16,48 @@ The name is stored verbatim in ``steps.actor`` and ``games.actors``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
+from ub.actors.base import Actor
+from ub.actors.hosted import PREFIX as HOSTED_PREFIX
+from ub.actors.hosted import HostedActor
+from ub.actors.model import ModelActor
 from ub.actors.names import ADAPTER_PREFIX, MODEL
+from ub.actors.scripted import SCRIPTED_PLAYERS, ScriptedActor
+from ub.components import is_import_path, load_class
 from ub.errors import UbError
 
-
-@dataclass(frozen=True)
-class ActorSpec:
-    """A parsed actor name.
-
-    :param name: the name as given (stored with the data).
-    :param kind: ``model``, ``scripted`` or ``hosted``.
-    :param adapter: the LoRA adapter path for ``model:PATH``; ``None`` for the base model.
-    :param checkpoint: a short label of the adapter (its folder name), stored in ``steps``.
-    """
-
-    name: str
-    kind: str
-    adapter: str | None = None
-
-    @property
-    def checkpoint(self) -> str | None:
-        if self.kind != "model":
-            return None
-        return Path(self.adapter).name if self.adapter else "base"
+GUIDE = "docs/pool.md"
+"""Where an actor of one's own is explained."""
 
 
 def scripted_names() -> list[str]:
-    from ub.actors.scripted import SCRIPTED_PLAYERS
-
+    """The scripted players' names."""
     return sorted(SCRIPTED_PLAYERS)
 
 
-def parse_actor(name: str) -> ActorSpec:
-    """Parse ``model``, ``model:PATH`` or a scripted player name (unknown names list valid ones)."""
+def parse_actor(name: str) -> Actor:
+    """The actor ``name`` names (unknown names list the valid ones).
+
+    :raises UbError: the name is unknown, an adapter path is missing, a hosted name is
+        malformed, or an import path does not name an :class:`~ub.actors.base.Actor`.
+    """
     name = name.strip()
     if name == MODEL:
-        return ActorSpec(name, "model")
+        return ModelActor(name)
     if name.startswith(ADAPTER_PREFIX):
         path = name[len(ADAPTER_PREFIX):]
         if not path:
             raise UbError("actor 'model:' needs an adapter path, e.g. model:runs/x/checkpoints/3")
-        return ActorSpec(name, "model", adapter=str(Path(path).expanduser().resolve()))
-    if name in scripted_names():
-        return ActorSpec(name, "scripted")
-    if name.startswith("hosted:"):
-        from ub.actors.hosted import parse_hosted
-
-        parse_hosted(name)
-        return ActorSpec(name, "hosted")
+        return ModelActor(name, adapter=str(Path(path).expanduser().resolve()))
+    if name in SCRIPTED_PLAYERS:
+        return ScriptedActor(name)
+    if name.startswith(HOSTED_PREFIX):
+        return HostedActor(name)
+    if is_import_path(name):
+        return load_class(name, Actor, "actor", GUIDE)(name)  # type: ignore[type-abstract]
     raise UbError(
         f"unknown actor {name!r}; valid actors: model, model:ADAPTER_PATH, "
-        + ", ".join(scripted_names()) + ", hosted:MODEL@BASE_URL"
+        + ", ".join(scripted_names()) + ", hosted:MODEL@BASE_URL, or one's own as "
+        "package.module:Class"
     )

@@ -145,12 +145,10 @@ def _checked(args: argparse.Namespace, paths: RunPaths
     read_adapter(paths.checkpoint(update))  # safetensors that load, before vLLM meets them
     run = Run(paths, config, resolve_base_model(config))
     # Unknown names list the valid ones, before the engine starts.
-    from ub.actors.scripted import check_scripted_supports
-
-    for name in opponents or []:
-        actor_spec(run, name)
+    rivals = [actor_spec(run, name) for name in opponents or []]
     for env_id in envs or config.eval.env_ids or [e.env_id for e in config.envs]:
-        check_scripted_supports(opponents or [], env_id)
+        for rival in rivals:
+            rival.check_game(env_id)
     return run, update, opponents, envs
 
 

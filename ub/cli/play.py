@@ -53,21 +53,16 @@ def cmd_play(args: argparse.Namespace) -> int:
         raise UbError("--players needs at least one actor, e.g. --players model,random")
     spec = GameSpec.from_dict({"env_id": args.env, "num_players": len(actors),
                                "template": args.template, "legal_moves": args.legal_moves})
-    from ub.actors.scripted import check_scripted_supports
-
-    check_scripted_supports([a.name for a in actors], spec.env_id)
     for actor in actors:
-        if actor.kind == "hosted":
-            from ub.actors.hosted import check_hosted
-
-            check_hosted(actor.name)
+        actor.check_game(spec.env_id)
+        actor.check_ready()  # (a hosted endpoint answers, its key is set)
     out = Path(args.out)
     check_can_create(out)  # (created by the first shard write: a refusal leaves nothing)
     check_env(spec)  # fail in a second, before the engine starts
     check_legal_moves(spec)
 
     engine = None
-    if any(a.kind == "model" for a in actors):
+    if any(a.needs_engine for a in actors):
         from ub.learner.checkpoint import read_adapter
 
         for actor in actors:  # safetensors that load, before vLLM meets them

@@ -151,10 +151,7 @@ def check_services(config: TrainConfig) -> None:
 
     names = [*config.opponents.fixed_names(), *config.eval.opponents]
     for name in dict.fromkeys(names):
-        if parse_actor(name).kind == "hosted":
-            from ub.actors.hosted import check_hosted  # (only where a run has one)
-
-            check_hosted(name)
+        parse_actor(name).check_ready()  # (a hosted endpoint answers, its key is set)
 
 
 def check_manifests(paths: RunPaths) -> None:

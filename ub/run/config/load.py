@@ -183,7 +183,6 @@ def _check_sections(config: TrainConfig, source: str) -> None:
                            f"position, and {env.env_id} has no position keys: give its "
                            "envs[].position a function (docs/data.md) or select random or "
                            "surprisal")
-    from ub.actors.scripted import check_scripted_supports
     from ub.actors.spec import parse_actor
 
     for name in config.eval.opponents:  # (the opponents section checks its own names)
@@ -197,7 +196,8 @@ def _check_sections(config: TrainConfig, source: str) -> None:
     for field, names, env_ids in seated:
         for env_id in env_ids:
             try:
-                check_scripted_supports(list(names), env_id)
+                for name in names:
+                    parse_actor(name).check_game(env_id)
             except UbError as exc:
                 raise fail(field, str(exc)) from None
     if config.learner.temperature is None and config.sampling.temperature == 0:

@@ -151,12 +151,10 @@ def is_secret_name(name: str) -> bool:
 def run_variables(config: Any) -> list[str]:
     """The environment variables the run's actors read on its workers: each hosted opponent's
     ``key=`` (the rollouts that seat it run there)."""
-    from ub.actors.hosted import parse_hosted
     from ub.actors.spec import parse_actor
 
     names = [*config.opponents.fixed_names(), *config.eval.opponents]
-    return sorted({key for name in names if parse_actor(name).kind == "hosted"
-                   and (key := parse_hosted(name).key_env)})
+    return sorted({key for name in names for key in parse_actor(name).environment_variables()})
 
 
 def forwarded_environment(needed: Iterable[str] = ()) -> dict[str, str]:

@@ -69,7 +69,7 @@ def evaluate_checkpoint(run: Run, update: int, *, opponents: list[str] | None = 
     games_table = pq.read_table(shard_path(run.paths.eval_data, "games", sid))
     steps = read_columns(shard_path(run.paths.eval_data, "steps", sid), SUMMARY_COLUMNS)
     summary = summarize(games_table, steps, actor.name)
-    if all(r.kind == "scripted" for r in rivals):  # the bar to clear: random on the same seeds
+    if all(r.plays_offline for r in rivals):  # the bar to clear: random on the same seeds
         baseline = random_baseline(assignments, actor.name, config.seed)
         summary = with_baseline(summary, baseline)
     rows = [row.to_dict() for row in summary]
@@ -96,7 +96,7 @@ def stored_eval_shard(root: Path, update: int, assignments: list[GameAssignment]
     legal-move modes, or None."""
     wanted = sorted((a.game_index, a.spec.env_id, a.seed, [x.name for x in a.actors])
                     for a in assignments)
-    modes = {a.spec.legal_moves for a in assignments if any(x.kind == "model" for x in a.actors)}
+    modes = {a.spec.legal_moves for a in assignments if any(x.needs_engine for x in a.actors)}
     for sid in committed_shards(root):
         if sid.round != update or sid.shard < 1:
             continue

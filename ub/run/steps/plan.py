@@ -5,20 +5,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ub.actors.base import Actor
+from ub.actors.model import ModelActor
 from ub.actors.names import checkpoint_update
-from ub.actors.spec import ActorSpec, parse_actor
+from ub.actors.spec import parse_actor
 from ub.run.config.load import TrainConfig
 from ub.run.folder.layout import checkpoint_name, read_json
 from ub.run.steps.rounds import Run
 from ub.seeding import derive_seed
 
 
-def actor_spec(run: Run, name: str) -> ActorSpec:
+def actor_spec(run: Run, name: str) -> Actor:
     """A pool member's actor: ``ckpt-NNNNNN`` is the learner's checkpoint as a LoRA adapter;
     anything else is a fixed opponent named as in ``ub play --players``."""
     update = checkpoint_update(name)
     if update is not None:
-        return ActorSpec(name, "model", adapter=str(run.paths.checkpoint(update)))
+        return ModelActor(name, adapter=str(run.paths.checkpoint(update)))
     return parse_actor(name)
 
 

@@ -13,14 +13,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ub.actors.spec import ActorSpec
+from ub.actors.base import Actor
 from ub.data.shards import ShardId, is_committed, read_metadata, shard_path, write_shard
 from ub.run.config.load import TrainConfig, game_specs
 from ub.run.folder.layout import round_label
 from ub.run.folder.store import fetch_checkpoint, publish
 from ub.run.steps.plan import PlannedGame, actor_spec
 from ub.run.steps.rounds import Run
-from ub.seeding import derive_seed
+from ub.seeding import env_seed
 
 if TYPE_CHECKING:
     from ub.inference.protocols import InferenceEngine
@@ -140,15 +140,13 @@ def play_shard(worker: Worker, run: Run, root: Path, sid: ShardId, assignments: 
                            meta.get("generated_tokens", 0), meta.get("seconds", 0.0), True,
                            meta.get("invalid_moves", 0), meta.get("outcomes", {}),
                            meta.get("copies", 0))
-    from ub.actors.hosted import check_hosted
-
-    for name in sorted({a.name for g in assignments for a in g.actors if a.kind == "hosted"}):
-        check_hosted(name)  # unreachable or keyless: say so before any game starts
+    for actor in sorted({a for g in assignments for a in g.actors}, key=lambda a: a.name):
+        actor.check_ready()  # (an endpoint unreachable or keyless: said before any game)
     checkpoints = run.paths.root / "checkpoints"
     for adapter in sorted({a.adapter for g in assignments for a in g.actors if a.adapter}):
         if Path(adapter).parent == checkpoints:
             fetch_checkpoint(run.paths, Path(adapter))  # a worker without the run's files
-    needs_engine = any(a.kind == "model" for g in assignments for a in g.actors)
+    needs_engine = any(a.needs_engine for g in assignments for a in g.actors)
     # Eval games are paired: every checkpoint meets the same seeds (env, opponent, sampling).
     paired = {"seed_round": "eval", "game_id_prefix": eval_game_id_prefix(run.name, sid)}
     what = (f"eval ckpt {sid.round}" if kind == "eval" else round_label(sid.round)) + (
@@ -205,12 +203,12 @@ def rollout_shard(run: Run, round_: int, shard: int, games: list[PlannedGame],
     from ub.rollout import GameAssignment
 
     specs = game_specs(run.config)
-    actors: dict[str, ActorSpec] = {}
+    actors: dict[str, Actor] = {}
     assignments = []
     for g in games:
         seated = tuple(actors.setdefault(n, actor_spec(run, n)) for n in g.actors)
-        env_seed = derive_seed(run.config.seed, round_, g.game_index, "env")
-        assignments.append(GameAssignment(specs[g.env], g.game_index, env_seed, seated))
+        assignments.append(GameAssignment(specs[g.env], g.game_index,
+                                          env_seed(run.config.seed, round_, g.game_index), seated))
     return play_shard(worker, run, run.paths.train_data, ShardId(round_, shard), assignments,
                        sampling=rollout_sampling(run.config), kind="train",
                        metadata={"shards": shards or run.config.rollout.shards},
