@@ -14,7 +14,15 @@ from typing import TYPE_CHECKING
 
 from ub.cli.args import named_run, round_number
 from ub.errors import UbError
-from ub.run.checks.gpu_plan import DEFAULT_GPU_GIB
+from ub.run.checks.gpu_plan import (
+    DEFAULT_GPU_GIB,
+    cannot_fit,
+    describe,
+    plan_gpus,
+    plan_model_config,
+    shape_line,
+    this_machines_gpu,
+)
 from ub.run.folder.urls import DEFAULT_RUNS_ROOT
 
 if TYPE_CHECKING:
@@ -126,13 +134,6 @@ def _request(args: argparse.Namespace, name: str) -> RunRequest:
 def _dry_run(args: argparse.Namespace, paths) -> int:
     """``ub train ... --dry-run``: the run it would start and its GPU plan; writes nothing
     (no catch-up of a store run, no lock, no Prefect), and exits 2 when the plan cannot fit."""
-    from ub.run.checks.gpu_plan import (
-        cannot_fit,
-        describe,
-        plan_gpus,
-        plan_model_config,
-        shape_line,
-    )
     from ub.run.checks.preflight import requested_config
     from ub.run.steps.rounds import resolve_run_config
 
@@ -164,7 +165,6 @@ def _dry_run(args: argparse.Namespace, paths) -> int:
 
 def _gpu_gib(asked: float | None) -> tuple[float, str]:
     """The GPU memory to plan for, and where the figure comes from."""
-    from ub.run.checks.gpu_plan import this_machines_gpu
 
     if asked is not None:
         return asked, "--gpu-memory"

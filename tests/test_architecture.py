@@ -112,6 +112,44 @@ def test_the_check_sees_every_kind_of_import(tmp_path):
     assert not names("ub.tasksmith", FORBIDDEN["ub"])
 
 
+def reimports(path: Path) -> list[tuple[int, str]]:
+    """The imports inside a function of ``path`` of a module the file already imports at its
+    top (outside ``if TYPE_CHECKING:``, which runs never), with their lines."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    at_top = {alias.name for node in tree.body if isinstance(node, ast.Import)
+              for alias in node.names}
+    at_top |= {node.module for node in tree.body
+               if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module}
+    found = []
+    for function in ast.walk(tree):
+        if isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef):
+            for node in ast.walk(function):
+                if isinstance(node, ast.Import):
+                    found += [(node.lineno, a.name) for a in node.names if a.name in at_top]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in at_top:
+                    found.append((node.lineno, node.module))
+    return sorted(set(found))
+
+
+@pytest.mark.parametrize("folder", ["ub", "tasks", "flows"])
+def test_no_function_imports_again_what_its_file_imports_at_its_top(folder):
+    """The rule for an import inside a function (docs/architecture.md): it defers a heavy
+    package or breaks a cycle, so a module the file already imports at its top has no reason
+    to be imported again there (its names join the top's import)."""
+    offending = [f"{path.relative_to(ROOT)}:{line} imports {module} again"
+                 for path in python_files(ROOT / folder) for line, module in reimports(path)]
+    assert not offending, "\n".join(offending)
+
+
+def test_the_reimport_check_sees_a_function_importing_again(tmp_path):
+    source = tmp_path / "m.py"
+    source.write_text("import os\nfrom ub.errors import UbError\nif TYPE_CHECKING:\n"
+                      "    from ub.games import specs\n"
+                      "def f():\n    import os\n    from ub.errors import fail\n"
+                      "    from ub.games import specs\n    import torch\n")
+    assert reimports(source) == [(6, "os"), (7, "ub.errors")]
+
+
 # --- inside ub: the import graph ----------------------------------------------------------------
 
 Graph = dict[str, dict[str, str]]

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rich.console import Group
+from rich.console import Console, Group
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -143,7 +143,6 @@ def run_dashboard(root: Path, *, once: bool = False, refresh: float = 2.0) -> No
     import termios
     import tty
 
-    from rich.console import Console
     from rich.live import Live
 
     console = Console()

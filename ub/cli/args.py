@@ -10,7 +10,7 @@ from typing import TypeVar
 
 from ub.errors import UbError
 from ub.numbers import NumberError, first_non_finite, parse_float, parse_int, parse_port
-from ub.run.folder.urls import DEFAULT_RUNS_ROOT
+from ub.run.folder.urls import DEFAULT_RUNS_ROOT, is_url
 
 T = TypeVar("T")
 
@@ -161,7 +161,6 @@ def named_run(run: str, root: str | None) -> tuple[str, str]:
     run's folder (``runs/demo``, ``/data/runs/demo``, a run's folder ``demo`` here). An
     explicit ``--root`` always wins: ``ROOT/NAME``, even where a run ``NAME`` is here."""
     from ub.run.folder.layout import is_run
-    from ub.run.folder.urls import is_url
 
     if root is not None:
         return root, run
@@ -174,7 +173,6 @@ def named_run(run: str, root: str | None) -> tuple[str, str]:
 def run_dir(args: argparse.Namespace) -> Path:
     """The folder of the run ``args.run`` names (:func:`named_run`), which must exist."""
     from ub.run.folder.layout import RunPaths, check_run_name, no_such_run
-    from ub.run.folder.urls import is_url
 
     given, name = named_run(args.run, args.root)
     if is_url(given):  # a run in a store: this machine's working copy of it

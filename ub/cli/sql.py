@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ub.cli.args import add_root_argument, positive_int
-from ub.cli.sql_output import MAX_ROWS
+from ub.cli.sql_output import MAX_ROWS, print_result
 from ub.errors import UbError
 
 
@@ -107,7 +107,6 @@ def _sql(args: argparse.Namespace) -> int:
         shown = root
     try:
         if args.query is not None:
-            from ub.cli.sql_output import print_result
 
             print_result(con, args.query, args.format, args.max_rows)
             return 0

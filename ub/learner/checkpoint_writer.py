@@ -28,7 +28,9 @@ from ub.learner.checkpoint import (
     RNG_STATE,
     VERSION,
     CheckpointState,
+    foreign_files,
     module_file,
+    read_manifest,
     sha256_file,
 )
 
@@ -124,7 +126,6 @@ def check_replaceable(out: str | os.PathLike[str]) -> None:
     and nothing else (a copied manifest alone does not make a project a checkpoint). Anything
     else (a folder of other files, a run, a file, a link) is refused, naming what it holds,
     before any work is done."""
-    from ub.learner.checkpoint import foreign_files, read_manifest
 
     out = Path(out).expanduser().absolute()
     if not out.exists() and not out.is_symlink():

@@ -9,7 +9,7 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from ub.model.builder import Qwen3Shape
-from ub.model.transcripts import DEFAULT_ENV_IDS
+from ub.model.transcripts import DEFAULT_ENV_IDS, check_transcript_env
 from ub.settings import Section
 
 # Bump whenever the recipe changes what gets built (code, not config): it is part of the cache
@@ -108,7 +108,6 @@ class TinyModelConfig(Section):
     def check_games(self) -> None:
         """Every game of ``env_ids`` can be played for transcripts (random legal moves, two
         seats), before a build starts (it plays them first)."""
-        from ub.model.transcripts import check_transcript_env
 
         for env_id in self.env_ids:
             check_transcript_env(env_id)

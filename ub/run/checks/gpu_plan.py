@@ -16,7 +16,7 @@ engine's reserve is vLLM's CUDA context, workspaces and profiling peak, assumed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ub.errors import UbError
@@ -284,7 +284,6 @@ def _engine_plan(shape: ModelShape, config: Any, gpu_gib: float, weights: float,
 
 
 def _with_budget(plan: LearnerPlan, budget: float) -> LearnerPlan:
-    from dataclasses import replace
 
     from ub.learner.memory import auto_micro_batch_tokens
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ub.errors import UbError
-from ub.run.config.load import TrainConfig
-from ub.run.folder.layout import RunPaths
+from ub.run.config.load import TrainConfig, load_config
+from ub.run.folder.layout import RunPaths, read_json
 from ub.run.folder.urls import DEFAULT_RUNS_ROOT
 
 
@@ -97,7 +97,6 @@ def requested_config(paths: RunPaths, request: RunRequest) -> tuple[TrainConfig 
     """The config the request gives the run (``None``: the run's own) and a note when the
     given one is set aside; nothing is checked against the run yet. (A store run may exist
     only in the store: the preflight reads this after its catch-up.)"""
-    from ub.run.config.load import load_config
 
     exists = paths.config.exists()
     if request.config is not None and request.keep_run_config and exists:
@@ -119,7 +118,6 @@ def changed_settings(request: RunRequest, config: TrainConfig | None) -> tuple[s
     (dotted keys, YAML values; one ``--set`` may change several, as ``envs`` does)."""
     if config is None or not request.overrides:
         return ()
-    from ub.run.config.load import load_config
     from ub.run.folder.sweep import flat_settings
 
     source = request.config or request.new_run_config
@@ -157,7 +155,6 @@ def check_services(config: TrainConfig) -> None:
 def check_manifests(paths: RunPaths) -> None:
     """Every committed round's manifest reads: a damaged one is refused here, naming the file
     and `ub doctor`, rather than once Prefect and the run's logs have started."""
-    from ub.run.folder.layout import read_json
 
     paths.next_round()  # (refuses a gap in the rounds)
     for round_ in paths.committed_rounds():

@@ -23,7 +23,14 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from ub.benchmarks import BenchmarksSection, benchmarks_due, chat_format, json_line, load_task
+from ub.benchmarks import (
+    BenchmarksSection,
+    benchmarks_due,
+    chat_format,
+    json_line,
+    load_task,
+    score_task,
+)
 from ub.data.atomic import write_atomic
 from ub.data.shards import write_parquet_atomic
 from ub.run.folder.store import fetch_checkpoint, publish
@@ -118,7 +125,6 @@ def score_checkpoints(run: Run, updates: Sequence[int], section: BenchmarksSecti
 def _score_one(run: Run, engine: Any, update: int, task: str, tasks: dict[str, Any],
                section: BenchmarksSection, chat: bool,
                result: dict[str, Any]) -> list[dict[str, Any]]:
-    from ub.benchmarks import score_task
 
     paths = run.paths
     adapter = str(paths.checkpoint(update))

@@ -16,9 +16,9 @@ import pyarrow.parquet as pq
 from ub.actors.base import Actor
 from ub.data.shards import ShardId, is_committed, read_metadata, shard_path, write_shard
 from ub.run.config.load import TrainConfig, game_specs
-from ub.run.folder.layout import round_label
-from ub.run.folder.store import fetch_checkpoint, publish
-from ub.run.steps.plan import PlannedGame, actor_spec
+from ub.run.folder.layout import checkpoint_name, round_label
+from ub.run.folder.store import fetch_checkpoint, fetch_round, publish
+from ub.run.steps.plan import PlannedGame, actor_spec, behaviour_update
 from ub.run.steps.rounds import Run
 from ub.seeding import env_seed
 
@@ -219,8 +219,6 @@ def round_branching(run: Run, round_: int) -> dict[str, Any]:
     """The rollout's branching options for round ``round_`` (:class:`ub.rollout.RolloutRunner`'s
     ``branch``, ``learner`` and ``spread``); none when ``rollout.branch`` is off."""
     from ub.branching import SPREAD_ROUNDS, read_spread
-    from ub.run.folder.layout import checkpoint_name
-    from ub.run.steps.plan import behaviour_update
 
     branch = run.config.rollout.branch
     if not branch.on:
@@ -228,7 +226,6 @@ def round_branching(run: Run, round_: int) -> dict[str, Any]:
     spread: dict[str, dict[str, float]] = {}
     first = max(0, round_ - SPREAD_ROUNDS)
     if branch.select == "spread" and round_ > 0:
-        from ub.run.folder.store import fetch_round
 
         for previous in range(first, round_):  # (a worker without the run's files)
             fetch_round(run.paths, run.paths.train_data, "steps", previous)
