@@ -156,7 +156,8 @@ def check_env_id(env_id: str) -> None:
     known = registered_env_ids()
     if env_id not in known:
         close = difflib.get_close_matches(env_id, known, n=5, cutoff=0.6)
-        hint = f"; did you mean: {', '.join(close)}" if close else "; list them with `ub envs`"
+        hint = (f"; did you mean: {', '.join(close)}" if close else "; list them with `ub envs` "
+                f"(a game of one's own is registered by naming its rules: {GUIDE})")
         raise UbError(f"unknown TextArena env {env_id!r}{hint}")
     if base_game(env_id) in NETWORK_GAMES:
         raise UbError(
