@@ -88,14 +88,14 @@ def tictactoe_tactics(root: Path, run_name: str, update: int) -> dict[str, float
 
     import duckdb
 
-    from ub.actors.expert import (
+    from ub.actors.names import checkpoint_actor
+    from ub.data.shards import ShardId, shard_path
+    from ub.games.builtin.tictactoe import (
         completing_cells,
         opponent_mark,
         tictactoe_board,
         tictactoe_move_values,
     )
-    from ub.actors.names import checkpoint_actor
-    from ub.data.shards import ShardId, shard_path
     from ub.run.folder.layout import RunPaths
 
     actor = checkpoint_actor(update)

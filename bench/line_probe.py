@@ -38,7 +38,7 @@ TEST_SEED_OFFSET = 10**6  # held-out positions come from games with these seeds 
 def positions(task: str, count: int, first_seed: int) -> list[tuple[str, set[int], str]]:
     """``count`` (prompt, target cells, line kind) from random games seeded from
     ``first_seed`` up."""
-    from ub.actors.expert import LINES, completing_cells, opponent_mark, tictactoe_board
+    from ub.games.builtin.tictactoe import LINES, completing_cells, opponent_mark, tictactoe_board
     from ub.model.transcripts import play_game
 
     out: list[tuple[str, set[int], str]] = []

@@ -24,7 +24,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ub.actors.expert import (
+from ub.games.builtin.tictactoe import (
     TICTACTOE_MARKS,
     completing_cells,
     opponent_mark,

@@ -106,6 +106,8 @@ def bad(tiny_adapters, tmp_path_factory) -> Path:
 
 BAD_INPUTS = [
     (["play", "--env", "TicTacToe-v0-trian", "--out", "{out}"], "did you mean: TicTacToe-v0-train"),
+    (["play", "--env", "TicTacToe-v0", "--rules", "no_such_module:Rules", "--out", "{out}"],
+     "game rules 'no_such_module:Rules': importing no_such_module failed"),
     (["play", "--env", "Wordle-v0", "--players", "random", "--out", "{out}"], "needs the network"),
     (["play", "--env", "TicTacToe-v0", "--games", "-4", "--out", "{out}"], "must be >= 1"),
     (["play", "--env", "TicTacToe-v0", "--games", "many", "--out", "{out}"], "whole number"),
@@ -352,6 +354,15 @@ CONFIG_FIELD_CASES = [
      "position function 'no_such_module:key': importing no_such_module failed"),
     ("envs=[{{env_id: TicTacToe-v0-train, position: 'own_components:NotATransform'}}]",
      "position function 'own_components:NotATransform' is a class, not a function"),
+    # A game's rules of one's own (docs/games.md): not importable, not a GameRules, another
+    # game's.
+    ("envs=[{{env_id: TicTacToe-v0-train, rules: 'no_such_module:Rules'}}]", "envs.0.rules: "
+     "game rules 'no_such_module:Rules': importing no_such_module failed"),
+    ("envs=[{{env_id: TicTacToe-v0-train, rules: 'own_components:NotATransform'}}]",
+     "game rules 'own_components:NotATransform' does not subclass ub.games.rules.GameRules"),
+    ("envs=[{{env_id: TicTacToe-v0-train, rules: 'ub.games.builtin.nim:NimRules'}}]",
+     "are for entry point textarena.envs.Nim.env:NimEnv, but TicTacToe-v0-train is "
+     "textarena.envs.TicTacToe.env:TicTacToeEnv"),
     ("batch.sampling=[{{name: state_baseline, key: board}}]", "state_baseline key must be one "
      "of prompt, position, branch, got 'board'"),
     ("rollout.branch.k=1", "rollout.branch.k: 1 is one move per branch point, which is no "

@@ -6,18 +6,17 @@ import itertools
 
 import pytest
 
-from ub.actors.expert import (
-    KUHN_ALPHA,
+from ub.actors.spec import parse_actor
+from ub.errors import UbError
+from ub.games.builtin.kuhn_poker import KUHN_ALPHA, kuhn_policy
+from ub.games.builtin.nim import nim_move
+from ub.games.builtin.tictactoe import (
     TICTACTOE_MARKS,
     completing_cells,
-    kuhn_policy,
-    nim_move,
     tictactoe_board,
     tictactoe_move,
     tictactoe_move_values,
 )
-from ub.actors.spec import parse_actor
-from ub.errors import UbError
 from ub.games.specs import GameSpec
 from ub.rollout import assign_games, play_games
 

@@ -21,8 +21,8 @@ from ub.actors.spec import parse_actor
 from ub.batch.assemble import Batch, masked_moves
 from ub.batch.collate import collate
 from ub.errors import UbError
-from ub.games.legal import SUPPORTED_GAMES
 from ub.games.move_mask import MoveConstraint, move_constraint, played_move, template_constraint
+from ub.games.registry import games_with
 from ub.games.specs import GameSpec
 from ub.games.templates import get_template
 from ub.inference.types import EngineConfig, GenerationRequest, SamplingConfig
@@ -398,7 +398,7 @@ def test_a_game_without_legal_moves_is_refused_at_preflight_in_one_line():
                                  "eval.envs=null"])
     message = str(err.value)
     assert "\n" not in message and "envs.0.legal_moves" in message
-    assert "Battleship-v0" in message and ", ".join(SUPPORTED_GAMES) in message
+    assert "Battleship-v0" in message and ", ".join(games_with("legal_moves")) in message
 
 
 def test_evaluation_plays_as_the_env_trains_unless_told():

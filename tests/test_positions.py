@@ -12,8 +12,9 @@ import pytest
 
 from ub.actors.spec import parse_actor
 from ub.errors import UbError
-from ub.games.legal import legal_actions, unwrap
+from ub.games.legal import legal_actions
 from ub.games.loop import Game
+from ub.games.rules import unwrap
 from ub.games.specs import GameSpec
 from ub.rollout import assign_games, play_games
 

@@ -23,11 +23,17 @@ from ub.actors.scripted import (
     random_action,
 )
 from ub.errors import UbError
-from ub.games.legal import SUPPORTED_GAMES, legal_actions, supports_legal_actions, unwrap
+from ub.games.builtin import BUILT_IN_RULES
+from ub.games.legal import legal_actions, supports_legal_actions
+from ub.games.rules import unwrap
+
+# The built-in games with legal moves (a game of one's own another test registers is not here).
+SUPPORTED_GAMES = sorted(r.name for r in BUILT_IN_RULES if r.provides("legal_moves"))
 
 ONE_PLAYER_GAMES = {"TowerOfHanoi", "GuessTheNumber"}
 # Every registered id of a supported game (-train, -raw and difficulty variants included).
-SUPPORTED_IDS = sorted(env_id for env_id in ENV_REGISTRY if supports_legal_actions(env_id))
+SUPPORTED_IDS = sorted(env_id for env_id in ENV_REGISTRY if supports_legal_actions(env_id)
+                       and env_id.split("-v")[0] in SUPPORTED_GAMES)
 # The ids training uses get the full 200 games; the other variants share the code paths (same
 # core env class) and get a lighter run so the whole file stays fast.
 PRIMARY_IDS = [

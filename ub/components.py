@@ -1,7 +1,8 @@
 """A component of one's own, named in a config by import path: ``package.module:Class``.
 
 ``learner.algorithm`` and the reward transforms of ``batch:`` take a registered name or such a
-path, so a user's algorithm or transform needs no fork of ub: the class lives in any module
+path, and ``envs[].position`` and ``envs[].rules`` such a path, so a user's algorithm,
+transform, position key or whole game needs no fork of ub: the class lives in any module
 Python can import (a package installed next to ub, or a folder on ``PYTHONPATH``). The run's
 config keeps the path as written, so a resumed run imports the same class.
 """
@@ -31,9 +32,9 @@ def is_import_path(name: str) -> bool:
 def own_components(config: Mapping[str, Any]) -> list[tuple[str, str]]:
     """The settings of a config as written (a mapping, not yet validated) that name a
     component by import path, with the path: ``learner.algorithm``, the reward transforms of
-    ``batch.final|step|sampling``, ``envs[].position`` and the actors of ``opponents`` and
-    ``eval.opponents`` (an actor's name holds a ``:`` only as an import path, ``model:PATH`` or
-    ``hosted:...``)."""
+    ``batch.final|step|sampling``, ``envs[].position``, ``envs[].rules`` and the actors of
+    ``opponents`` and ``eval.opponents`` (an actor's name holds a ``:`` only as an import path,
+    ``model:PATH`` or ``hosted:...``)."""
     found: list[tuple[str, Any]] = []
     learner, batch = config.get("learner") or {}, config.get("batch") or {}
     if isinstance(learner, Mapping):
@@ -45,7 +46,7 @@ def own_components(config: Mapping[str, Any]) -> list[tuple[str, str]]:
                 found.append((f"batch.{stage}.{i}", name))
     for i, env in enumerate(config.get("envs") or []):
         if isinstance(env, Mapping):
-            found.append((f"envs.{i}.position", env.get("position")))
+            found += [(f"envs.{i}.{key}", env.get(key)) for key in ("position", "rules")]
     opponents = config.get("opponents")
     modes = opponents.get("modes") if isinstance(opponents, Mapping) else opponents
     for i, mode in enumerate(modes if isinstance(modes, list) else []):

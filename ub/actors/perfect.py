@@ -2,7 +2,9 @@
 
 Where ``expert`` picks one best move (the fastest win, the lowest cell), ``perfect`` draws
 uniformly among every move that keeps the position's game-theoretic value, so a policy is
-measured against all of optimal play rather than one line of it:
+measured against all of optimal play rather than one line of it. It plays its game's rules'
+:meth:`~ub.games.rules.GameRules.perfect_distribution` (:mod:`ub.games.registry`); the
+built-in ones (:mod:`ub.games.builtin`):
 
 - **TicTacToe**: the moves whose minimax result (win, draw or loss) is the best there; from the
   empty board that is every cell (each draws).
@@ -18,20 +20,11 @@ solver (:mod:`ub.games.game_tree`) reads.
 from __future__ import annotations
 
 import random
-from functools import reduce
-from operator import xor
-from typing import Any
+from typing import Any, ClassVar
 
-from ub.actors.expert import EXPERT_GAMES, game_name, kuhn_policy, tictactoe_move_values
 from ub.errors import UbError
-from ub.games.legal import legal_actions, unwrap
-from ub.games.positions import kuhn_history
-
-PERFECT_GAMES = EXPERT_GAMES
-
-
-def _sign(value: float) -> int:
-    return (value > 0) - (value < 0)
+from ub.games.registry import games_with, rules_of
+from ub.games.rules import Capability, unwrap
 
 
 def perfect_distribution(env: Any) -> dict[str, float]:
@@ -40,45 +33,28 @@ def perfect_distribution(env: Any) -> dict[str, float]:
     :raises UbError: a game it cannot play.
     """
     core = unwrap(env)
-    game, state = game_name(core), core.state
-    if game == "TicTacToe":
-        cells = "".join(c or "." for row in state.game_state["board"] for c in row)
-        values = tictactoe_move_values(cells, "X" if state.current_player_id == 1 else "O")
-        best = max(_sign(v) for v in values.values())
-        moves = [f"[{i}]" for i, v in sorted(values.items()) if _sign(v) == best]
-    elif game == "Nim":
-        piles = list(state.game_state["piles"])
-        total = reduce(xor, piles, 0)
-        moves = [m for m in legal_actions(env)
-                 if total and _nim_after(piles, m) == 0] or legal_actions(env)
-    elif game == "KuhnPoker":
-        card = state.game_state["player_cards"][state.current_player_id]
-        probs = kuhn_policy(card, kuhn_history(core))
-        return {f"[{move}]": p for move, p in sorted(probs.items())}
-    else:
+    rules = rules_of(core)
+    if rules is None or not rules.provides("perfect_distribution"):
+        game = rules.name if rules is not None else type(core).__name__
         raise UbError(f"the perfect player cannot play {game}: it supports "
-                      f"{', '.join(PERFECT_GAMES)} (use random, or another opponent)")
-    return {m: 1 / len(moves) for m in moves}
-
-
-def _nim_after(piles: list[int], move: str) -> int:
-    pile, quantity = (int(x) for x in move.strip("[]").split())
-    left = list(piles)
-    left[pile] -= quantity
-    return reduce(xor, left, 0)
+                      f"{', '.join(games_with('perfect_distribution'))} (use random, or "
+                      "another opponent)")
+    return rules.perfect_distribution(core)
 
 
 class PerfectPlayer:
     """Optimal play, uniform over the optimal moves (see the module docstring)."""
 
     name = "perfect"
-    games = PERFECT_GAMES
+    needs: ClassVar[Capability] = "perfect_distribution"
+    """What a game's rules must provide for it to play (:meth:`GameRules.provides`)."""
 
     def __init__(self, seed: int) -> None:
         self.seed = seed
         self._rng = random.Random(seed)
 
     def act(self, env: Any) -> str:
+        """A move drawn from :func:`perfect_distribution` by the player's own generator."""
         probs = perfect_distribution(env)
         moves = list(probs)
         return self._rng.choices(moves, weights=[probs[m] for m in moves])[0]

@@ -13,8 +13,9 @@ a scripted player never changes the cards or targets a game deals.
 
 New players slot in as another class with the same ``__init__(seed)`` and ``act(env)``,
 registered in :data:`SCRIPTED_PLAYERS`, like ``expert`` (:mod:`ub.actors.expert`) and
-``perfect`` (:mod:`ub.actors.perfect`); one that plays only some games names them in
-:data:`SCRIPTED_GAMES`.
+``perfect`` (:mod:`ub.actors.perfect`); one that plays only the games whose rules provide
+something (:class:`ub.games.rules.GameRules`: legal moves, an expert move, ...) names it in
+:data:`SCRIPTED_GAMES`, which :func:`check_scripted_supports` reads.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from ub.actors.expert import ExpertPlayer
 from ub.actors.perfect import PerfectPlayer
 from ub.errors import UbError
 from ub.games.legal import legal_actions
+from ub.games.registry import GUIDE, games_with, rules_for
+from ub.games.rules import Capability
 
 
 class ScriptedPlayer(Protocol):
@@ -71,24 +74,27 @@ SCRIPTED_PLAYERS: dict[str, Callable[[int], ScriptedPlayer]] = {
     ExpertPlayer.name: ExpertPlayer,
     PerfectPlayer.name: PerfectPlayer,
 }
-# The games a scripted player can play, where it cannot play them all (random plays any game
-# with legal moves).
-SCRIPTED_GAMES: dict[str, tuple[str, ...]] = {
-    ExpertPlayer.name: ExpertPlayer.games,
-    PerfectPlayer.name: PerfectPlayer.games,
+# What a game's rules must provide for a scripted player to play it, where it cannot play them
+# all (random plays any game with legal moves), by the player's name.
+SCRIPTED_GAMES: dict[str, Capability] = {
+    ExpertPlayer.name: ExpertPlayer.needs,
+    PerfectPlayer.name: PerfectPlayer.needs,
 }
 
 
 def check_scripted_supports(names: list[str], env_id: str) -> None:
-    """Raise :class:`UbError` unless each scripted player of ``names`` can play ``env_id``
-    (other names pass)."""
-    from ub.games.specs import base_game
-
+    """Raise :class:`UbError` unless each scripted player of ``names`` can play ``env_id``:
+    its game's rules provide what the player needs (:data:`SCRIPTED_GAMES`; other names
+    pass)."""
     for name in names:
-        games = SCRIPTED_GAMES.get(name)
-        if games is not None and base_game(env_id) not in games:
+        needed = SCRIPTED_GAMES.get(name)
+        if needed is None:
+            continue
+        rules = rules_for(env_id)
+        if rules is None or not rules.provides(needed):
             raise UbError(f"the {name} player cannot play {env_id}: it supports "
-                          f"{', '.join(games)} (use random, or another opponent)")
+                          f"{', '.join(games_with(needed))} (use random, or another opponent; "
+                          f"a game of one's own: rules with {needed}, {GUIDE})")
 
 
 def make_scripted_player(name: str, seed: int) -> ScriptedPlayer:

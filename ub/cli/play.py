@@ -39,6 +39,9 @@ def add_parser(sub) -> None:
                       help="most games in flight at once")
     play.add_argument("--legal-moves", choices=("free", "mask"), default="free",
                       help="mask: the model samples only legal moves (docs/training.md)")
+    play.add_argument("--rules", metavar="PATH", help="the game's rules of one's own, "
+                      "package.module:Class (importing it registers its env with TextArena; "
+                      "docs/games.md)")
     play.set_defaults(func=cmd_play)
 
 
@@ -52,7 +55,8 @@ def cmd_play(args: argparse.Namespace) -> int:
     if not actors:
         raise UbError("--players needs at least one actor, e.g. --players model,random")
     spec = GameSpec.from_dict({"env_id": args.env, "num_players": len(actors),
-                               "template": args.template, "legal_moves": args.legal_moves})
+                               "template": args.template, "legal_moves": args.legal_moves,
+                               "rules": args.rules})
     for actor in actors:
         actor.check_game(spec.env_id)
         actor.check_ready()  # (a hosted endpoint answers, its key is set)

@@ -19,10 +19,11 @@ game's (TicTacToe's 294,778 non-terminal histories); ``cut`` stops a line once t
 own probability of reaching it is below the cut, and counts it as the best or worst outcome:
 the best response's value is then an interval that holds the exact one (``low``, ``high``).
 
-What ub knows of a game for this (:data:`TREE_RULES`, keyed by the core env's class like
-:mod:`ub.games.legal`): the chance outcomes at the start (Kuhn Poker's six deals, each an env
-seed that deals it), where the measured game ends (one hand of Kuhn Poker, in chips, though the
-env plays on), and the worst outcome (what an illegal move costs). A game without rules gets a
+What ub knows of a game for this (its rules' :attr:`~ub.games.rules.GameRules.tree`, found by
+the core env's class: :mod:`ub.games.registry`): the chance outcomes at the start (Kuhn
+Poker's six deals, each an env seed that deals it), where the measured game ends (one hand of
+Kuhn Poker, in chips, though the env plays on), and the worst outcome (what an illegal move
+costs). A game without rules gets a
 one-line refusal naming the games that have them.
 """
 
@@ -36,9 +37,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ub.errors import UbError
-from ub.games.legal import entry_point, legal_actions, unwrap
-from ub.games.positions import BUILT_IN as POSITION_KEYS
-from ub.games.positions import kuhn_history
+from ub.games.legal import legal_actions
+from ub.games.positions import position_function
+from ub.games.registry import games_with, rules_for
+from ub.games.rules import TreeRules, unwrap
 from ub.games.specs import make_env
 
 # --------------------------------------------------------------------------------------------
@@ -81,98 +83,8 @@ class TreePolicy(Protocol):
 
 
 # --------------------------------------------------------------------------------------------
-# What ub knows of each game's tree
+# What ub knows of each game's tree: its rules' (ub.games.rules.TreeRules)
 # --------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TreeRules:
-    """A game's tree, as the best response walks it.
-
-    :param game: its name.
-    :param unit: what a payoff counts (``game``: +1 a win, -1 a loss; ``chips``).
-    :param worst: the worst payoff of the measured game (an illegal move's, to its mover).
-    :param roots: the chance outcomes at the start: ``(env seed, probability)`` pairs.
-    :param payoff: the payoffs by seat if a move ends the measured game, from the core env
-        before it and the move (``None``: it goes on); by default the env's own end.
-    :param perfect_information: every decision is its own information set.
-    """
-
-    game: str
-    unit: str
-    worst: float
-    roots: Callable[[str], list[tuple[int, float]]]
-    payoff: Callable[[Any, str], tuple[float, ...] | None] | None = None
-    perfect_information: bool = True
-
-
-def _one_root(_env_id: str) -> list[tuple[int, float]]:
-    return [(0, 1.0)]  # no chance: every seed starts the same game
-
-
-@functools.cache
-def _kuhn_deals(env_id: str) -> list[tuple[int, float]]:
-    # TextArena shuffles the three cards at reset: each of the six deals has probability 1/6.
-    # The first seed that deals each one stands for it (so its prompts are the env's own).
-    found: dict[tuple[int, int], int] = {}
-    seed = 0
-    while len(found) < 6:
-        env = _reset(env_id, seed)
-        cards = unwrap(env).state.game_state["player_cards"]
-        found.setdefault((cards[0], cards[1]), seed)
-        seed += 1
-    return [(found[deal], 1 / 6) for deal in sorted(found)]
-
-
-def kuhn_chips(cards: tuple[int, int], opener: int, betting: Sequence[str]
-               ) -> tuple[float, float] | None:
-    """One hand of Kuhn Poker's chips by seat, as the rules the env's prompt states them
-    (each player antes 1; ``bet`` and ``call`` add a chip to the pot; a fold gives the pot to
-    the other player, else the higher card takes it), or ``None`` while the hand goes on.
-
-    :param cards: each seat's card (0 = J, 1 = Q, 2 = K); ``opener``: the seat that acts
-        first; ``betting``: the moves so far, in order (``check``, ``bet``, ``call``, ``fold``).
-    """
-    put = [1, 1]
-    for i, move in enumerate(betting):
-        seat = opener if i % 2 == 0 else 1 - opener
-        if move in ("bet", "call"):
-            put[seat] += 1
-        if move == "fold":
-            return (float(put[1]), -float(put[1])) if seat == 1 else (-float(put[0]),
-                                                                    float(put[0]))
-    over = (list(betting[-2:]) in (["check", "check"], ["bet", "call"]))
-    if not over:
-        return None
-    winner = 0 if cards[0] > cards[1] else 1
-    stake = float(put[1 - winner])
-    return (stake, -stake) if winner == 0 else (-stake, stake)
-
-
-def _kuhn_hand(core: Any, move: str) -> tuple[float, ...] | None:
-    """The first hand's chips once ``move`` (by the seat to move in ``core``) ends it. Read
-    from the state before the move: the env deals the next hand in the same step. TextArena's
-    env never adds a bet to its pot (its every hand is won or lost by the ante), so the chips
-    are the stated rules', not the env's (docs/exploitability.md)."""
-    game = core.state.game_state
-    opener = game["starting_player"]
-    history = kuhn_history(core).split()
-    cards = (game["player_cards"][0], game["player_cards"][1])
-    return kuhn_chips(cards, opener, [*history, move.strip("[]")])
-
-
-TREE_RULES: dict[str, TreeRules] = {
-    "textarena.envs.TicTacToe.env:TicTacToeEnv": TreeRules("TicTacToe", "game", -1.0,
-                                                           _one_root),
-    "textarena.envs.Nim.env:NimEnv": TreeRules("Nim", "game", -1.0, _one_root),
-    # One hand, in chips: the unit the game's equilibrium is known in (its first seat's value
-    # is -1/18). The env's own game is several hands won by the most chips, whose best
-    # response also plays on the score: docs/exploitability.md.
-    "textarena.envs.KuhnPoker.env:KuhnPokerEnv": TreeRules(
-        "KuhnPoker", "chips", -2.0, _kuhn_deals, _kuhn_hand, perfect_information=False),
-}
-
-SOLVED_GAMES: tuple[str, ...] = tuple(sorted(r.game for r in TREE_RULES.values()))
 
 
 def tree_rules(env_id: str) -> TreeRules:
@@ -180,15 +92,25 @@ def tree_rules(env_id: str) -> TreeRules:
 
     :raises UbError: ub has none for its game (one line naming those it has).
     """
-    rules = TREE_RULES.get(entry_point(env_id) or "")
-    if rules is None:
+    rules = rules_for(env_id)
+    if rules is None or rules.tree is None:
         raise UbError(f"no exploitability solver for {env_id}: ub has one for "
-                      f"{', '.join(SOLVED_GAMES)}")
-    return rules
+                      f"{', '.join(games_with('tree'))}")
+    return rules.tree
 
 
 def has_tree_rules(env_id: str) -> bool:
-    return (entry_point(env_id) or "") in TREE_RULES
+    """Whether ``env_id``'s game has tree rules (an exploitability solver)."""
+    rules = rules_for(env_id)
+    return rules is not None and rules.provides("tree")
+
+
+def __getattr__(name: str) -> tuple[str, ...]:
+    # SOLVED_GAMES: the games with a solver, read when asked (a game of one's own that a spec
+    # registered has joined them since this module was imported).
+    if name == "SOLVED_GAMES":
+        return games_with("tree")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # --------------------------------------------------------------------------------------------
@@ -293,7 +215,7 @@ def best_response(env_id: str, policy: TreePolicy, seat: int, *, cut: float = 0.
     """
     rules = tree_rules(env_id)
     roots = [(_reset(env_id, s), p) for s, p in rules.roots(env_id)]
-    walk = _Walk(rules, policy, seat, cut, POSITION_KEYS.get(entry_point(env_id) or ""))
+    walk = _Walk(rules, policy, seat, cut, position_function(env_id))
     tops = [walk.node(env, p) for env, p in roots]
     walk.ask([(n, env) for n, env in zip(tops, (e for e, _ in roots), strict=True)
               if n.seat != seat])

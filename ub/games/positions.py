@@ -8,8 +8,8 @@ their outcomes needs (``position_advantage``, ``state_baseline`` with ``key: pos
 docs/rewards.md). In a game of hidden information a key holds only what the mover can see
 (in Kuhn Poker its own card and the betting so far, never the opponent's card).
 
-The built-in keys are dispatched on the core env's class, like :mod:`ub.games.legal`, so every
-registered variant of a game (``-train``, ``-raw``, ``-medium``, ...) has one:
+A game's key is its rules' :meth:`~ub.games.rules.GameRules.position` (:mod:`ub.games.registry`,
+by the core env's class, so every registered variant of a game has one):
 
 ==============  ==========================================  =====================================
 game            key                                         example
@@ -25,8 +25,9 @@ TowerOfHanoi    each tower's disks, bottom first           ``A:3,2 B: C:1``
 
 Any other game gets ``None`` (a NULL ``position``). A game spec's ``position`` setting names a
 function of one's own, ``package.module:function`` taking ``(env, seat)`` (the core env,
-unwrapped) and returning the key or ``None``: that gives a key to another game or replaces a
-built-in one (docs/data.md).
+unwrapped) and returning the key or ``None``: it overrides the key alone (the game's rules
+keep the rest), giving a key to a game whose rules have none or replacing one (docs/data.md);
+a game of one's own gives its key in its rules instead (docs/games.md).
 """
 
 from __future__ import annotations
@@ -35,80 +36,23 @@ from collections.abc import Callable
 from typing import Any
 
 from ub.components import load_function
-from ub.games.legal import entry_point, unwrap
+from ub.games.registry import rules_for
+from ub.games.rules import unwrap
 
 PositionFunction = Callable[[Any, int], "str | None"]
 """``(core env, seat to move) -> position key`` (``None``: no key for this state)."""
 
 
-def _rows(board: list[list[str]], empty: set[str]) -> str:
-    return "/".join("".join("." if cell in empty else str(cell) for cell in row) for row in board)
-
-
-def _tictactoe(core: Any, seat: int) -> str:
-    # TextArena's TicTacToe gives seat 1 'X' and seat 0 'O' (TicTacToeEnv.step).
-    return f"{_rows(core.state.game_state['board'], {''})} {'X' if seat == 1 else 'O'}"
-
-
-def _nim(core: Any, seat: int) -> str:
-    return f"{','.join(str(p) for p in core.state.game_state['piles'])} p{seat}"
-
-
-_KUHN_CARDS = "JQK"
-
-
-def kuhn_history(core: Any) -> str:
-    """The betting so far in Kuhn Poker's current round, as the player to move faces it:
-    ``""`` (it opens), ``"check"``, ``"bet"`` or ``"check bet"``, read from the betting tree's
-    current node and whether the mover opened the round (each node is reached two ways)."""
-    state = core.state
-    node = state.game_state["current_legal_action_tree"]
-    if "check" in node:
-        # The opening node's "check" leads to another decision; after a check it ends the hand.
-        return "" if isinstance(node["check"], dict) else "check"
-    first_to_act = state.current_player_id == state.game_state["starting_player"]
-    return "check bet" if first_to_act else "bet"
-
-
-def _kuhn_poker(core: Any, seat: int) -> str | None:
-    game = core.state.game_state
-    if not isinstance(game["current_legal_action_tree"], dict):
-        return None
-    chips = game["player_chips"]
-    betting = kuhn_history(core).replace(" ", ",") or "-"
-    return (f"{_KUHN_CARDS[game['player_cards'][seat]]} r{game['current_round']}/"
-            f"{core.max_rounds} {chips[seat]}:{chips[1 - seat]} {betting}")
-
-
-def _board_and_seat(core: Any, seat: int) -> str:
-    return f"{_rows(core.state.game_state['board'], {'', '.'})} p{seat}"
-
-
-def _tower_of_hanoi(core: Any, seat: int) -> str:
-    towers: dict[str, list[int]] = core.state.game_state["towers"]
-    return " ".join(f"{name}:{','.join(map(str, disks))}" for name, disks in towers.items())
-
-
-# Keyed by the core env's "module:Class", the string TextArena's registry uses as entry point.
-BUILT_IN: dict[str, PositionFunction] = {
-    "textarena.envs.ConnectFour.env:ConnectFourEnv": _board_and_seat,
-    "textarena.envs.KuhnPoker.env:KuhnPokerEnv": _kuhn_poker,
-    "textarena.envs.Nim.env:NimEnv": _nim,
-    "textarena.envs.SimpleTak.env:SimpleTakEnv": _board_and_seat,
-    "textarena.envs.TicTacToe.env:TicTacToeEnv": _tictactoe,
-    "textarena.envs.TowerOfHanoi.env:TowerOfHanoiEnv": _tower_of_hanoi,
-}
-
-
 def position_function(env_id: str, own: str | None = None) -> PositionFunction | None:
     """The function that keys ``env_id``'s positions: ``own`` (an import path,
-    ``package.module:function``) when given, else the built-in one of its game, else ``None``.
+    ``package.module:function``) when given, else its game's rules' position, else ``None``.
 
     :raises UbError: ``own`` does not import or is not callable (one line saying what to do).
     """
     if own is not None:
         return load_function(own, "position function", "docs/data.md")
-    return BUILT_IN.get(entry_point(env_id) or "")
+    rules = rules_for(env_id)
+    return rules.position if rules is not None and rules.provides("position") else None
 
 
 def position_key(function: PositionFunction | None, env: Any, seat: int) -> str | None:

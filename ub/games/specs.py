@@ -11,11 +11,13 @@ import random
 from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field
+from pydantic import AfterValidator, Field, model_validator
 
 from ub.errors import UbError
 from ub.games.actions import get_extractor
+from ub.games.legal import supports_legal_actions
 from ub.games.positions import position_function
+from ub.games.registry import GUIDE, entry_point, games_with, load_rules
 from ub.games.templates import get_template
 from ub.settings import Section
 
@@ -38,7 +40,7 @@ class EnvStartError(UbError):
 
 def _known(lookup: Callable[[str], Any]) -> Callable[[str], str]:
     """A pydantic check that ``lookup`` knows a name (its :class:`UbError` lists the known
-    ones)."""
+    ones, or says why a path does not import)."""
     def check(name: str) -> str:
         try:
             lookup(name)
@@ -54,17 +56,13 @@ ExtractorName = Annotated[str, AfterValidator(_known(get_extractor))]
 """A move extractor's name (:mod:`ub.games.actions`), checked where a config gives it."""
 
 
-def _position_function_path(path: str) -> str:
-    try:
-        position_function("", path)
-    except UbError as exc:
-        raise ValueError(str(exc)) from None
-    return path
-
-
-PositionFunctionPath = Annotated[str, AfterValidator(_position_function_path)]
+PositionFunctionPath = Annotated[str, AfterValidator(_known(
+    lambda path: position_function("", path)))]
 """A position function of one's own by import path (:mod:`ub.games.positions`), imported where
 a config gives it."""
+RulesPath = Annotated[str, AfterValidator(_known(load_rules))]
+"""A game's rules of one's own by import path (:mod:`ub.games.registry`), imported and
+registered where a config gives it."""
 
 
 class GameSpec(Section):
@@ -96,14 +94,30 @@ class GameSpec(Section):
         "the game's to judge.")
     position: PositionFunctionPath | None = Field(
         None, description="The function that keys a decision's position (steps.position), "
-        "package.module:function taking (env, seat); null: the game's built-in key, or none "
-        "(docs/data.md).")
+        "package.module:function taking (env, seat); it overrides the key of the game's "
+        "rules alone; null: the rules' key, or none (docs/data.md).")
+    rules: RulesPath | None = Field(
+        None, description="The game's rules of one's own, package.module:Class (a "
+        "ub.games.rules.GameRules subclass: legal moves, position key, expert, ...), imported "
+        "and registered under its env's entry point; null: the built-in rules of the game, "
+        "or none (docs/games.md).")
 
     def __init__(self, env_id: str | None = None, /, **settings: Any) -> None:
         # GameSpec("TicTacToe-v0-train"): the env id may come first, unnamed.
         if env_id is not None:
             settings["env_id"] = env_id
         super().__init__(**settings)
+
+    @model_validator(mode="after")
+    def _rules_fit_the_env(self) -> GameSpec:
+        if self.rules is not None:
+            rules = load_rules(self.rules)  # (imported and registered by the field's check)
+            actual = entry_point(self.env_id)  # (an unknown id is refused when the env is made)
+            if actual is not None and actual != rules.entry_point:
+                raise ValueError(f"rules {self.rules!r} are for entry point "
+                                 f"{rules.entry_point}, but {self.env_id} is {actual}: name the "
+                                 "rules of this game, or the env id of theirs")
+        return self
 
     @property
     def extractor_name(self) -> str:
@@ -129,11 +143,10 @@ def registered_env_ids() -> list[str]:
 def check_legal_moves(spec: GameSpec) -> None:
     """Refuse ``legal_moves: mask`` on a game whose legal moves ub cannot read (naming the
     games whose it can)."""
-    from ub.games.legal import SUPPORTED_GAMES, supports_legal_actions
-
     if spec.legal_moves == "mask" and not supports_legal_actions(spec.env_id):
         raise UbError(f"mask needs the legal moves of {spec.env_id}, which ub does not know; "
-                      f"the games that have them: {', '.join(SUPPORTED_GAMES)} (or set "
+                      f"the games that have them: {', '.join(games_with('legal_moves'))} (a "
+                      f"game of one's own: rules with legal_moves, {GUIDE}; or set "
                       "legal_moves: free)")
 
 
@@ -143,7 +156,8 @@ def check_env_id(env_id: str) -> None:
     known = registered_env_ids()
     if env_id not in known:
         close = difflib.get_close_matches(env_id, known, n=5, cutoff=0.6)
-        hint = f"; did you mean: {', '.join(close)}" if close else "; list them with `ub envs`"
+        hint = (f"; did you mean: {', '.join(close)}" if close else "; list them with `ub envs` "
+                f"(a game of one's own is registered by naming its rules: {GUIDE})")
         raise UbError(f"unknown TextArena env {env_id!r}{hint}")
     if base_game(env_id) in NETWORK_GAMES:
         raise UbError(
