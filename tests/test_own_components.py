@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import own_components
+import own_game
 import pytest
 import yaml
 from safetensors.torch import load_file
@@ -35,6 +36,8 @@ ALGORITHM = "own_components:EnvBaseline"  # (AsymmetricClip's loss, less a learn
 FINAL = "own_components:CountedScale"
 STEP = "own_components:LengthPenalty"
 POSITION = "own_components:tictactoe_cells"
+RULES = "own_game:TakeAwayRules"  # (tests/own_game.py: a TextArena game of one's own)
+ENVS = ["TicTacToe-v0-train", "TakeAway-v0-train"]
 SEAT = "own_components:FirstLegal"
 EVAL_GAMES = 4
 GAMES = 8
@@ -45,7 +48,8 @@ CONFIG = {
     "rounds": 2,
     "model": {"base": "tiny"},
     "sampling": {"temperature": 1.0, "max_tokens": 12, "stop": ["]"]},
-    "envs": [{"env_id": "TicTacToe-v0-train", "position": POSITION}],
+    "envs": [{"env_id": ENVS[0], "position": POSITION},
+             {"env_id": ENVS[1], "rules": RULES, "legal_moves": "mask"}],
     "rollout": {"games_per_round": GAMES, "concurrency": GAMES},
     "opponents": [{"mode": "mirror", "weight": 1.0},
                   {"mode": "fixed", "names": [SEAT], "weight": 1.0}],
@@ -57,7 +61,7 @@ CONFIG = {
               "sampling": []},
     # Two optimizer steps: the second one's ratios move off 1, so the clip range matters.
     "learner": {"algorithm": ALGORITHM,
-                "algorithm_params": {"envs": ["TicTacToe-v0-train"], "learning_rate": 0.1,
+                "algorithm_params": {"envs": ENVS, "learning_rate": 0.1,
                                      "clip_low": 0.2, "clip_high": 0.28},
                 "minibatches": 2, "learning_rate": 1e-3, "lora": {"rank": 8, "alpha": 16}},
 }
@@ -93,7 +97,7 @@ def test_rounds_train_with_ones_own_algorithm_and_transforms(run):
         manifest = json.loads((checkpoint / "ub_checkpoint.json").read_text())
         assert "env_baseline.safetensors" in manifest["files"]
         baseline = load_file(checkpoint / "env_baseline.safetensors")["env_baseline.values"]
-        assert baseline.shape == (1,) and float(baseline[0]) != 0.0  # learned from 0
+        assert baseline.shape == (2,) and all(baseline != 0.0)  # learned from 0
         assert "exp_avg/env_baseline.values" in load_file(checkpoint / "optimizer.safetensors")
     # The final transform of one's own folded every game of the round, under its path.
     state = read_json(run.final_rewards_state(0))
@@ -187,9 +191,10 @@ def test_ones_own_seat_is_trained_against_and_evaluated_against(run):
                and m["checkpoint"] is None for m in moves)
     from ub.run.folder.views import RunViews
 
-    evals = sorted(RunViews(run.root).evals().to_pylist(), key=lambda e: e["update"])
-    assert [(e["update"], e["opponent"], e["games"]) for e in evals] == [
-        (0, SEAT, EVAL_GAMES), (2, SEAT, EVAL_GAMES)]
+    evals = sorted(RunViews(run.root).evals().to_pylist(),
+                   key=lambda e: (e["update"], e["env_id"]))
+    assert [(e["update"], e["env_id"], e["opponent"], e["games"]) for e in evals] == [
+        (update, env, SEAT, EVAL_GAMES) for update in (0, 2) for env in sorted(ENVS)]
     assert all(e["baseline_win_rate"] is not None for e in evals)
 
 
@@ -218,12 +223,26 @@ def test_an_actor_path_that_names_no_actor_is_refused_in_one_line():
         "subclass ub.actors.Actor: make it a subclass (docs/pool.md)")
 
 
+def test_a_game_of_ones_own_trains_masked_to_its_rules_legal_moves(run):
+    """TakeAway, a TextArena env registered by tests/own_game.py and named by its rules' path
+    alone: the model's every move in it was masked to the rules' legal moves, and every
+    decision is keyed by the rules' position (the pile and the seat to move)."""
+    steps = query(run.root, "SELECT actor_kind, action, legal_moves, legal_moves_mode, "
+                            "invalid_move, position FROM steps WHERE env_id = "
+                            f"'{ENVS[1]}'").to_pylist()
+    model = [s for s in steps if s["actor_kind"] == "model"]
+    assert model and all(s["legal_moves_mode"] == "mask" and s["action"] in s["legal_moves"]
+                         and not s["invalid_move"] for s in model)
+    assert all(re.fullmatch(r"\d+ p[01]", s["position"]) for s in steps)
+    assert any(s["position"].startswith(f"{own_game.PILE} p") for s in steps)  # (full pile)
+
+
 def test_a_game_keyed_by_ones_own_position_function(run):
     """Every decision's position is the function's key of the board its seat faced (the
     cells the earlier moves filled)."""
     steps = query(run.root, "SELECT game_id, turn, seat, action, position FROM steps "
-                            "ORDER BY game_id, turn").to_pylist()
-    assert len(steps) > GAMES * 4
+                            f"WHERE env_id = '{ENVS[0]}' ORDER BY game_id, turn").to_pylist()
+    assert len(steps) > GAMES // 2 * 4
     board: dict[str, list[str]] = {}
     for row in steps:
         cells = board.setdefault(row["game_id"], ["-"] * 9)
@@ -240,15 +259,17 @@ def test_the_run_records_each_component_and_its_source(run):
     assert stored["batch"]["final"][1]["name"] == FINAL
     assert stored["batch"]["step"][0]["name"] == STEP
     components = json.loads(run.manifest(0).read_text())["components"]
-    source = hashlib.sha256(Path(own_components.__file__).read_bytes()).hexdigest()
+    source, game_source = (hashlib.sha256(Path(module.__file__).read_bytes()).hexdigest()
+                           for module in (own_components, own_game))
     assert components == {
         "learner.algorithm": ALGORITHM,
         "batch.final": ["ub.rewards.final:WinDrawLoss", FINAL],
         "batch.step": [STEP],
         "batch.sampling": [],
-        "envs.position": {"TicTacToe-v0-train": POSITION},
+        "envs.position": {ENVS[0]: POSITION},
+        "envs.rules": {ENVS[1]: RULES},
         "actors": [SEAT],
-        "sources": {"own_components": source},
+        "sources": {"own_components": source, "own_game": game_source},
     }
 
 
@@ -298,8 +319,9 @@ def test_doctor_in_a_shell_without_the_components_module_checks_the_data_and_say
             "import (ModuleNotFoundError: No module named 'own_components'): put the folder "
             "that holds own_components on PYTHONPATH (PYTHONPATH=DIR ub doctor ...) to check "
             "the config as well; the run's data was checked without it")
-        # the algorithm, two transforms, the position function, the seat (opponent, eval)
-        assert len(notes) == 6
+        # the algorithm, two transforms, the position function, the game's rules and the seat
+        # (an opponent, an eval opponent)
+        assert len(notes) == 7
         assert "problem" not in done.stdout and "quarantined" not in done.stdout
         assert "own: 2 committed round(s), ok" in done.stdout
     assert not (run.root / "quarantine").exists()

@@ -70,13 +70,15 @@ def round_manifest(run: Run, shards: list[ShardResult], metrics: dict[str, Any],
 
 def components(config: TrainConfig) -> dict[str, Any]:
     """The classes the round's learner and batch ran, by import path, whether built in or named
-    by one in the config (``learner.algorithm``, the ``batch:`` stages), and the position
+    by one in the config (``learner.algorithm``, the ``batch:`` stages); the position
     functions of one's own that keyed a game's decisions (``envs.position``, by env id), the
-    actors of one's own that sat in its games or evaluations (``actors``, by name); and
-    under ``sources`` the sha256 of each module outside ub that holds one, so that a reader
-    sees which code of one's own trained each round."""
+    rules of one's own games (``envs.rules``, by env id) and the actors of one's own that sat
+    in its games or evaluations (``actors``, by name); and under ``sources`` the sha256 of
+    each module outside ub that holds one, so that a reader sees which code of one's own
+    trained each round."""
     from ub.actors.spec import parse_actor
     from ub.games.positions import position_function
+    from ub.games.registry import load_rules
     from ub.learner.algorithms import algorithm_class
     from ub.rewards import STAGES
 
@@ -84,11 +86,13 @@ def components(config: TrainConfig) -> dict[str, Any]:
     transforms = config.batch.transforms
     by_stage = {stage: [type(t) for t in getattr(transforms, stage)] for stage in STAGES}
     positions = {env.env_id: env.position for env in config.envs if env.position}
+    rules = {env.env_id: env.rules for env in config.envs if env.rules}
     actors = {name: type(parse_actor(name)) for name in
               dict.fromkeys([*config.opponents.fixed_names(), *config.eval.opponents])}
     own_actors = sorted(name for name, cls in actors.items() if not _in_ub(cls))
     ran: list[Any] = [algorithm, *(cls for classes in by_stage.values() for cls in classes),
                       *(position_function(env_id, path) for env_id, path in positions.items()),
+                      *(type(load_rules(path)) for path in rules.values()),
                       *(actors[name] for name in own_actors)]
     own = sorted({code for code in ran if not _in_ub(code)}, key=import_path)
     recorded: dict[str, Any] = {
@@ -97,6 +101,8 @@ def components(config: TrainConfig) -> dict[str, Any]:
            for stage, classes in by_stage.items()}}
     if positions:
         recorded["envs.position"] = positions
+    if rules:
+        recorded["envs.rules"] = rules
     if own_actors:
         recorded["actors"] = own_actors
     return {**recorded, "sources": {code.__module__: _source_sha256(code) for code in own}}
