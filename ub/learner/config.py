@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
 from ub.errors import UbError
 from ub.inference.types import Dtype, SamplingConfig
@@ -91,8 +91,11 @@ class LearnerSection(Section):
                            "package.module:Class, a subclass of ub.learner.Algorithm "
                            "(docs/algorithms.md).", json_schema_extra=names_components("algorithm"))
     algorithm_params: dict[str, Annotated[Any, AfterValidator(_finite)]] = Field(
-        default_factory=dict, description="Keyword arguments of the algorithm, e.g. "
-        "{clip_eps: 0.2}.")
+        default_factory=dict, description="The algorithm's parameters, e.g. {clip_eps: 0.2}, "
+        "kept as written (the unset ones take their defaults): a registered algorithm's are "
+        "its section learner.algorithm_params (NAME) below, with their types and ranges; an "
+        "algorithm of one's own's, its Params section or its __init__'s keyword arguments "
+        "(docs/algorithms.md).")
     kl_coef: float = Field(0.0, ge=0, description="Weight of a KL penalty to the base model (the "
                            "adapter switched off), per completion token (0: none).")
     entropy_coef: float = Field(0.0, ge=0, description="Weight of an entropy bonus: the loss "
@@ -178,10 +181,28 @@ class LearnerSection(Section):
             raise ValueError(f"must be a positive integer or auto, got {value!r}")
         return value
 
+    @field_validator("algorithm_params")
+    @classmethod
+    def _algorithm_params_valid(cls, params: dict[str, Any], info: ValidationInfo
+                                ) -> dict[str, Any]:
+        # Checked as the algorithm's Params section, here rather than in the check below, so
+        # that pydantic names a bad one by its path (learner.algorithm_params.clip_eps). The
+        # mapping is kept as written: config.yaml and a checkpoint's record stay as given.
+        from ub.learner.algorithms import algorithm_class, algorithm_settings
+
+        name = info.data.get("algorithm")
+        try:
+            algorithm_class(name) if name is not None else None
+        except UbError:
+            return params  # (an unknown algorithm: the check below says so)
+        if name is not None:
+            algorithm_settings(name, params)  # (its ValidationError carries the parameters' path)
+        return params
+
     @model_validator(mode="after")
     def _algorithm_exists(self) -> LearnerSection:
-        # A registered name or an importable class, with parameters it takes: refused here,
-        # before a model is loaded or a round is played.
+        # A registered name or an importable class, which builds with its parameters: refused
+        # here, before a model is loaded or a round is played. (Deferred: torch.)
         from ub.learner.algorithms import make_algorithm
 
         try:
