@@ -13,10 +13,10 @@ from ub.inference.types import Dtype, SamplingConfig
 from ub.model.lora import LoraSettings
 from ub.numbers import first_non_finite
 from ub.seeding import DEFAULT_SEED
-from ub.settings import EXECUTION, Section, default_of, names_components
+from ub.settings import EXECUTION, Section, names_components
 
-__all__ = ["AdapterCompute", "Attention", "AttentionKernel", "Kernels", "LearnerConfig",
-           "LearnerSection"]
+__all__ = ["RUN_GIVEN", "AdapterCompute", "Attention", "AttentionKernel", "Kernels",
+           "LearnerConfig", "LearnerSection", "run_given", "with_run_given"]
 
 Attention = Literal["auto", "sdpa", "eager", "flash_attention_2"]
 Kernels = Literal["auto", "liger", "none"]
@@ -225,8 +225,40 @@ class LearnerSection(Section):
         return self
 
 
-_RUN_SETTINGS = ("seed", "temperature", "length_normalizer")
-"""What :class:`LearnerSection` may leave null for the run to give."""
+RUN_GIVEN = ("seed", "temperature", "length_normalizer")
+"""What :class:`LearnerSection` may leave null for the run to give (:func:`run_given`)."""
+
+
+def run_given(seed: int = DEFAULT_SEED, sampling: SamplingConfig | None = None
+              ) -> dict[str, Any]:
+    """What a learner takes from its run where its ``learner:`` section says null
+    (:data:`RUN_GIVEN`): the run's ``seed``, its ``sampling.temperature``, and
+    ``sampling.max_tokens`` as the loss's length normalizer. Without a run (the arguments'
+    defaults), a default run's: :data:`~ub.seeding.DEFAULT_SEED` and
+    :class:`~ub.inference.SamplingConfig`'s defaults.
+
+    :param seed: the run's seed.
+    :param sampling: the run's ``sampling:`` section (``None``: its defaults).
+    """
+    sampling = SamplingConfig() if sampling is None else sampling
+    return {"seed": seed, "temperature": sampling.temperature,
+            "length_normalizer": sampling.max_tokens}
+
+
+def with_run_given(learner: Mapping[str, Any], run: Mapping[str, Any]) -> dict[str, Any]:
+    """A learner section's settings ``learner`` with each of :data:`RUN_GIVEN` that it leaves
+    null or out taken from ``run`` (:func:`run_given`): the one place where "null means the
+    run's" is resolved, for a run's learner (:meth:`ub.run.config.schema.TrainConfig.
+    learner_config`), ``ub learn`` and a :class:`LearnerConfig` built without a run alike.
+
+    :param learner: the section's settings (a mapping, as written or as validated).
+    :param run: what the run gives, :func:`run_given`'s mapping.
+    """
+    out = dict(learner)
+    for key in RUN_GIVEN:
+        if out.get(key) is None:
+            out[key] = run[key]
+    return out
 
 
 class LearnerConfig(LearnerSection):
@@ -237,10 +269,11 @@ class LearnerConfig(LearnerSection):
     engine are the run's, not the section's, and the section's ``seed``, ``temperature`` and
     ``length_normalizer`` may be null, meaning the run's ``seed``, ``sampling.temperature`` and
     ``sampling.max_tokens`` (:meth:`ub.run.config.schema.TrainConfig.learner_config` fills
-    them). Here they are never null: given as null or not at all, they take the run's defaults
-    (:data:`~ub.seeding.DEFAULT_SEED`, and :class:`~ub.inference.SamplingConfig`'s
-    ``temperature`` and ``max_tokens``), so a learner built without a run trains as a default
-    run's would. A checkpoint records :meth:`to_dict` (with the base model's portable name).
+    them). Here they are never null: given as null or not at all, they take a default run's
+    (:func:`run_given` without a run: :data:`~ub.seeding.DEFAULT_SEED`, and
+    :class:`~ub.inference.SamplingConfig`'s ``temperature`` and ``max_tokens``), so a learner
+    built without a run trains as a default run's would. A checkpoint records :meth:`to_dict`
+    (with the base model's portable name).
 
     ``device_share``: a run sets it to ``1 - engine.gpu_memory_utilization``; ``None``: what is
     free (no engine beside the learner, or one asleep: the process's
@@ -254,17 +287,18 @@ class LearnerConfig(LearnerSection):
     device_share: float | None = Field(None, ge=0, le=1, description="The fraction of its GPU's "
                                        "memory the learner may use beside an awake vLLM engine "
                                        "in its process; null: what is free.")
-    seed: Seed = DEFAULT_SEED
-    temperature: Temperature = default_of(SamplingConfig, "temperature")
-    length_normalizer: LengthNormalizer = default_of(SamplingConfig, "max_tokens")
+    # The section's three run-given settings, narrowed to never null (declared, described and
+    # bounded in LearnerSection; _run_given fills them before validation). The defaults are
+    # run_given()'s, named for the type checker: a value left out never reaches them.
+    seed: Seed = run_given()["seed"]
+    temperature: Temperature = run_given()["temperature"]
+    length_normalizer: LengthNormalizer = run_given()["length_normalizer"]
 
     @model_validator(mode="before")
     @classmethod
-    def _run_defaults(cls, data: Any) -> Any:
-        # null means "the run's", and without a run that is the default (the fields' own).
-        if isinstance(data, Mapping):
-            return {k: v for k, v in data.items() if not (k in _RUN_SETTINGS and v is None)}
-        return data
+    def _run_given(cls, data: Any) -> Any:
+        # null means "the run's", and without a run that is a default run's.
+        return with_run_given(data, run_given()) if isinstance(data, Mapping) else data
 
     @field_validator("base_model")
     @classmethod
