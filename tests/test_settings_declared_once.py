@@ -113,3 +113,23 @@ def test_an_algorithms_parameters_are_declared_in_its_section_and_shown_with_the
             assert f"| `learner.algorithm_params.{field}` |" in text
     ppo = text[text.index("## `learner.algorithm_params` (ppo)"):]
     assert "| `learner.algorithm_params.clip_eps` | float, > 0, < 1 | `0.2` |" in ppo
+
+
+def test_a_sections_key_is_where_it_sits_in_the_config():
+    """A section validated on its own (``BatchConfig.from_dict`` in ``ub learn``, a learner's
+    ``LearnerConfig``) names a bad setting by its ``key``, which says where the section sits in
+    a run's config: the position the schema gives it, written where the section is declared
+    (its package sits below the schema, which places it), so checked here against the tree."""
+    from ub.learner.algorithms import AlgorithmParams
+
+    positions: dict[type[BaseModel], set[str]] = defaultdict(set)
+    for path, model in sections():
+        positions[model].add(path)
+    keyed = [(model, paths) for model, paths in positions.items()
+             if getattr(model, "key", "")]
+    assert len(keyed) >= 9  # engine, sampling, rollout.branch, opponents, ..., learner.lora
+    for model, paths in keyed:
+        assert paths == {model.key}, model.__name__  # type: ignore[attr-defined]
+    assert LearnerConfig.key == LearnerSection.key
+    assert AlgorithmParams.key == f"{LearnerSection.key}.algorithm_params"
+    assert "algorithm_params" in LearnerSection.model_fields
