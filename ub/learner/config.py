@@ -93,8 +93,8 @@ class LearnerSection(Section):
     algorithm_params: dict[str, Annotated[Any, AfterValidator(_finite)]] = Field(
         default_factory=dict, description="The algorithm's parameters, e.g. {clip_eps: 0.2}, "
         "kept as written (the unset ones take their defaults): a registered algorithm's are "
-        "its section learner.algorithm_params (NAME) below, with their types and ranges; an "
-        "algorithm of one's own's, its Params section or its __init__'s keyword arguments "
+        "its section learner.algorithm_params (NAME) below, with their types and ranges; for "
+        "an algorithm of one's own, its Params section or its __init__'s keyword arguments "
         "(docs/algorithms.md).")
     kl_coef: float = Field(0.0, ge=0, description="Weight of a KL penalty to the base model (the "
                            "adapter switched off), per completion token (0: none).")
