@@ -133,3 +133,32 @@ def test_a_sections_key_is_where_it_sits_in_the_config():
     assert LearnerConfig.key == LearnerSection.key
     assert AlgorithmParams.key == f"{LearnerSection.key}.algorithm_params"
     assert "algorithm_params" in LearnerSection.model_fields
+
+
+def test_a_bad_algorithm_parameter_is_refused_with_the_config_by_its_path():
+    """A built-in algorithm's parameters are validated as its section when the config is (so at
+    preflight, before a model loads); one of one's own without a ``Params`` section takes the
+    mapping as keyword arguments, its keys checked against its ``__init__``."""
+    import pytest
+
+    from ub.errors import UbError
+    from ub.run.config.load import validate_config
+
+    def config(algorithm: str, params: dict) -> dict:
+        return {"envs": [{"env_id": "TicTacToe-v0-train"}], "batch": {"sampling": []},
+                "learner": {"algorithm": algorithm, "algorithm_params": params}}
+
+    with pytest.raises(UbError, match=r"learner\.algorithm_params\.clip_eps: Input should be "
+                                      r"less than 1 \(got 2\)"):
+        validate_config(config("ppo", {"clip_eps": 2}))
+    with pytest.raises(UbError, match=r"learner\.algorithm_params\.normalize: Input should be "
+                                      r"a valid boolean"):
+        validate_config(config("a2c", {"normalize": "yes"}))
+    assert validate_config(config("ppo", {"clip_eps": 0.3})).learner.algorithm_params == {
+        "clip_eps": 0.3}  # (kept as written: config.yaml stores what was given)
+    own = "own_components:AsymmetricClip"
+    assert validate_config(config(own, {"clip_high": 0.3})).learner.algorithm == own
+    with pytest.raises(UbError, match=r"learner\.algorithm_params: algorithm "
+                                      r"'own_components:AsymmetricClip' has no parameter\(s\) "
+                                      r"clip; valid: clip_high, clip_low"):
+        validate_config(config(own, {"clip": 0.3}))
