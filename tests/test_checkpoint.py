@@ -457,10 +457,14 @@ def test_config_errors(model_dir: Path) -> None:
     with pytest.raises(UbError, match=r"^learner: unknown algorithm 'a3c'; registered: a2c, ppo, "
                                       r"reinforce"):
         config(model_dir).replace(algorithm="a3c")
-    with pytest.raises(UbError, match=r"^learner: algorithm 'ppo' has no parameter.* clip; "
-                                      r"valid: clip_eps, clip_eps_high"):
+    with pytest.raises(UbError, match=r"^learner\.algorithm_params: algorithm 'ppo' has no "
+                                      r"parameter.* clip; valid: clip_eps, clip_eps_high"):
         config(model_dir).replace(algorithm="ppo", algorithm_params={"clip": 0.1})
-    with pytest.raises(UbError, match="clip_eps must be in"):
+    with pytest.raises(UbError, match=r"^learner\.algorithm_params\.clip_eps: Input should be "
+                                      r"less than 1 \(got 2\)$"):
+        config(model_dir).replace(algorithm="ppo", algorithm_params={"clip_eps": 2})
+    with pytest.raises(UbError, match=r"^learner\.algorithm_params\.clip_eps: Input should be "
+                                      r"less than 1 \(got 2\)$"):
         make_algorithm("ppo", {"clip_eps": 2})
     with pytest.raises(UbError, match=r"^learner\.lr: unknown setting$"):
         LearnerConfig.from_dict({"base_model": "m", "lr": 1})

@@ -112,7 +112,7 @@ def test_a2c_caps_an_invalid_moves_advantage_after_its_own_normalization() -> No
             plain.advantages[row].item()
         assert capped.advantages[row].item() == pytest.approx(want)
     assert capped.returns is not None and capped.returns.tolist() == pytest.approx(returns)
-    with pytest.raises(UbError, match="invalid_move_cap must be < 0"):
+    with pytest.raises(UbError, match=r"invalid_move_cap: Input should be less than 0"):
         make_algorithm("a2c", {"invalid_move_cap": 0.5})
     no_column = _seat_batch(returns, values, [2, 1, 1, 0, 0])
     no_column = dataclasses.replace(no_column, rows=no_column.rows.drop_columns(["invalid_move"]))
@@ -208,9 +208,11 @@ def test_resume_with_the_head_is_bit_equal_and_peft_ignores_it(
 
 
 def test_a2c_settings_out_of_range_are_refused() -> None:
-    with pytest.raises(UbError, match=r"^algorithm 'a2c': gae_lambda must be in \[0, 1\]"):
+    with pytest.raises(UbError, match=r"^learner\.algorithm_params\.gae_lambda: Input should "
+                                      r"be less than or equal to 1 \(got 1\.5\)$"):
         make_algorithm("a2c", {"gae_lambda": 1.5})
-    with pytest.raises(UbError, match="value_learning_rate must be > 0"):
+    with pytest.raises(UbError, match=r"^learner\.algorithm_params\.value_learning_rate: Input "
+                                      r"should be greater than 0 \(got 0\)$"):
         make_algorithm("a2c", {"value_learning_rate": 0})
 
 

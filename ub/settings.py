@@ -255,6 +255,14 @@ class Section(BaseModel):
             raise UbError(format_errors(exc, self.key, type(self))) from None
 
 
+def same_setting(section: type[BaseModel], name: str) -> Any:
+    """The declaration of ``section.name`` (its pydantic ``FieldInfo``: type bounds, default,
+    description), for a section that holds the same setting without declaring it again:
+    ``env_id: str = same_setting(GameSpec, "env_id")`` (typed ``Any`` so that it stands as
+    the field's default for the type checker; pydantic reads it as the field's declaration)."""
+    return section.model_fields[name]
+
+
 def default_of(section: type[BaseModel], name: str) -> Any:
     """The default of ``section.name`` (a fresh copy: safe to mutate)."""
     return copy.deepcopy(section.model_fields[name].get_default(call_default_factory=True))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ub.cli.args import (
     HelpWhenPrinted,
@@ -73,13 +73,14 @@ def cmd_learn(args: argparse.Namespace) -> int:
 
 def learner_config(args: argparse.Namespace) -> LearnerConfig:
     """The ``learner:`` section of ``--config`` with the command-line overrides."""
-    from ub.learner import LearnerConfig
+    from ub.learner.config import LearnerConfig, with_run_given
 
     # null means "the default" (a run's config.yaml stores every setting, nulls included); a
     # run's config also carries what its learner takes from the run (seed, sampling).
     data = {k: v for k, v in yaml_section(args.config, "learner").items() if v is not None}
-    for key, value in run_level_learner_defaults(args.config).items():
-        data.setdefault(key, value)
+    run = run_level_learner_defaults(args.config)
+    if run is not None:
+        data = with_run_given(data, run)
     for key in ("algorithm", "learning_rate", "init_adapter", "base_model"):
         if getattr(args, key, None) is not None:
             data[key] = getattr(args, key)
@@ -97,14 +98,15 @@ def learner_config(args: argparse.Namespace) -> LearnerConfig:
     return LearnerConfig.from_dict(data)
 
 
-def run_level_learner_defaults(path_text: str | None) -> dict:
+def run_level_learner_defaults(path_text: str | None) -> dict[str, Any] | None:
     """The learner settings a run's config gives through its top-level ``seed`` and
-    ``sampling:`` (none for a YAML that has neither, e.g. just ``batch:`` and ``learner:``)."""
+    ``sampling:`` (:func:`ub.learner.config.run_given`; ``None`` for a YAML that has neither,
+    e.g. just ``batch:`` and ``learner:``: a default run's then, as for any LearnerConfig)."""
     whole = yaml_document(path_text)
     if "seed" not in whole and "sampling" not in whole:
-        return {}
+        return None
     from ub.inference.types import SamplingConfig
-    from ub.run.config.schema import run_learner_defaults
+    from ub.learner.config import run_given
     from ub.seeding import DEFAULT_SEED
 
     try:
@@ -112,4 +114,4 @@ def run_level_learner_defaults(path_text: str | None) -> dict:
     except UbError as error:
         raise UbError(f"{path_text}: {error}") from None
     seed = whole.get("seed")
-    return run_learner_defaults(DEFAULT_SEED if seed is None else seed, sampling)
+    return run_given(DEFAULT_SEED if seed is None else seed, sampling)

@@ -85,6 +85,11 @@ class EngineConfig(EngineSection):
         return str(model) if isinstance(model, os.PathLike) else model
 
 
+SamplingTemperature = Annotated[float, Field(ge=0)]
+"""A temperature the engine samples at (0: greedy): the range of ``sampling.temperature`` and
+``eval.temperature``, declared once."""
+
+
 class SamplingConfig(Section):
     """How rollouts sample (the ``sampling:`` section), and what the engine takes per request:
     a completion cut at ``max_tokens`` finishes with ``"length"``; one that meets a ``stop``
@@ -92,8 +97,8 @@ class SamplingConfig(Section):
 
     key: ClassVar[str] = "sampling"
 
-    temperature: float = Field(1.0, ge=0, description="Sampling temperature of training games "
-                               "(the learner scores at it too); 0: greedy.")
+    temperature: SamplingTemperature = Field(1.0, description="Sampling temperature of training "
+                                             "games (the learner scores at it too); 0: greedy.")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling (keep 1: the learner "
                          "does not model top-p).")
     max_tokens: int = Field(32, ge=1, description="Most tokens per completion (also the "

@@ -6,17 +6,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, Field, field_validator, model_validator
+from pydantic import AfterValidator, Field, ValidationInfo, field_validator, model_validator
 
 from ub.errors import UbError
 from ub.inference.types import Dtype, SamplingConfig
 from ub.model.lora import LoraSettings
 from ub.numbers import first_non_finite
 from ub.seeding import DEFAULT_SEED
-from ub.settings import EXECUTION, Section, default_of, names_components
+from ub.settings import EXECUTION, Section, names_components
 
-__all__ = ["AdapterCompute", "Attention", "AttentionKernel", "Kernels", "LearnerConfig",
-           "LearnerSection"]
+__all__ = ["RUN_GIVEN", "AdapterCompute", "Attention", "AttentionKernel", "Kernels",
+           "LearnerConfig", "LearnerSection", "run_given", "with_run_given"]
 
 Attention = Literal["auto", "sdpa", "eager", "flash_attention_2"]
 Kernels = Literal["auto", "liger", "none"]
@@ -91,8 +91,11 @@ class LearnerSection(Section):
                            "package.module:Class, a subclass of ub.learner.Algorithm "
                            "(docs/algorithms.md).", json_schema_extra=names_components("algorithm"))
     algorithm_params: dict[str, Annotated[Any, AfterValidator(_finite)]] = Field(
-        default_factory=dict, description="Keyword arguments of the algorithm, e.g. "
-        "{clip_eps: 0.2}.")
+        default_factory=dict, description="The algorithm's parameters, e.g. {clip_eps: 0.2}, "
+        "kept as written (the unset ones take their defaults): a registered algorithm's are "
+        "its section learner.algorithm_params (NAME) below, with their types and ranges; for "
+        "an algorithm of one's own, its Params section or its __init__'s keyword arguments "
+        "(docs/algorithms.md).")
     kl_coef: float = Field(0.0, ge=0, description="Weight of a KL penalty to the base model (the "
                            "adapter switched off), per completion token (0: none).")
     entropy_coef: float = Field(0.0, ge=0, description="Weight of an entropy bonus: the loss "
@@ -178,10 +181,28 @@ class LearnerSection(Section):
             raise ValueError(f"must be a positive integer or auto, got {value!r}")
         return value
 
+    @field_validator("algorithm_params")
+    @classmethod
+    def _algorithm_params_valid(cls, params: dict[str, Any], info: ValidationInfo
+                                ) -> dict[str, Any]:
+        # Checked as the algorithm's Params section, here rather than in the check below, so
+        # that pydantic names a bad one by its path (learner.algorithm_params.clip_eps). The
+        # mapping is kept as written: config.yaml and a checkpoint's record stay as given.
+        from ub.learner.algorithms import algorithm_class, algorithm_settings
+
+        name = info.data.get("algorithm")
+        try:
+            algorithm_class(name) if name is not None else None
+        except UbError:
+            return params  # (an unknown algorithm: the check below says so)
+        if name is not None:
+            algorithm_settings(name, params)  # (its ValidationError carries the parameters' path)
+        return params
+
     @model_validator(mode="after")
     def _algorithm_exists(self) -> LearnerSection:
-        # A registered name or an importable class, with parameters it takes: refused here,
-        # before a model is loaded or a round is played.
+        # A registered name or an importable class, which builds with its parameters: refused
+        # here, before a model is loaded or a round is played. (Deferred: torch.)
         from ub.learner.algorithms import make_algorithm
 
         try:
@@ -204,8 +225,40 @@ class LearnerSection(Section):
         return self
 
 
-_RUN_SETTINGS = ("seed", "temperature", "length_normalizer")
-"""What :class:`LearnerSection` may leave null for the run to give."""
+RUN_GIVEN = ("seed", "temperature", "length_normalizer")
+"""What :class:`LearnerSection` may leave null for the run to give (:func:`run_given`)."""
+
+
+def run_given(seed: int = DEFAULT_SEED, sampling: SamplingConfig | None = None
+              ) -> dict[str, Any]:
+    """What a learner takes from its run where its ``learner:`` section says null
+    (:data:`RUN_GIVEN`): the run's ``seed``, its ``sampling.temperature``, and
+    ``sampling.max_tokens`` as the loss's length normalizer. Without a run (the arguments'
+    defaults), a default run's: :data:`~ub.seeding.DEFAULT_SEED` and
+    :class:`~ub.inference.SamplingConfig`'s defaults.
+
+    :param seed: the run's seed.
+    :param sampling: the run's ``sampling:`` section (``None``: its defaults).
+    """
+    sampling = SamplingConfig() if sampling is None else sampling
+    return {"seed": seed, "temperature": sampling.temperature,
+            "length_normalizer": sampling.max_tokens}
+
+
+def with_run_given(learner: Mapping[str, Any], run: Mapping[str, Any]) -> dict[str, Any]:
+    """A learner section's settings ``learner`` with each of :data:`RUN_GIVEN` that it leaves
+    null or out taken from ``run`` (:func:`run_given`): the one place where "null means the
+    run's" is resolved, for a run's learner (:meth:`ub.run.config.schema.TrainConfig.
+    learner_config`), ``ub learn`` and a :class:`LearnerConfig` built without a run alike.
+
+    :param learner: the section's settings (a mapping, as written or as validated).
+    :param run: what the run gives, :func:`run_given`'s mapping.
+    """
+    out = dict(learner)
+    for key in RUN_GIVEN:
+        if out.get(key) is None:
+            out[key] = run[key]
+    return out
 
 
 class LearnerConfig(LearnerSection):
@@ -216,10 +269,11 @@ class LearnerConfig(LearnerSection):
     engine are the run's, not the section's, and the section's ``seed``, ``temperature`` and
     ``length_normalizer`` may be null, meaning the run's ``seed``, ``sampling.temperature`` and
     ``sampling.max_tokens`` (:meth:`ub.run.config.schema.TrainConfig.learner_config` fills
-    them). Here they are never null: given as null or not at all, they take the run's defaults
-    (:data:`~ub.seeding.DEFAULT_SEED`, and :class:`~ub.inference.SamplingConfig`'s
-    ``temperature`` and ``max_tokens``), so a learner built without a run trains as a default
-    run's would. A checkpoint records :meth:`to_dict` (with the base model's portable name).
+    them). Here they are never null: given as null or not at all, they take a default run's
+    (:func:`run_given` without a run: :data:`~ub.seeding.DEFAULT_SEED`, and
+    :class:`~ub.inference.SamplingConfig`'s ``temperature`` and ``max_tokens``), so a learner
+    built without a run trains as a default run's would. A checkpoint records :meth:`to_dict`
+    (with the base model's portable name).
 
     ``device_share``: a run sets it to ``1 - engine.gpu_memory_utilization``; ``None``: what is
     free (no engine beside the learner, or one asleep: the process's
@@ -233,17 +287,18 @@ class LearnerConfig(LearnerSection):
     device_share: float | None = Field(None, ge=0, le=1, description="The fraction of its GPU's "
                                        "memory the learner may use beside an awake vLLM engine "
                                        "in its process; null: what is free.")
-    seed: Seed = DEFAULT_SEED
-    temperature: Temperature = default_of(SamplingConfig, "temperature")
-    length_normalizer: LengthNormalizer = default_of(SamplingConfig, "max_tokens")
+    # The section's three run-given settings, narrowed to never null (declared, described and
+    # bounded in LearnerSection; _run_given fills them before validation). The defaults are
+    # run_given()'s, named for the type checker: a value left out never reaches them.
+    seed: Seed = run_given()["seed"]
+    temperature: Temperature = run_given()["temperature"]
+    length_normalizer: LengthNormalizer = run_given()["length_normalizer"]
 
     @model_validator(mode="before")
     @classmethod
-    def _run_defaults(cls, data: Any) -> Any:
-        # null means "the run's", and without a run that is the default (the fields' own).
-        if isinstance(data, Mapping):
-            return {k: v for k, v in data.items() if not (k in _RUN_SETTINGS and v is None)}
-        return data
+    def _run_given(cls, data: Any) -> Any:
+        # null means "the run's", and without a run that is a default run's.
+        return with_run_given(data, run_given()) if isinstance(data, Mapping) else data
 
     @field_validator("base_model")
     @classmethod

@@ -146,7 +146,7 @@ def learn_step(root: str | Path, batch_config: Any, learner_config: LearnerConfi
     out = Path(out_checkpoint)
     if not overwrite and (done := committed_update(out, from_checkpoint)) is not None:
         return done
-    refusal = sampling_refusal(learner_config.algorithm, learner_config.algorithm_params,
+    refusal = sampling_refusal(learner_config.algorithm,
                                [t.config_name() for t in batch_config.transforms.sampling])
     if refusal:
         raise UbError(f"batch.sampling: {refusal}")

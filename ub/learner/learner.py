@@ -285,7 +285,9 @@ class Learner:
             base_model=self.policy.base_identity,
             lora=self.config.lora,
             optimizer=self.optimizers.state_tensors(),
-            optimizer_settings={"name": "adamw", **_adam(self.config)},
+            # (lr: the configured rate the schedule scales, as the record always said)
+            optimizer_settings={"name": "adamw", "lr": self.config.learning_rate,
+                                **_adam(self.config)},
             rng=self.streams.torch,
             python_rng=self.streams.python_json(),
             # The base model by its portable name, not this machine's path to it: a run's
@@ -334,8 +336,9 @@ def _non_finite(what: str, batch: Batch, update: int, source: str | None) -> str
 
 
 def _adam(config: LearnerConfig) -> dict[str, Any]:
-    """The adapter's AdamW settings."""
-    return {"lr": config.learning_rate, "betas": tuple(config.betas), "eps": config.adam_eps,
+    """The adapter's AdamW settings besides its learning rate, which each step takes from the
+    schedule (:meth:`Optimizers.step`): none is set here to be overwritten there."""
+    return {"betas": tuple(config.betas), "eps": config.adam_eps,
             "weight_decay": config.weight_decay}
 
 

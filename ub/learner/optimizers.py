@@ -26,19 +26,23 @@ Snapshot = tuple[Any, ...]
 
 
 class Optimizers:
-    """The adapter's AdamW (``settings``: the learner's; its learning rate set at each step by
-    the schedule) and one AdamW per module of ``modules`` with trainable parameters.
+    """The adapter's AdamW (``settings``: the learner's) and one AdamW per module of
+    ``modules`` with trainable parameters.
+
+    The adapter's learning rate has one source: each :meth:`step` is given the schedule's rate
+    for that step (:func:`ub.learner.update.scheduled_learning_rate`), and nothing else sets
+    it (the AdamW holds 0 until its first step).
 
     :param adapter: the adapter's parameters by saved name.
-    :param settings: the adapter's AdamW settings (``lr``, ``betas``, ``eps``,
-        ``weight_decay``).
+    :param settings: the adapter's AdamW settings besides its learning rate (``betas``,
+        ``eps``, ``weight_decay``).
     :param modules: what the algorithm trains besides the adapter, by name.
     """
 
     def __init__(self, adapter: Mapping[str, torch.nn.Parameter], settings: Mapping[str, Any],
                  modules: Mapping[str, Trained]) -> None:
         self.adapter_params = dict(adapter)
-        self.adapter = torch.optim.AdamW(list(self.adapter_params.values()), **settings)
+        self.adapter = torch.optim.AdamW(list(self.adapter_params.values()), lr=0.0, **settings)
         self.modules: dict[str, Trained] = {}
         self.own: dict[str, torch.optim.AdamW] = {}
         self.set_modules(modules)
@@ -57,7 +61,7 @@ class Optimizers:
                     weight_decay=trained.weight_decay)
 
     def configure(self, settings: Mapping[str, Any]) -> None:
-        """New AdamW settings for the adapter (its state stays)."""
+        """New AdamW settings for the adapter, besides its learning rate (its state stays)."""
         for group in self.adapter.param_groups:
             group.update(settings)
 
@@ -75,7 +79,11 @@ class Optimizers:
         return [p for _, p, _ in self.named()]
 
     def step(self, learning_rate: float) -> None:
-        """One step of every optimizer (the adapter's at ``learning_rate``), gradients zeroed."""
+        """One step of every optimizer, gradients zeroed.
+
+        :param learning_rate: the adapter's rate for this step, the schedule's (the modules'
+            AdamWs keep the constant rates their algorithm declared).
+        """
         for group in self.adapter.param_groups:
             group["lr"] = learning_rate
         self.adapter.step()

@@ -33,6 +33,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
+from pydantic import Field
 
 from ub.errors import UbError
 from ub.learner.algorithms.base import (
@@ -42,7 +43,7 @@ from ub.learner.algorithms.base import (
     Trained,
     register_algorithm,
 )
-from ub.learner.algorithms.policy_gradient import DEFAULT_TIS_CAP, Reinforce
+from ub.learner.algorithms.policy_gradient import Reinforce, ReinforceParams
 
 if TYPE_CHECKING:
     from ub.batch import Batch
@@ -69,6 +70,25 @@ class ValueHead(torch.nn.Module):
                                           self.linear.bias.detach()).squeeze(-1)
 
 
+class A2CParams(ReinforceParams):
+    """The parameters of ``a2c`` (``tis_cap`` as ``reinforce``'s)."""
+
+    value_coef: float = Field(0.0, ge=0, description="Weight of the value loss in the "
+                              "adapter's gradient (0: the head learns on the policy's "
+                              "features, which the value loss leaves alone).")
+    value_learning_rate: float = Field(1e-3, gt=0, description="The value head's AdamW step "
+                                       "size.")
+    gae_lambda: float = Field(1.0, ge=0, le=1, description="GAE's lambda; 1: the return less "
+                              "the value.")
+    gamma: float = Field(1.0, gt=0, le=1, description="The discount between a seat's "
+                         "decisions, for GAE (the batch's discount; 1 without one).")
+    normalize: bool = Field(False, description="Standardize the advantages over the batch.")
+    invalid_move_cap: float | None = Field(None, lt=0, description="An invalid move's "
+                                           "advantage after all of the above is at most this, "
+                                           "read from the batch's invalid_move column; null: "
+                                           "no cap.")
+
+
 @register_algorithm
 class A2C(Reinforce):
     """Advantage actor-critic: REINFORCE on ``return - value``, with the value head trained
@@ -80,44 +100,27 @@ class A2C(Reinforce):
     reward ``r_t = G_t - gamma * G_{t+1}`` (the last decision's: its return). ``gamma`` must
     then be the batch's ``discount`` (1 without one).
 
-    :param value_coef: weight of the value loss in the adapter's gradient (0: the head learns
-        on the policy's features, which the value loss leaves alone).
-    :param value_learning_rate: the head's AdamW step size.
-    :param gae_lambda: GAE's lambda in [0, 1]; 1: the return less the value.
-    :param gamma: the discount between a seat's decisions, for GAE.
-    :param normalize: standardize the advantages over the batch.
-    :param invalid_move_cap: an invalid move's advantage after all of the above is at most
-        this (< 0; ``None``: no cap), read from the batch's ``invalid_move`` column.
-    :param tis_cap: as :class:`~ub.learner.algorithms.policy_gradient.Reinforce`'s.
+    Its parameters: :class:`A2CParams`.
     """
 
     name = "a2c"
+    Params = A2CParams
     reads = ("returns",)
     adds = ("values",)
     reads_states = True
     statistics: ClassVar[Mapping[str, Reduction]] = {"value_mse": "row", "value_mean": "row"}
 
-    def __init__(self, value_coef: float = 0.0, value_learning_rate: float = 1e-3,
-                 gae_lambda: float = 1.0, gamma: float = 1.0, normalize: bool = False,
-                 invalid_move_cap: float | None = None,
-                 tis_cap: float | None = DEFAULT_TIS_CAP) -> None:
-        super().__init__(tis_cap)
-        if not value_coef >= 0:
-            raise ValueError(f"value_coef must be >= 0, got {value_coef}")
-        if not value_learning_rate > 0:
-            raise ValueError(f"value_learning_rate must be > 0, got {value_learning_rate}")
-        if not 0 <= gae_lambda <= 1:
-            raise ValueError(f"gae_lambda must be in [0, 1], got {gae_lambda}")
-        if not 0 < gamma <= 1:
-            raise ValueError(f"gamma must be in (0, 1], got {gamma}")
-        if invalid_move_cap is not None and not invalid_move_cap < 0:
-            raise ValueError(f"invalid_move_cap must be < 0 (or null), got {invalid_move_cap}")
-        self.value_coef = value_coef
-        self.value_learning_rate = value_learning_rate
-        self.gae_lambda = gae_lambda
-        self.gamma = gamma
-        self.normalize = normalize
-        self.invalid_move_cap = invalid_move_cap
+    def __init__(self, params: A2CParams | None = None) -> None:
+        """:param params: its parameters, validated; ``None``: the defaults."""
+        params = A2CParams() if params is None else params
+        super().__init__(params)
+        self.params: A2CParams = params
+        self.value_coef = params.value_coef
+        self.value_learning_rate = params.value_learning_rate
+        self.gae_lambda = params.gae_lambda
+        self.gamma = params.gamma
+        self.normalize = params.normalize
+        self.invalid_move_cap = params.invalid_move_cap
         self.head: ValueHead | None = None  # (build)
 
     def build(self, policy: PolicyView) -> dict[str, Trained]:

@@ -15,6 +15,12 @@ declarations the learner iterates over and nothing else:
 - :attr:`Algorithm.statistics`: how its statistics are reduced (every statistic it reports
   reaches the run's data, declared or not).
 
+Its parameters (``learner.algorithm_params``) are declared once, as a typed section,
+:attr:`Algorithm.Params` (an :class:`AlgorithmParams`: each parameter's type, default, range
+and meaning), which validates them with the config and documents them in docs/config.md; an
+algorithm that declares none takes the plain mapping as keyword arguments of its
+``__init__``. :func:`make_algorithm` is the one place either is built.
+
 See ``docs/algorithms.md`` for the formulas and worked examples.
 """
 
@@ -22,14 +28,16 @@ from __future__ import annotations
 
 import inspect
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import torch
+from pydantic import ValidationError
 
 from ub.components import is_import_path, load_class, public_name
 from ub.errors import UbError
+from ub.settings import Section, format_errors
 
 if TYPE_CHECKING:
     from ub.batch import Batch
@@ -106,16 +114,34 @@ class Trained:
     eps: float = 1e-8
 
 
+class AlgorithmParams(Section):
+    """Base of an algorithm's typed parameters (:attr:`Algorithm.Params`): the
+    ``learner.algorithm_params`` of a config that names the algorithm."""
+
+    key = "learner.algorithm_params"
+
+
 class Algorithm:
     """Base class of the learner's algorithms.
 
-    Subclasses set :attr:`name` (registered ones), take their parameters as keyword arguments
-    of ``__init__`` (with defaults; they come from ``LearnerConfig.algorithm_params``, and
+    Subclasses set :attr:`name` (registered ones) and implement :meth:`loss`. Their parameters
+    come from ``LearnerConfig.algorithm_params``, one of two ways:
+
+    - declared: :attr:`Params` names an :class:`AlgorithmParams` subclass; the mapping is
+      validated as that section when the config is (each bad value refused by its path,
+      ``learner.algorithm_params.NAME``), and ``__init__`` takes the section instance, one
+      argument (the built-in algorithms, whose sections docs/config.md shows);
+    - not declared (:attr:`Params` ``None``): ``__init__`` takes the mapping's items as
+      keyword arguments (with defaults), and checks their values itself.
+
     ``__init__`` is called when a config is checked: keep it cheap, build modules in
-    :meth:`build`) and implement :meth:`loss`.
+    :meth:`build`.
     """
 
     name: ClassVar[str] = ""
+    # Its parameters' section (AlgorithmParams); None: keyword arguments of __init__. A
+    # subclass that takes keyword arguments of its own sets it back to None.
+    Params: ClassVar[type[AlgorithmParams] | None] = None
     # Rows whose advantage is exactly 0 get no gradient from a loss linear in the advantage;
     # the learner skips their forward pass unless this is True (e.g. a loss with a KL term).
     needs_zero_advantage_rows: ClassVar[bool] = False
@@ -174,13 +200,12 @@ class Algorithm:
         return cls.statistics.get(statistic, "max" if statistic.endswith("_max") else "token")
 
 
-def sampling_refusal(name: str, params: Mapping[str, Any] | None, sampling: Sequence[str]
-                     ) -> str | None:
-    """Why algorithm ``name`` with ``params`` cannot train on a batch whose sampling stage is
-    ``sampling`` (the transforms' names), or ``None``. One that reads returns and not
-    advantages makes its own advantages: a sampling transform would change nothing it trains
-    on (and a return normalized is no return)."""
-    algorithm = make_algorithm(name, dict(params or {}))
+def sampling_refusal(name: str, sampling: Sequence[str]) -> str | None:
+    """Why algorithm ``name`` cannot train on a batch whose sampling stage is ``sampling`` (the
+    transforms' names), or ``None``. One that reads returns and not advantages makes its own
+    advantages: a sampling transform would change nothing it trains on (and a return
+    normalized is no return). (What it reads is a declaration of its class: nothing is built.)"""
+    algorithm = algorithm_class(name)
     if not sampling or "advantages" in algorithm.reads:
         return None
     return (f"[{', '.join(sampling)}] makes the batch's advantages, and learner.algorithm "
@@ -212,24 +237,52 @@ def algorithm_names() -> list[str]:
 
 def algorithm_parameters(name: str) -> dict[str, Any]:
     """The parameters of algorithm ``name`` (a registered name or an import path) and their
-    defaults."""
-    signature = inspect.signature(algorithm_class(name).__init__)
+    defaults: its :attr:`~Algorithm.Params` section's fields, or its ``__init__``'s keyword
+    arguments."""
+    cls = algorithm_class(name)
+    if cls.Params is not None:
+        return {field: info.get_default(call_default_factory=True)
+                for field, info in cls.Params.model_fields.items()}
+    signature = inspect.signature(cls.__init__)
     return {p.name: p.default for p in list(signature.parameters.values())[1:]
             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
 
 
-def make_algorithm(name: str, params: dict[str, Any] | None = None) -> Algorithm:
-    """An instance of algorithm ``name`` with ``params``; unknown names or params, and
-    declarations that mean nothing, are errors."""
+def algorithm_settings(name: str, params: Mapping[str, Any] | None = None
+                       ) -> AlgorithmParams | dict[str, Any]:
+    """``params`` checked as algorithm ``name``'s parameters: its :attr:`~Algorithm.Params`
+    section, validated (a bad value raises pydantic's ``ValidationError``, each error at the
+    parameter's name, so that a config's validation reports it at
+    ``learner.algorithm_params.NAME``), or, for an algorithm that declares none, the mapping
+    itself once its keys are known to ``__init__``.
+
+    :raises ValueError: a parameter the algorithm does not have (with the valid ones).
+    """
     params = dict(params or {})
+    cls = algorithm_class(name)
     known = algorithm_parameters(name)
     unknown = sorted(set(params) - set(known))
     if unknown:
-        valid = ", ".join(known) or "none"
-        raise UbError(f"algorithm {name!r} has no parameter(s) {', '.join(unknown)}; "
-                      f"valid: {valid}")
+        raise ValueError(f"algorithm {name!r} has no parameter(s) {', '.join(unknown)}; "
+                         f"valid: {', '.join(sorted(known)) or 'none'}")
+    return params if cls.Params is None else cls.Params.model_validate(params)
+
+
+def make_algorithm(name: str, params: Mapping[str, Any] | None = None) -> Algorithm:
+    """An instance of algorithm ``name`` with ``params`` (:func:`algorithm_settings`): the one
+    construction of an algorithm, for the config's check and the learner alike. Unknown names
+    or params, values out of range, and declarations that mean nothing are errors."""
+    cls = algorithm_class(name)
     try:
-        algorithm = algorithm_class(name)(**params)
+        settings = algorithm_settings(name, params)
+    except ValidationError as exc:
+        raise UbError(format_errors(exc, AlgorithmParams.key, cls.Params)) from None
+    except ValueError as exc:
+        raise UbError(str(exc)) from None
+    build: Callable[..., Algorithm] = cls  # (its __init__ is the subclass's: see Algorithm)
+    try:
+        algorithm = (build(settings) if isinstance(settings, AlgorithmParams)
+                     else build(**settings))
     except (TypeError, ValueError) as e:
         raise UbError(f"algorithm {name!r}: {e}") from e
     bad = [c for c in algorithm.reads if c not in COLUMNS]

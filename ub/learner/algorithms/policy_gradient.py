@@ -20,18 +20,44 @@ weight is 1 and nothing changes.
 from __future__ import annotations
 
 import torch
+from pydantic import Field
 
-from ub.learner.algorithms.base import Algorithm, TokenBatch, register_algorithm
+from ub.learner.algorithms.base import (
+    Algorithm,
+    AlgorithmParams,
+    TokenBatch,
+    register_algorithm,
+)
 
 DEFAULT_TIS_CAP = 2.0
 """The default cap of the truncated importance weight (the value of Yao et al.'s experiments):
 a token's weight never exceeds 2, and a ratio of ~1 (sampler and learner agree) is untouched."""
 
 
-def check_tis_cap(cap: float | None) -> None:
-    if cap is not None and not cap >= 1:
-        raise ValueError(f"tis_cap must be >= 1 (a cap below 1 would also shrink the tokens "
-                         f"sampler and learner agree on) or null (no correction), got {cap}")
+class ReinforceParams(AlgorithmParams):
+    """The parameters of ``reinforce`` (and of the algorithms built on it: ``a2c``)."""
+
+    # (>= 1: a cap below 1 would also shrink the tokens sampler and learner agree on)
+    tis_cap: float | None = Field(DEFAULT_TIS_CAP, ge=1, description="The cap of each token's "
+                                  "truncated importance weight min(exp(logp_old - "
+                                  "logp_behaviour), tis_cap); null: weights of 1 (no "
+                                  "correction).")
+
+
+class PPOParams(ReinforceParams):
+    """The parameters of ``ppo``."""
+
+    clip_eps: float = Field(0.2, gt=0, lt=1, description="The clip range's lower side, "
+                            "eps_low (the ratio is clipped to [1 - eps_low, 1 + eps_high]), and "
+                            "its upper side unless clip_eps_high is given.")
+    clip_eps_high: float | None = Field(None, gt=0, description="The clip range's upper side, "
+                                        "eps_high (> clip_eps is DAPO's \"clip higher\": "
+                                        "unlikely tokens with a positive advantage grow "
+                                        "faster); null: clip_eps.")
+
+
+class SftParams(AlgorithmParams):
+    """``sft`` has no parameters."""
 
 
 def truncated_importance_weights(tokens: TokenBatch, cap: float | None
@@ -62,15 +88,17 @@ class Reinforce(Algorithm):
     ``loss = -sum_{b,t} w_{b,t} * A_b * logp_{b,t} * mask_{b,t} / (B * L)``, with ``w`` the
     truncated importance weight ``min(exp(logp_old - logp_behaviour), tis_cap)`` (detached).
 
-    :param tis_cap: the cap of ``w`` (>= 1); ``None``: ``w = 1``, no correction.
+    Its parameters: :class:`ReinforceParams`.
     """
 
     name = "reinforce"
+    Params = ReinforceParams
 
-    def __init__(self, tis_cap: float | None = DEFAULT_TIS_CAP) -> None:
-        check_tis_cap(tis_cap)
-        self.tis_cap = tis_cap
-        self.needs_old_logprobs = tis_cap is not None
+    def __init__(self, params: ReinforceParams | None = None) -> None:
+        """:param params: its parameters, validated; ``None``: the defaults."""
+        self.params = ReinforceParams() if params is None else params
+        self.tis_cap = self.params.tis_cap
+        self.needs_old_logprobs = self.tis_cap is not None
 
     def loss(self, tokens: TokenBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         weights, stats = truncated_importance_weights(tokens, self.tis_cap)
@@ -96,25 +124,21 @@ class PPO(Algorithm):
     sampler found much less likely than the learner does weighs at most ``tis_cap`` times its
     advantage: the unclipped branch of a negative advantage is bounded.
 
-    :param clip_eps: ``eps_low``, and ``eps_high`` unless that is given.
-    :param clip_eps_high: upper clip range (``> clip_eps`` is DAPO's "clip higher", which
-        lets unlikely tokens with positive advantage grow faster); ``None``: ``clip_eps``.
-    :param tis_cap: the cap of ``w`` (>= 1); ``None``: no correction.
+    Its parameters (``clip_eps`` is ``eps_low``, ``clip_eps_high`` ``eps_high``):
+    :class:`PPOParams`.
     """
 
     name = "ppo"
+    Params = PPOParams
 
-    def __init__(self, clip_eps: float = 0.2, clip_eps_high: float | None = None,
-                 tis_cap: float | None = DEFAULT_TIS_CAP) -> None:
-        if not 0 < clip_eps < 1:
-            raise ValueError(f"clip_eps must be in (0, 1), got {clip_eps}")
-        if clip_eps_high is not None and not clip_eps_high > 0:
-            raise ValueError(f"clip_eps_high must be > 0, got {clip_eps_high}")
-        check_tis_cap(tis_cap)
-        self.clip_low = clip_eps
-        self.clip_high = clip_eps if clip_eps_high is None else clip_eps_high
-        self.tis_cap = tis_cap
-        self.needs_old_logprobs = tis_cap is not None
+    def __init__(self, params: PPOParams | None = None) -> None:
+        """:param params: its parameters, validated; ``None``: the defaults."""
+        self.params = PPOParams() if params is None else params
+        self.clip_low = self.params.clip_eps
+        self.clip_high = (self.params.clip_eps if self.params.clip_eps_high is None
+                          else self.params.clip_eps_high)
+        self.tis_cap = self.params.tis_cap
+        self.needs_old_logprobs = self.tis_cap is not None
 
     def loss(self, tokens: TokenBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         weights, stats = truncated_importance_weights(tokens, self.tis_cap)
@@ -145,7 +169,12 @@ class Sft(Algorithm):
     """
 
     name = "sft"
+    Params = SftParams
     needs_zero_advantage_rows = True
+
+    def __init__(self, params: SftParams | None = None) -> None:
+        """:param params: its parameters (none), validated; ``None``: the defaults."""
+        self.params = SftParams() if params is None else params
 
     def loss(self, tokens: TokenBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         nll = -tokens.logprobs.sum()

@@ -24,6 +24,7 @@ from pydantic import BaseModel, TypeAdapter
 from pydantic.fields import FieldInfo
 
 from ub.errors import UbError
+from ub.learner.config import LearnerSection
 from ub.run.config.schema import TrainConfig
 from ub.settings import Section, components_of, is_execution
 
@@ -199,7 +200,7 @@ def declared_in(model: type[BaseModel]) -> str:
     (``BatchConfig``), and the section it extends, if any."""
     # (a section may extend another: EnvSection a GameSpec)
     own = [c for c in model.__mro__ if issubclass(c, BaseModel)
-           and c not in (BaseModel, Section) and inspect.get_annotations(c)]
+           and c not in (BaseModel, Section) and inspect.get_annotations(c)] or [model]
     return ", on ".join(f"`{c.__module__.replace('.', '/')}.py` (`{c.__name__}`)" for c in own)
 
 
@@ -228,19 +229,15 @@ def markdown() -> str:
         if path in free:
             doc += " Every key here may change on resume."
         out += [f"## {title}", "", doc, "", f"Declared in {declared_in(model)}.", "",
-                "| key | type | default | meaning |",
-                "| --- | --- | --- | --- |"]
-        for name, info in model.model_fields.items():
-            key = f"{path}.{name}".lstrip(".")
-            kind = type_text(info.annotation)
-            if bounds := constraint_text(info):
-                kind += f", {bounds}"
-            text = meaning(info)
-            if is_execution(info) and path not in free:
-                text += f" {FREE_NOTE}"
-            out.append(f"| `{key}` | {_cell(kind)} | `{_cell(default_text(info))}` | "
-                       f"{_cell(text)} |")
-        out.append("")
+                *_table(model, path, path in free), ""]
+        if path == LearnerSection.key:  # (each algorithm's parameters, after the section)
+            for name, params in algorithm_sections():
+                out += [f"## `{path}.algorithm_params` ({name})", "",
+                        f"{_markdown_text(summary(params.__doc__))} Given when "
+                        f"`{path}.algorithm` is `{name}`.", "",
+                        f"Declared in {declared_in(params)}.", ""]
+                out += ([*_table(params, f"{path}.algorithm_params", False), ""]
+                        if params.model_fields else [])
     for title, how, model, names in command_settings():
         out += [f"## {title}", "", f"{_markdown_text(summary(model.__doc__))} {how}", "",
                 f"Declared in {declared_in(model)}.", "",
@@ -255,6 +252,32 @@ def markdown() -> str:
                        f"`{_cell(default_text(info))}` | {_cell(meaning(info))} |")
         out.append("")
     return "\n".join(out)
+
+
+def _table(model: type[BaseModel], path: str, free: bool) -> list[str]:
+    """The Markdown table of a section's keys (at ``path``): type and bounds, default and
+    meaning; ``free``: the whole section may change on resume (no note per key)."""
+    out = ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+    for name, info in model.model_fields.items():
+        key = f"{path}.{name}".lstrip(".")
+        kind = type_text(info.annotation)
+        if bounds := constraint_text(info):
+            kind += f", {bounds}"
+        text = meaning(info)
+        if is_execution(info) and not free:
+            text += f" {FREE_NOTE}"
+        out.append(f"| `{key}` | {_cell(kind)} | `{_cell(default_text(info))}` | "
+                   f"{_cell(text)} |")
+    return out
+
+
+def algorithm_sections() -> list[tuple[str, type[Section]]]:
+    """The registered algorithms that declare their parameters (``Algorithm.Params``), by
+    name, with that section: docs/config.md shows each after the ``learner`` section."""
+    from ub.learner.algorithms import ALGORITHMS, algorithm_names
+
+    return [(name, params) for name in algorithm_names()
+            if (params := ALGORITHMS[name].Params) is not None]
 
 
 def command_settings() -> list[tuple[str, str, type[BaseModel], list[str]]]:

@@ -206,7 +206,7 @@ def _check_sections(config: TrainConfig, source: str) -> None:
                    "learner scores tokens at a temperature > 0: give learner.temperature")
     from ub.learner.algorithms import sampling_refusal
 
-    refusal = sampling_refusal(config.learner.algorithm, config.learner.algorithm_params,
+    refusal = sampling_refusal(config.learner.algorithm,
                                [t.config_name() for t in config.batch.transforms.sampling])
     if refusal:
         raise fail("batch.sampling", refusal)

@@ -20,12 +20,12 @@ from ub.batch.config import BatchConfig
 from ub.benchmarks import BenchmarksSection
 from ub.branching import BranchConfig
 from ub.games.specs import GameSpec
-from ub.inference.types import EngineSection, SamplingConfig
-from ub.learner.config import LearnerConfig, LearnerSection
+from ub.inference.types import EngineSection, SamplingConfig, SamplingTemperature
+from ub.learner.config import LearnerConfig, LearnerSection, run_given, with_run_given
 from ub.pool.ratings import RatingConfig
 from ub.pool.sampling import OpponentConfig
 from ub.seeding import DEFAULT_SEED
-from ub.settings import EXECUTION, Section, is_execution
+from ub.settings import EXECUTION, Section, is_execution, same_setting
 
 MAX_GAMES = 100_000
 """Most games one call plans at once (a round, an evaluation, ``ub play``): games are planned
@@ -86,9 +86,14 @@ class RolloutSection(Section):
 
 
 class EvalEnvSection(Section):
-    """An eval env with its own prompt format (``eval.envs`` entries may be env ids or these)."""
+    """An eval env with its own prompt format (``eval.envs`` entries may be env ids or these).
 
-    env_id: str = Field(description="A TextArena env id, e.g. KuhnPoker-v0-train.")
+    ``env_id`` is the game's own (:class:`~ub.games.specs.GameSpec`'s declaration, not
+    another). ``template`` and ``extractor`` are the eval's overrides of the game's: null
+    means the training env's (:meth:`TrainConfig.eval_env`), so they are settings of their own.
+    """
+
+    env_id: str = same_setting(GameSpec, "env_id")
     # (Names checked when the game is made: a check here would read twice in the union's error.)
     template: str | None = Field(None, description="Prompt template; null: its training env's, "
                                  "or else the training envs' (when they share one).")
@@ -125,8 +130,8 @@ class EvalSection(Section):
         None, description="Eval envs: env ids, or {env_id, template, extractor}; null: the "
         "training envs. An env not trained on is prompted as the training envs are (their "
         "template and extractor) unless its entry says otherwise.")
-    temperature: float = Field(0.0, ge=0, description="Sampling temperature of the learner in "
-                               "eval games (0: greedy).")
+    temperature: SamplingTemperature = Field(0.0, description="Sampling temperature of the "
+                                             "learner in eval games (0: greedy).")
     legal_moves: Literal["free", "mask"] | None = Field(
         None, description="The legal-move mode of eval games (envs[].legal_moves); null: "
         "each env as it trains (an env not trained on: free). free on a masked run shows how "
@@ -297,13 +302,10 @@ class TrainConfig(Section):
     def learner_config(self, base_model: str) -> LearnerConfig:
         """What the run's learner runs with: the ``learner`` section, ``base_model``, the GPU
         share beside the engine, and the run's settings where the section says null (seed,
-        sampling: :func:`run_learner_defaults`)."""
-        data: dict[str, Any] = run_learner_defaults(self.seed, self.sampling)
+        sampling: :func:`ub.learner.config.with_run_given`)."""
+        data = with_run_given(dict(self.learner), run_given(self.seed, self.sampling))
         if self.learner_device_share is not None:
             data["device_share"] = self.learner_device_share
-        for key, value in self.learner:
-            if value is not None or key not in data:
-                data[key] = value
         return LearnerConfig.from_dict({**data, "base_model": base_model})
 
     def training_settings(self) -> dict[str, Any]:
@@ -339,9 +341,3 @@ def _split(section: Section) -> tuple[dict[str, Any], dict[str, Any]]:
             locked[name] = section.model_dump(mode="json", include={name})[name]
     return locked, execution
 
-
-def run_learner_defaults(seed: int, sampling: SamplingConfig) -> dict[str, Any]:
-    """What a run's learner takes from the run where its ``learner:`` section says null: the
-    run's seed, its sampling temperature, and ``max_tokens`` as the loss's length normalizer."""
-    return {"seed": seed, "temperature": sampling.temperature,
-            "length_normalizer": sampling.max_tokens}
