@@ -21,6 +21,7 @@ from __future__ import annotations
 import copy
 import logging
 import re
+import typing
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar, Self
 
@@ -87,7 +88,6 @@ def _nearest_setting(model: type[BaseModel] | None, loc: Sequence[Any]) -> str:
     names of the section it is in), or nothing."""
     import difflib
     import types
-    import typing
 
     section: Any = model
     for part in loc[:-1]:

@@ -26,7 +26,7 @@ from pydantic.fields import FieldInfo
 from ub.errors import UbError
 from ub.learner.config import LearnerSection
 from ub.run.config.schema import TrainConfig
-from ub.settings import Section, components_of, is_execution
+from ub.settings import Section, apply_overrides, components_of, is_execution
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "config.md"
 REGENERATE = "python -m ub.run.config.docs --write"
@@ -364,7 +364,6 @@ def show(config: TrainConfig, label: str) -> str:
 def load_any(what: str, overrides: list[str] | None = None) -> tuple[TrainConfig, str]:
     """A preset name, a YAML file or a run folder (its ``config.yaml``), validated."""
     from ub.run.config.load import load_config, read_config_data, validate_config
-    from ub.settings import apply_overrides
 
     path = Path(what).expanduser()
     if path.is_dir():

@@ -24,7 +24,7 @@ import yaml
 from pydantic import ValidationError
 
 from ub.errors import UbError
-from ub.games.specs import GameSpec
+from ub.games.specs import EnvStartError, GameSpec, check_env, check_legal_moves
 from ub.inference.types import SamplingConfig
 from ub.numbers import first_non_finite
 from ub.run.config.schema import (  # re-exported: the schema's names are imported from here too
@@ -132,7 +132,6 @@ def validate_config(data: dict[str, Any], source: str = "") -> TrainConfig:
 
 def _check_sections(config: TrainConfig, source: str) -> None:
     from ub.data.schema import int_column_range
-    from ub.games.specs import EnvStartError, check_env, check_legal_moves
     from ub.inference.validation import ENGINE_SEEDS
 
     def fail(field: str, message: str) -> UbError:
