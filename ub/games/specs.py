@@ -65,6 +65,11 @@ RulesPath = Annotated[str, AfterValidator(_known(load_rules))]
 registered where a config gives it."""
 
 
+LegalMoveMode = Literal["free", "mask"]
+"""What a model seat's sampling is held to: ``mask``, the game's legal moves; ``free``, any
+text (a game's ``legal_moves``, and an evaluation's override of it)."""
+
+
 class GameSpec(Section):
     """One game a rollout can play: a TextArena env, its seats, how its prompts are built and
     its moves read (a run's ``envs[]`` entries are these, with a weight).
@@ -87,7 +92,7 @@ class GameSpec(Section):
     invalid_move_retries: int = Field(0, ge=0, description="Invalid moves a seat may replace "
                                       "before the next one loses the game (0: the first loses "
                                       "it, as in evaluation).")
-    legal_moves: Literal["free", "mask"] = Field(
+    legal_moves: LegalMoveMode = Field(
         "free", description="mask: the model samples only moves the game accepts in the "
         "position (the engine constrains its tokens to the legal moves; the learner scores "
         "under the same constraint: docs/training.md); free: any text, an illegal move is "

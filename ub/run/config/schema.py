@@ -19,7 +19,7 @@ from pydantic import Field, field_validator, model_validator
 from ub.batch.config import BatchConfig
 from ub.benchmarks import BenchmarksSection
 from ub.branching import BranchConfig
-from ub.games.specs import GameSpec
+from ub.games.specs import GameSpec, LegalMoveMode
 from ub.inference.types import EngineSection, SamplingConfig, SamplingTemperature
 from ub.learner.config import LearnerConfig, LearnerSection, run_given, with_run_given
 from ub.pool.ratings import RatingConfig
@@ -132,7 +132,7 @@ class EvalSection(Section):
         "template and extractor) unless its entry says otherwise.")
     temperature: SamplingTemperature = Field(0.0, description="Sampling temperature of the "
                                              "learner in eval games (0: greedy).")
-    legal_moves: Literal["free", "mask"] | None = Field(
+    legal_moves: LegalMoveMode | None = Field(
         None, description="The legal-move mode of eval games (envs[].legal_moves); null: "
         "each env as it trains (an env not trained on: free). free on a masked run shows how "
         "often its policy would still play an illegal move.")
