@@ -21,7 +21,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, ParamSpec, TypedDict, TypeVar
 
 import pyarrow as pa
 
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from ub.inference.types import SamplingConfig
 
 B = TypeVar("B", bound=Batch)
+P = ParamSpec("P")
 
 
 @dataclass
@@ -100,10 +101,13 @@ class _CopyOrder:
     seed: int  # the parent's sampling seed at the point, which the copy's seeds derive from
 
 
-def play_games(assignments: list[GameAssignment], **options: Any) -> Rollout:
-    """Play every assignment and return the ``steps`` and ``games`` tables
-    (``options``: :class:`RolloutRunner`'s keyword parameters; one runner, played once)."""
-    return RolloutRunner(assignments, **options).play()
+class BranchOptions(TypedDict, total=False):
+    """:class:`RolloutRunner`'s branching parameters, as one round passes them together
+    (:func:`ub.run.steps.play.round_branching`; empty: branching off)."""
+
+    branch: BranchConfig
+    learner: str
+    spread: dict[str, dict[str, float]]
 
 
 class RolloutRunner:
@@ -342,3 +346,17 @@ class RolloutRunner:
             orders += [_CopyOrder(item, turn, j, seed) for j in range(1, self.branch.k)]
         item.snapshots = {t: s for t, s in item.snapshots.items() if t in item.groups}
         self._queue.extendleft(reversed(orders))
+
+
+def _played_once(runner: Callable[P, RolloutRunner]) -> Callable[P, Rollout]:
+    # The function takes exactly the runner's parameters (ParamSpec), so they are typed and
+    # documented in one place, RolloutRunner's signature and docstring.
+    def play(*args: P.args, **options: P.kwargs) -> Rollout:
+        return runner(*args, **options).play()
+    return play
+
+
+play_games = _played_once(RolloutRunner)
+"""``play_games(assignments, **options)``: play every assignment and return the ``steps`` and
+``games`` tables (``options``: :class:`RolloutRunner`'s keyword parameters, typed as they are;
+one runner, played once)."""

@@ -25,6 +25,7 @@ from ub.seeding import env_seed
 if TYPE_CHECKING:
     from ub.inference.protocols import InferenceEngine
     from ub.inference.types import EngineConfig, SamplingConfig
+    from ub.rollout.runner import BranchOptions
     from ub.run.processes.worker import Worker
 
 ENGINE_REPLACEMENTS = 1
@@ -125,7 +126,7 @@ def eval_game_id_prefix(run_name: str, sid: ShardId) -> str:
 def play_shard(worker: Worker, run: Run, root: Path, sid: ShardId, assignments: list, *,
                 sampling: SamplingConfig, kind: str,
                 metadata: dict[str, Any] | None = None,
-                branching: dict[str, Any] | None = None) -> ShardResult:
+                branching: BranchOptions | None = None) -> ShardResult:
     from ub.inference.watch import EngineDied
     from ub.progress_bar import progress_bar
     from ub.rollout import play_games
@@ -215,20 +216,20 @@ def rollout_shard(run: Run, round_: int, shard: int, games: list[PlannedGame],
                        branching=round_branching(run, round_))
 
 
-def round_branching(run: Run, round_: int) -> dict[str, Any]:
+def round_branching(run: Run, round_: int) -> BranchOptions:
     """The rollout's branching options for round ``round_`` (:class:`ub.rollout.RolloutRunner`'s
     ``branch``, ``learner`` and ``spread``); none when ``rollout.branch`` is off."""
     from ub.branching import SPREAD_ROUNDS, read_spread
+    from ub.rollout.runner import BranchOptions
 
     branch = run.config.rollout.branch
     if not branch.on:
-        return {}
+        return BranchOptions()
     spread: dict[str, dict[str, float]] = {}
     first = max(0, round_ - SPREAD_ROUNDS)
     if branch.select == "spread" and round_ > 0:
-
         for previous in range(first, round_):  # (a worker without the run's files)
             fetch_round(run.paths, run.paths.train_data, "steps", previous)
         spread = read_spread(run.paths.train_data, first, round_ - 1)
-    return {"branch": branch, "spread": spread,
-            "learner": checkpoint_name(behaviour_update(run.config, round_))}
+    return BranchOptions(branch=branch, spread=spread,
+                         learner=checkpoint_name(behaviour_update(run.config, round_)))
