@@ -42,8 +42,9 @@ class Measured:
 
 @dataclass(frozen=True)
 class ArmFigure:
-    """An arm's figure over its seeds: mean, 95% t-interval (equal to the mean for one seed)
-    and how many seeds' intervals clear the random player's (of those with a bar)."""
+    """An arm's figure over its seeds: mean, 95% t-interval (equal to the mean for one seed;
+    cut at 0, and at 1 for a rate) and how many seeds' intervals clear the random player's
+    (of those with a bar)."""
 
     figure: str
     arm: str
@@ -136,8 +137,13 @@ def compare(figures: list[Measured], reference: str | None = None
             if not mine:
                 continue
             mean, half = _mean_interval([m.value for m in mine])
+            # Every figure is at least 0 and a rate at most 1: a t-interval over two or three
+            # seeds reaches past both, which no seed could.
+            low, high = max(0.0, mean - half), mean + half
+            if figure.endswith(" rate"):
+                high = min(1.0, high)
             barred = [m for m in mine if m.clears is not None]
-            summaries.append(ArmFigure(figure, arm, len(mine), mean, mean - half, mean + half,
+            summaries.append(ArmFigure(figure, arm, len(mine), mean, low, high,
                                        sum(bool(m.clears) for m in barred), len(barred)))
             if arm == reference:
                 continue
