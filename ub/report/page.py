@@ -13,6 +13,7 @@ from typing import Any
 from ub.errors import UbError
 from ub.report import curves, health, pool, sweep
 from ub.report.common import SIZE, SIZES, Tables, pct
+from ub.run.folder.sweep import flat_settings, sweep_tables
 
 TRAINING_SQL = """
     SELECT round, env_id, actors, results, count(*) AS games FROM games
@@ -164,7 +165,6 @@ def write_sweep_report(folder: Path, out: Path) -> Path:
     """Write a folder of runs' overlaid figures and ``report.html`` (with ``ub compare``'s
     table at the latest checkpoint every run evaluated) into ``out``; return the page."""
     from ub.compare import arm_label, arm_letters, compare, latest_common_checkpoint, measured
-    from ub.run.folder.sweep import sweep_tables
 
     tables, warnings = sweep_tables(Path(folder))
     t = {name: table.to_pylist() for name, table in tables.items()
@@ -237,17 +237,9 @@ def curve_markdown(evals: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _flatten(data: Any, prefix: str = "") -> list[tuple[str, str]]:
-    if isinstance(data, dict):
-        return [item for key, value in data.items()
-                for item in _flatten(value, f"{prefix}.{key}" if prefix else str(key))]
-    if isinstance(data, list) and any(isinstance(v, dict) for v in data):
-        return [item for i, value in enumerate(data) for item in _flatten(value, f"{prefix}[{i}]")]
-    return [(prefix, "null" if data is None else str(data))]
-
-
 def _settings_table(root: Path) -> str:
-    """The run's resolved config (``config.yaml``), one setting a row."""
+    """The run's resolved config (``config.yaml``), one setting a row, keyed as ``--set`` and
+    ``ub sweep --arm`` take it (a list one value, in YAML's flow style)."""
     import yaml
 
     try:
@@ -255,7 +247,7 @@ def _settings_table(root: Path) -> str:
     except (OSError, yaml.YAMLError) as exc:
         return f"<p class=warn>config.yaml is unreadable: {html.escape(str(exc))}</p>"
     rows = "".join(f"<tr><td><code>{html.escape(k)}</code></td><td>{html.escape(v)}</td></tr>"
-                   for k, v in _flatten(data))
+                   for k, v in flat_settings(data).items())
     return f"<table><tr><th>setting</th><th>value</th></tr>{rows}</table>"
 
 
