@@ -10,6 +10,7 @@ import fcntl
 import json
 import os
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -158,6 +159,32 @@ def test_a_history_that_cannot_be_kept_warns_once_and_loses_no_query(data, tmp_p
     assert shell.close() == 0
     assert shown.count("cannot keep the shell's history") == 1, shown
     assert "Traceback" not in shown
+
+
+def test_ctrl_c_drops_the_statement_typed_or_cancels_the_one_running_and_the_shell_goes_on(
+        data, tmp_path):
+    """Ctrl-C (the SIGINT a terminal sends) at a continuation prompt forgets what was typed;
+    during a statement DuckDB is computing it stops that statement at once, where it used to
+    run on to the end and then end the shell."""
+    shell = Terminal(["sql", str(data)], user_env(tmp_path))
+    shell.wait_for("ub> ")
+    shell.type("SELECT 'forgotten'\r")
+    shell.wait_for("... ")
+    shell.process.send_signal(signal.SIGINT)
+    shell.wait_for("ub> ")
+    shell.type("SELECT 40 + 2 AS answer;\r")
+    shown = shell.wait_for("42")
+    assert "forgotten" not in shown.split("... ", 1)[1], shown
+    shell.wait_for("ub> ")
+    # Hours of work for DuckDB: only Ctrl-C ends it within the test's wait.
+    shell.type("SELECT sum(a * b) FROM range(10000000000) t(a), range(10) u(b);\r")
+    time.sleep(2)
+    shell.process.send_signal(signal.SIGINT)
+    shell.wait_for("ub: statement cancelled (Ctrl-C)", timeout=30)
+    shell.wait_for("ub> ")
+    shell.type("SELECT count(*) + 1000 AS games FROM games;\r")
+    shell.wait_for("1030")
+    assert shell.close() == 0
 
 
 @pytest.mark.parametrize(("lines", "entries"), [

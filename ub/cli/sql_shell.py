@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +17,9 @@ from ub.errors import UbError
 
 def sql_shell(con, root: Path | str, views: list[str], max_rows: int = MAX_ROWS) -> None:
     """Read statements (ending with ``;``) from stdin until EOF or ``.quit``: on a terminal
-    with line editing and a history kept across sessions (:class:`_History`); from a pipe
-    line by line, as they come."""
+    with line editing and a history kept across sessions (:class:`_History`), where Ctrl-C
+    drops the statement being typed or cancels the one running; from a pipe line by line, as
+    they come."""
     import duckdb
 
     from ub.data.sql import sql_error_line
@@ -25,13 +28,21 @@ def sql_shell(con, root: Path | str, views: list[str], max_rows: int = MAX_ROWS)
     history = _History.start() if interactive else None
     if interactive:
         print(f"ub sql {root} (read-only). Views: {', '.join(views)}. End statements with ';', "
-              "quit with .quit or Ctrl-D; Up recalls earlier statements.")
-    buffer, lines = "", []
+              "quit with .quit or Ctrl-D; Up recalls earlier statements, Ctrl-C cancels one.")
+    buffer, lines = "", list[str]()
     while True:
         try:
             line = input("ub> " if not buffer else "... ") if interactive else sys.stdin.readline()
         except EOFError:
             break
+        except KeyboardInterrupt:
+            if not interactive:
+                raise
+            # Ctrl-C at the prompt drops the statement being typed, as psql's and Python's
+            # shells do; Ctrl-D or .quit ends the shell.
+            print()
+            buffer, lines = "", []
+            continue
         if not interactive and line == "":
             break
         if line.strip() in (".quit", ".exit"):
@@ -43,10 +54,44 @@ def sql_shell(con, root: Path | str, views: list[str], max_rows: int = MAX_ROWS)
                 history.add(lines)
             try:
                 for statement in con.extract_statements(buffer):
-                    print_result(con, statement.query, "table", max_rows)
+                    _interruptible(con, partial(print_result, con, statement.query, "table",
+                                                max_rows))
             except (UbError, duckdb.Error) as exc:
                 print(f"ub: error: {sql_error_line(exc)}", file=sys.stderr)
+            except KeyboardInterrupt:
+                if not interactive:
+                    raise
+                print("ub: statement cancelled (Ctrl-C)", file=sys.stderr)
             buffer, lines = "", []
+
+
+def _interruptible(con, run: Callable[[], None]) -> None:
+    """Call ``run`` (a statement on ``con`` and its printing) so that Ctrl-C stops it: in a
+    thread, because Python runs its SIGINT handler only between the main thread's bytecodes,
+    never while DuckDB computes there; the main thread waits on an event (a ``join`` cut short
+    by Ctrl-C can leave the thread taken for ended on Python 3.11) and on Ctrl-C interrupts
+    the statement, waits for it to stop and raises ``KeyboardInterrupt``."""
+    failure: list[BaseException] = []
+    ended = threading.Event()
+
+    def target() -> None:
+        try:
+            run()
+        except BaseException as exc:  # (handed to the main thread, which raises it)
+            failure.append(exc)
+        finally:
+            ended.set()
+
+    threading.Thread(target=target, name="ub-sql-statement", daemon=True).start()
+    try:
+        while not ended.wait(0.1):
+            pass
+    except KeyboardInterrupt:
+        con.interrupt()
+        ended.wait()
+        raise
+    if failure:
+        raise failure[0]
 
 
 HISTORY_LENGTH = 1000
