@@ -219,6 +219,7 @@ def test_artifacts_count_rounds_as_the_summary_does_and_show_the_report(
         assert all(base64.b64decode(data).startswith(b"\x89PNG") for data in images.values())
         for row in RunViews(reference_run.root).evals().to_pylist():
             assert (f"| {row['update']} | {row['env_id']} | {row['opponent']} | "
+                    f"{row['legal_moves'] or '-'} | {row['games']} | "
                     f"{100 * row['win_rate']:.1f}% [") in artifact.data
         [page] = re.findall(r"`([^`]+report\.html)`", artifact.data)
         assert Path(page).read_text().startswith("<!doctype html>")

@@ -213,27 +213,30 @@ def _table(head: tuple[str, ...], rows: list[tuple[Any, ...]]) -> str:
                       + "</tr>" for row in rows) + "</table>")
 
 
-def curve_table(evals: list[dict]) -> str:
-    """The learning curve as numbers: one row per (checkpoint, env, opponent)."""
-    if not evals:
-        return "<p>No evaluation yet.</p>"
+def curve_rows(evals: list[dict]) -> tuple[tuple[str, ...], list[tuple[Any, ...]]]:
+    """The learning curve as numbers: its header and one row per (checkpoint, env, opponent),
+    by env, opponent and checkpoint (the page's table and the Prefect artifact's)."""
     head = ("checkpoint", "env", "opponent", "moves", "games", "win rate [95% CI]",
             "random player's win", "draws", "losses", "invalid moves")
-    return _table(head, [
+    return head, [
         (r["update"], r["env_id"], r["opponent"], r.get("legal_moves") or "-", r["games"],
          f"{pct(r['win_rate'])} [{pct(r['win_low'])}, {pct(r['win_high'])}]",
          pct(r.get("baseline_win_rate")), r["draws"], r["losses"], pct(r["invalid_move_rate"]))
-        for r in sorted(evals, key=lambda r: (r["env_id"], r["opponent"], r["update"]))])
+        for r in sorted(evals, key=lambda r: (r["env_id"], r["opponent"], r["update"]))]
+
+
+def curve_table(evals: list[dict]) -> str:
+    """:func:`curve_rows` as HTML."""
+    if not evals:
+        return "<p>No evaluation yet.</p>"
+    return _table(*curve_rows(evals))
 
 
 def curve_markdown(evals: list[dict]) -> str:
-    """:func:`curve_table` in Markdown, for Prefect's UI."""
-    lines = ["| checkpoint | env | opponent | win rate [95% CI] | random player's win |",
-             "|---|---|---|---|---|"]
-    for r in sorted(evals, key=lambda r: (r["env_id"], r["opponent"], r["update"])):
-        lines.append(f"| {r['update']} | {r['env_id']} | {r['opponent']} | "
-                     f"{pct(r['win_rate'])} [{pct(r['win_low'])}, {pct(r['win_high'])}] | "
-                     f"{pct(r.get('baseline_win_rate'))} |")
+    """:func:`curve_rows` in Markdown, for Prefect's UI (``|`` in a name escaped)."""
+    head, rows = curve_rows(evals)
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
     return "\n".join(lines)
 
 
