@@ -2,7 +2,7 @@
 
 ``model`` is the base model; ``model:PATH`` adds the adapter at ``PATH``; a run's checkpoint
 ``ckpt-NNNNNN`` is its adapter under the run's ``checkpoints/``
-(:func:`ub.run.steps.plan.actor_spec`). Its turns go to the rollout's engine, batched with
+(:func:`ub.run.steps.plan.pool_actor`). Its turns go to the rollout's engine, batched with
 every other model seat's (:meth:`ub.actors.base.RolloutContext.model_turn`).
 """
 

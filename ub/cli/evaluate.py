@@ -119,7 +119,7 @@ def _checked(args: argparse.Namespace, paths: RunPaths
     from ub.run.config.base_model import resolve_base_model
     from ub.run.config.load import game_specs
     from ub.run.folder.store import catch_up
-    from ub.run.steps.plan import actor_spec
+    from ub.run.steps.plan import pool_actor
     from ub.run.steps.rounds import Run, resolve_run_config
 
     catch_up(paths)
@@ -145,7 +145,7 @@ def _checked(args: argparse.Namespace, paths: RunPaths
     read_adapter(paths.checkpoint(update))  # safetensors that load, before vLLM meets them
     run = Run(paths, config, resolve_base_model(config))
     # Unknown names list the valid ones, before the engine starts.
-    rivals = [actor_spec(run, name) for name in opponents or []]
+    rivals = [pool_actor(run, name) for name in opponents or []]
     for env_id in envs or config.eval.env_ids or [e.env_id for e in config.envs]:
         for rival in rivals:
             rival.check_game(env_id)

@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 from ub.data.shards import ShardId, committed_shards, next_free_shard, shard_path
 from ub.run.config.load import TrainConfig, game_specs
 from ub.run.folder.layout import checkpoint_name
-from ub.run.steps.plan import actor_spec
+from ub.run.steps.plan import pool_actor
 from ub.run.steps.play import play_shard, rollout_sampling
 from ub.run.steps.rounds import Run
 from ub.seeding import derive_seed
@@ -52,8 +52,8 @@ def evaluate_checkpoint(run: Run, update: int, *, opponents: list[str] | None = 
     from ub.evaluation import eval_assignments, random_baseline, summarize, with_baseline
 
     config = run.config
-    actor = actor_spec(run, checkpoint_name(update))
-    rivals = [actor_spec(run, n) for n in (opponents or config.eval.opponents)]
+    actor = pool_actor(run, checkpoint_name(update))
+    rivals = [pool_actor(run, n) for n in (opponents or config.eval.opponents)]
     # (as evaluated: eval.legal_moves applies to the training envs too)
     specs = game_specs(config, envs or config.eval.envs or [e.env_id for e in config.envs])
     assignments = eval_assignments(actor, rivals, specs, games or config.eval.games,

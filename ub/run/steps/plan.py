@@ -15,7 +15,7 @@ from ub.run.steps.rounds import Run
 from ub.seeding import derive_seed
 
 
-def actor_spec(run: Run, name: str) -> Actor:
+def pool_actor(run: Run, name: str) -> Actor:
     """A pool member's actor: ``ckpt-NNNNNN`` is the learner's checkpoint as a LoRA adapter;
     anything else is a fixed opponent named as in ``ub play --players``."""
     update = checkpoint_update(name)

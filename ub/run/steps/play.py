@@ -18,7 +18,7 @@ from ub.data.shards import ShardId, is_committed, read_metadata, shard_path, wri
 from ub.run.config.load import TrainConfig, game_specs
 from ub.run.folder.layout import checkpoint_name, round_label
 from ub.run.folder.store import fetch_checkpoint, fetch_round, publish
-from ub.run.steps.plan import PlannedGame, actor_spec, behaviour_update
+from ub.run.steps.plan import PlannedGame, behaviour_update, pool_actor
 from ub.run.steps.rounds import Run
 from ub.seeding import env_seed
 
@@ -207,7 +207,7 @@ def rollout_shard(run: Run, round_: int, shard: int, games: list[PlannedGame],
     actors: dict[str, Actor] = {}
     assignments = []
     for g in games:
-        seated = tuple(actors.setdefault(n, actor_spec(run, n)) for n in g.actors)
+        seated = tuple(actors.setdefault(n, pool_actor(run, n)) for n in g.actors)
         assignments.append(GameAssignment(specs[g.env], g.game_index,
                                           env_seed(run.config.seed, round_, g.game_index), seated))
     return play_shard(worker, run, run.paths.train_data, ShardId(round_, shard), assignments,
