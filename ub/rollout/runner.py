@@ -349,14 +349,14 @@ class RolloutRunner:
 
 
 def _played_once(runner: Callable[P, RolloutRunner]) -> Callable[P, Rollout]:
-    # The function takes exactly the runner's parameters (ParamSpec), so they are typed and
-    # documented in one place, RolloutRunner's signature and docstring.
-    def play(*args: P.args, **options: P.kwargs) -> Rollout:
+    # The function takes exactly the runner's parameters (ParamSpec): typed and documented in
+    # one place, RolloutRunner's signature and docstring.
+    def play_games(*args: P.args, **options: P.kwargs) -> Rollout:
+        """Play every assignment and return the ``steps`` and ``games`` tables (``options``:
+        :class:`RolloutRunner`'s keyword parameters, typed as they are; one runner, played
+        once)."""
         return runner(*args, **options).play()
-    return play
+    return play_games
 
 
 play_games = _played_once(RolloutRunner)
-"""``play_games(assignments, **options)``: play every assignment and return the ``steps`` and
-``games`` tables (``options``: :class:`RolloutRunner`'s keyword parameters, typed as they are;
-one runner, played once)."""
