@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from ub.compare import Measured, compare
+from ub.compare import Measured, compare, measured
 
 
 def figures(name: str, arm: str, values: list[float]) -> list[Measured]:
@@ -38,3 +38,28 @@ def test_an_interval_stays_within_what_its_figure_can_be():
     rate, nash = by_figure["TicTacToe vs random: win rate"], by_figure["Nim free: NashConv"]
     assert (rate.low, rate.high) == (0.0, 1.0)
     assert nash.low == 0.0 and nash.high > 1.9
+
+
+def eval_row(run: str, legal_moves: str, win_rate: float) -> dict:
+    """An ``evals`` view row of checkpoint 32 on Nim against the random player."""
+    return {"run": run, "update": 32, "env_id": "Nim", "opponent": "random", "games": 400,
+            "legal_moves": legal_moves, "win_rate": win_rate, "win_low": win_rate - 0.05,
+            "baseline_high": 0.55, "draws": 0, "wins": int(400 * win_rate)}
+
+
+def test_a_masked_arm_pairs_with_a_free_one_and_a_run_measured_both_ways_keeps_two_figures():
+    """docs/learning.md's first table: each arm as it plays (the mask, or free), paired by
+    seed; where one run evaluated both ways, the two ways are two figures."""
+    runs = [{"run": f"{arm}-s{seed}", "seed": seed, "settings": [("moves", arm)]}
+            for arm in ("free", "mask") for seed in (0, 1)]
+    evals = [eval_row("free-s0", "free", 0.58), eval_row("free-s1", "free", 0.67),
+             eval_row("mask-s0", "mask", 0.73), eval_row("mask-s1", "mask", 0.72)]
+    summaries, (paired,) = compare(measured(runs, evals, [], 32), "moves=free")
+    assert {(s.figure, s.arm, s.moves) for s in summaries} == {
+        ("Nim vs random: win rate", "moves=free", "free"),
+        ("Nim vs random: win rate", "moves=mask", "mask")}
+    assert paired.mean == pytest.approx((0.15 + 0.05) / 2) and paired.up == 2
+
+    both = measured(runs, [*evals, eval_row("mask-s0", "free", 0.70)], [], 32)
+    assert {m.figure for m in both} == {"Nim vs random, free: win rate",
+                                        "Nim vs random, mask: win rate"}

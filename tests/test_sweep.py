@@ -107,7 +107,7 @@ def test_ub_compare_pairs_the_arms_by_seed(runs, capsys):
                 "ORDER BY run")
     rate = {line.split(",")[0]: float(line.split(",")[1]) for line in evals[1:]}
     header, *rows = csv_module.reader(csv(capsys, "compare", str(runs)))
-    assert header == ["checkpoint", "figure", "arm", "seeds", "mean", "95% interval",
+    assert header == ["checkpoint", "figure", "arm", "moves", "seeds", "mean", "95% interval",
                       "clears random", "less the reference", "se", "seeds up"]
     lr1, lr2 = [dict(zip(header, row, strict=True)) for row in rows
                 if row[1].startswith("TicTacToe-v0-train vs random")

@@ -4,8 +4,9 @@ A sweep is a folder of runs (:mod:`ub.run.folder.sweep`); its runs differ in som
 (the ``runs`` view's ``settings``) and in their seed. An **arm** is the runs that share their
 settings; the arm whose settings sort first is the reference unless one is named. For every
 figure the runs evaluated at one checkpoint (the latest that every run evaluated, unless one is
-named): a checkpoint's win rate against each opponent on each env (and its rate of games not
-lost, where any run drew one), and its exploitability
+named): a checkpoint's win rate against each opponent on each env, as each run played those
+games (masked or free: arms that differ in it pair; the table says which), its rate of games
+not lost, where any run drew one, and its exploitability
 (NashConv, under each way it was measured), each arm's mean over its seeds with a 95%
 t-interval, how many of its seeds' own intervals clear the random player's (the bar: the random
 player's win rate in the same seats on the same games), and for every other arm its paired
@@ -38,6 +39,7 @@ class Measured:
     figure: str
     value: float
     clears: bool | None
+    moves: str | None = None  # how its games were played: "mask", "free" (None: not games)
 
 
 @dataclass(frozen=True)
@@ -54,6 +56,7 @@ class ArmFigure:
     high: float
     clears: int
     barred: int
+    moves: str = ""  # how its seeds' games were played ("mask", "free"; "": not games)
 
 
 @dataclass(frozen=True)
@@ -101,16 +104,25 @@ def measured(runs: list[dict[str, Any]], evals: list[dict[str, Any]],
     out = []
     rows = [r for r in evals if r["update"] == checkpoint and r["run"] in arms]
     drawn = {(r["env_id"], r["opponent"]) for r in rows if r["draws"]}
+    # Arms compare as each plays its games (a masked arm with a free one: docs/learning.md's
+    # first table); the legal-move mode names a figure only where a run evaluated the same
+    # pair both ways, which are then two figures.
+    modes: dict[tuple[str, str, str], set[str]] = {}
     for r in rows:
-        mode = f", {r['legal_moves']}" if r.get("legal_moves") else ""
+        modes.setdefault((r["run"], r["env_id"], r["opponent"]), set()).add(
+            r.get("legal_moves") or "")
+    both_ways = {(env, opponent) for (_, env, opponent), m in modes.items() if len(m) > 1}
+    for r in rows:
+        moves = r.get("legal_moves") or None
+        mode = f", {moves}" if moves and (r["env_id"], r["opponent"]) in both_ways else ""
         bar = r.get("baseline_high")
         name = f"{r['env_id']} vs {r['opponent']}{mode}"
         out.append(Measured(r["run"], arms[r["run"]], seeds[r["run"]], f"{name}: win rate",
-                            r["win_rate"], None if bar is None else r["win_low"] > bar))
+                            r["win_rate"], None if bar is None else r["win_low"] > bar, moves))
         if (r["env_id"], r["opponent"]) in drawn:  # (against a perfect player: a draw is all)
             out.append(Measured(r["run"], arms[r["run"]], seeds[r["run"]],
                                 f"{name}: no-loss rate", (r["wins"] + r["draws"]) / r["games"],
-                                None))
+                                None, moves))
     for r in exploitability:
         if r["update"] != checkpoint or r["run"] not in arms:
             continue
@@ -144,7 +156,8 @@ def compare(figures: list[Measured], reference: str | None = None
                 high = min(1.0, high)
             barred = [m for m in mine if m.clears is not None]
             summaries.append(ArmFigure(figure, arm, len(mine), mean, low, high,
-                                       sum(bool(m.clears) for m in barred), len(barred)))
+                                       sum(bool(m.clears) for m in barred), len(barred),
+                                       ", ".join(sorted({m.moves for m in mine if m.moves}))))
             if arm == reference:
                 continue
             theirs = {m.seed: m.value for m in by.get((figure, reference or ""), [])}

@@ -65,12 +65,13 @@ def _print(summaries, pairs, reference: str, checkpoint: int, fmt: str) -> None:
     paired = {(p.figure, p.arm): p for p in pairs}
     # A table names each arm by a letter, and a legend above it says its settings once.
     letters = arm_letters({s.arm for s in summaries})
-    columns = ("figure", "arm", "seeds", "mean", "95% interval", "clears random",
+    columns = ("figure", "arm", "moves", "seeds", "mean", "95% interval", "clears random",
                "less the reference", "se", "seeds up")
     rows = []
     for s in summaries:
         p = paired.get((s.figure, s.arm))
-        rows.append((s.figure, s.arm if fmt == "csv" else letters[s.arm], str(s.seeds),
+        rows.append((s.figure, s.arm if fmt == "csv" else letters[s.arm], s.moves or "-",
+                     str(s.seeds),
                      f"{s.mean:.3f}",
                      f"[{s.low:.3f}, {s.high:.3f}]",
                      f"{s.clears} of {s.barred}" if s.barred else "-",
