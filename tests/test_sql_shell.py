@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+from processes import as_from_a_terminal
 
 from ub.data.shards import ShardId, write_shard
 from ub.flows.cli import main
@@ -33,9 +34,12 @@ class Terminal:
         self.fd, child = os.openpty()
         # (a terminal's size: rich draws its tables to it)
         fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+        # (SIGINT as a terminal's program gets it: a pytest-xdist worker ignores it, and a
+        # child inherits that)
         self.process = subprocess.Popen([sys.executable, "-m", "ub.flows.cli", *argv],
                                         stdin=child, stdout=child, stderr=child, env=env,
-                                        start_new_session=True, close_fds=True)
+                                        start_new_session=True, close_fds=True,
+                                        preexec_fn=as_from_a_terminal)
         os.close(child)
         self.seen = ""
         self.at = 0  # (where the next wait_for looks from)
