@@ -29,6 +29,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PREFECT = [sys.executable, "-m", "prefect"]
 DEPLOYMENTS = [d["name"] for d in yaml.safe_load((ROOT / "prefect.yaml").read_text())
                ["deployments"]]
+SCHEDULED = [d["name"] for d in yaml.safe_load((ROOT / "prefect.yaml").read_text())
+             ["deployments"] if d.get("schedules")]
 
 
 @pytest.fixture(scope="module")
@@ -71,14 +73,14 @@ def _flow_runs(api: str, **flow_run_filter) -> list[dict]:
     return response.json()
 
 
-def test_the_scheduler_creates_runs_for_every_deployment(server, deployed):
+def test_the_scheduler_creates_runs_for_every_scheduled_deployment(server, deployed):
     api = server[0]
     assert sorted(deployed) == sorted(DEPLOYMENTS)
 
     def scheduled_for_all() -> dict[str, int] | None:
         runs = _flow_runs(api, state={"type": {"any_": ["SCHEDULED"]}})
         counts = {name: sum(r["deployment_id"] == id_ for r in runs)
-                  for name, id_ in deployed.items()}
+                  for name, id_ in deployed.items() if name in SCHEDULED}
         return counts if all(counts.values()) else None
 
     wait_for(scheduled_for_all, 90, "scheduled flow runs for every deployment")
@@ -94,9 +96,8 @@ def test_every_deployed_parameter_has_a_description(server, deployed):
             name, {k: p.get("description") for k, p in properties.items()})
 
 
-def _trigger(env: dict, params: dict) -> str:
-    out = _cli(env, "deployment", "run", "selfplay/nightly-train", "--params",
-               json.dumps(params))
+def _trigger(env: dict, params: dict, deployment: str = "selfplay/nightly-train") -> str:
+    out = _cli(env, "deployment", "run", deployment, "--params", json.dumps(params))
     return next(line.split()[-1] for line in out.splitlines() if "UUID" in line)
 
 
@@ -267,3 +268,36 @@ def test_deployment_runs_log_ub_lines_and_continue_a_run_started_with_overrides(
     wait_for(lambda: any(r["name"] == "ub.flow" and "continuing it with its own config"
                           in r["message"] for r in _logs(api, continued)), 30,
               "the continuation's note in its flow run's logs")
+
+
+def test_parts_of_a_sweep_run_side_by_side_on_one_worker_and_compare_as_one(
+        server, worker, tiny_model, tmp_path, capsys):
+    """The `sweep` deployment, run twice at once, an arm each, into one root: the process
+    worker runs both flow runs side by side, and `ub compare` reads their runs as one sweep."""
+    from ub.flows.cli import main
+
+    api, env, _ = server
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump({
+        "seed": 0, "rounds": 1, "model": {"base": "tiny"},
+        "sampling": {"temperature": 1.0, "max_tokens": 8},
+        "envs": [{"env_id": "TicTacToe-v0-train"}],
+        "rollout": {"games_per_round": 4, "concurrency": 4}, "batch": {"batch_size": 8},
+        "eval": {"every": 1, "games": 4, "opponents": ["random"]}}))
+    root = tmp_path / "sweep"
+    common = {"config": str(config), "seeds": [0], "root": str(root), "quiet": True}
+    ids = [_trigger(env, {**common, "arms": arm}, "sweep/sweep")
+           for arm in ({"lr1": ["learner.learning_rate=0.001"]},
+                       {"lr2": ["learner.learning_rate=0.002"]})]
+    states = [_finished(api, run_id, worker) for run_id in ids]
+    assert [s["type"] for s in states] == ["COMPLETED"] * 2, (states,
+                                                               worker.read_text()[-6000:])
+    spans = [(r["start_time"], r["end_time"]) for r in _flow_runs(api, id={"any_": ids})]
+    (_, first_end), (second_start, _) = sorted(spans)
+    assert second_start < first_end, spans  # (at once, not one after the other)
+    assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == [
+        "lr1-s0", "lr2-s0"]
+    capsys.readouterr()
+    assert main(["compare", str(root), "--format", "csv"]) == 0
+    arms = {line.split(",")[2] for line in capsys.readouterr().out.splitlines()[1:]}
+    assert arms == {"learner.learning_rate=0.001", "learner.learning_rate=0.002"}
