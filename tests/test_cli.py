@@ -437,11 +437,15 @@ def test_the_installed_command_prints_everything_and_exits_with_its_code(capsys,
     whole, and its exit code is the command's, 0 or 2."""
     ub = str(Path(sys.executable).parent / "ub")
     buffered = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
-    code, out, _ = run(capsys, "envs")
+    # (the reference: main() with the interpreter's own exit and flush, in a process of its
+    # own, not this one, where other tests may have registered games of their own)
+    reference = subprocess.run([sys.executable, "-c", "import sys; from ub.flows.cli import "
+                                "main; sys.exit(main(['envs']))"],
+                               capture_output=True, text=True, env=buffered, timeout=120)
     shown = subprocess.run([ub, "envs"], capture_output=True, text=True, env=buffered,
                            timeout=120)
-    assert shown.returncode == code == 0
-    assert shown.stdout == out and "TicTacToe" in out
+    assert shown.returncode == reference.returncode == 0
+    assert shown.stdout == reference.stdout and "TicTacToe" in shown.stdout
     refused = subprocess.run([ub, "train", "--root", str(tmp_path), "--rounds", "0"],
                              capture_output=True, text=True, env=buffered, timeout=120)
     assert (refused.returncode, refused.stdout) == (2, "")
