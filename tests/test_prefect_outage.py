@@ -138,7 +138,12 @@ def restarted_run(server, config_file, tmp_path_factory) -> RunPaths:
                         grace_s=240)
     after_round_0(train, paths)
     server.kill()
-    server.start()  # the same port and database: down for the ~10 s a start takes
+    # Down until the run has seen it (a restart quicker than the watcher's poll would go
+    # unseen, and the test would check nothing), then the same port and database again.
+    wait_for(lambda: (paths.logs / "flow.log").exists()
+             and "does not answer" in (paths.logs / "flow.log").read_text(), 120,
+             "the run noticing the server is down")
+    server.start()
     _, stderr = train.communicate(timeout=600)
     assert train.returncode == 0, stderr[-3000:]
     return paths
