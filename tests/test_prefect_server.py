@@ -228,20 +228,26 @@ def test_a_config_typo_fails_a_deployment_run_with_one_line_and_no_traceback(
     assert [r["message"] for r in logs if line in r["message"] and r["level"] >= 40] == [line]
 
 
+def _tiny_config(folder: Path, *, seed: int, eval: dict) -> Path:
+    """A one-round config of 4 TicTacToe games on the tiny model, written to
+    ``folder/tiny.yaml``."""
+    config = folder / "tiny.yaml"
+    config.write_text(yaml.safe_dump({
+        "seed": seed, "rounds": 1, "model": {"base": "tiny"},
+        "sampling": {"temperature": 1.0, "max_tokens": 8},
+        "envs": [{"env_id": "TicTacToe-v0-train"}],
+        "rollout": {"games_per_round": 4, "concurrency": 4},
+        "batch": {"batch_size": 8}, "eval": eval}))
+    return config
+
+
 def test_deployment_runs_log_ub_lines_and_continue_a_run_started_with_overrides(
         server, worker, tiny_model, tmp_path):
     """Two runs of `nightly-train` on a process worker: the first starts a run with an
     override, the second continues it the way the schedule does (the deployment's config
     without the override). Both complete, and ub's own log lines are in the flow runs' logs."""
     api, env, _ = server
-    config = tmp_path / "tiny.yaml"
-    config.write_text(yaml.safe_dump({
-        "seed": 3, "rounds": 1, "model": {"base": "tiny"},
-        "sampling": {"temperature": 1.0, "max_tokens": 8},
-        "envs": [{"env_id": "TicTacToe-v0-train"}],
-        "rollout": {"games_per_round": 4, "concurrency": 4},
-        "batch": {"batch_size": 8},
-        "eval": {"every": 0}}))
+    config = _tiny_config(tmp_path, seed=3, eval={"every": 0})
     runs = tmp_path / "runs"
     common = {"run_name": "by-hand", "root": str(runs), "config": str(config), "add_rounds": 1}
     def run_to_the_end(params: dict) -> str:
@@ -277,13 +283,8 @@ def test_parts_of_a_sweep_run_side_by_side_on_one_worker_and_compare_as_one(
     from ub.flows.cli import main
 
     api, env, _ = server
-    config = tmp_path / "tiny.yaml"
-    config.write_text(yaml.safe_dump({
-        "seed": 0, "rounds": 1, "model": {"base": "tiny"},
-        "sampling": {"temperature": 1.0, "max_tokens": 8},
-        "envs": [{"env_id": "TicTacToe-v0-train"}],
-        "rollout": {"games_per_round": 4, "concurrency": 4}, "batch": {"batch_size": 8},
-        "eval": {"every": 1, "games": 4, "opponents": ["random"]}}))
+    config = _tiny_config(tmp_path, seed=0,
+                          eval={"every": 1, "games": 4, "opponents": ["random"]})
     root = tmp_path / "sweep"
     common = {"config": str(config), "seeds": [0], "root": str(root), "quiet": True}
     ids = [_trigger(env, {**common, "arms": arm}, "sweep/sweep")
