@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 import torch
+from float_rounding import gradients_within_rounding
 
 import ub.learner.update
 from ub.actors.spec import parse_actor
@@ -334,8 +335,8 @@ def test_micro_batching_gives_the_full_batch_gradient(learner: Learner, model_di
         metrics, grads = results[name]
         assert metrics["micro_batches"] > 1
         assert metrics["loss"] == pytest.approx(full_metrics["loss"], rel=1e-5, abs=1e-7)
-        for key, g in full.items():  # (float32 summation order: 1.8e-7 seen on 5.8e-4)
-            torch.testing.assert_close(grads[key], g, rtol=1e-4, atol=5e-7)
+        # Micro-batches add the batch's tokens in another order.
+        gradients_within_rounding(grads, full, terms=batch.input_ids.numel())
     assert results["one_row"][0]["padding_fraction"] == 0.0
     assert full_metrics["padding_fraction"] > 0
     assert results["tokens"][0]["padded_tokens"] < full_metrics["padded_tokens"]
