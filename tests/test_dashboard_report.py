@@ -408,9 +408,10 @@ def test_training_figure_is_the_games_as_plain_duckdb_counts_them(run_dir):
     import duckdb
 
     from ub.report.page import training_rows
+    from ub.run.folder.views import RunViews
 
-    mine = {(r["round"], r["env_id"]): (r["wins"], r["seats"]) for r in training_rows(run_dir)
-            if r["opponent"] == "random"}
+    mine = {(r["round"], r["env_id"]): (r["wins"], r["seats"])
+            for r in training_rows(RunViews(run_dir)) if r["opponent"] == "random"}
     direct = duckdb.sql(f"""
         WITH seats AS (
             SELECT round, env_id, results[list_position(actors, printf('ckpt-%06d', round))]

@@ -1,6 +1,8 @@
 """What ``ub dashboard`` shows, read from a run's directory only: :func:`gather` reads the round
 manifests, the last rating snapshot, the per-round metrics Parquet, the run's lock and its logs
-into a plain :class:`DashboardState` (:mod:`ub.dashboard` renders it)."""
+into a plain :class:`DashboardState` (:mod:`ub.dashboard` renders it). Every file but the lock
+(opened with ``O_NOFOLLOW``) is read through :class:`RunViews`, which follows no link inside
+the run."""
 
 from __future__ import annotations
 
@@ -68,10 +70,10 @@ def run_phase(root: Path) -> str:
     return f"running on {host}" if host and host != socket.gethostname() else "running"
 
 
-def latest_activity(root: Path) -> str:
+def latest_activity(views: RunViews) -> str:
     """The newest line of the run's component logs (``RUN/logs/*.log``): what it is doing now."""
     newest = ""
-    for log in (root / "logs").glob("*.log"):
+    for log in views.files(views.root / "logs", "*.log"):
         try:
             with log.open("rb") as f:
                 f.seek(max(0, f.seek(0, os.SEEK_END) - 4096))
@@ -112,15 +114,15 @@ def gather(root: Path, cache: dict | None = None) -> DashboardState:
     if not root.is_dir() or not is_run(root):
         raise UbError(f"{root} is not a ub run (no config.yaml or rounds/): give a run "
                       "directory, e.g. runs/demo")
-    config = _run_config(root)
-    total = _rounds_setting(config)
     views = RunViews(root, cache)
+    config = views.config() or {}
+    total = config.get("rounds")
     rounds = views.rounds().to_pylist()
     learner = views.learner().to_pylist()
     evals = views.evals().to_pylist()
     metrics = views.metrics()
     collection = metrics.filter(pc.starts_with(metrics["metric"], "collection/")).to_pylist()
-    activity = latest_activity(root)
+    activity = latest_activity(views)
     state = DashboardState(root.name, str(root), _phase(root, activity, len(rounds), total),
                            len(rounds), total)
     state.activity = activity
@@ -128,31 +130,12 @@ def gather(root: Path, cache: dict | None = None) -> DashboardState:
     if rounds:
         state.throughput = _throughput(rounds[-1], learner)
     snapshot = views.last_ratings()
-    mirrors = mirror_records(root, len(rounds), cache)
+    mirrors = mirror_records(views, len(rounds), cache)
     state.ladder, state.matches = _ladder(snapshot, mirrors)
     state.series = _series(rounds, learner, evals, collection)
     state.host = _host_load()
     state.warnings = _alerts(config, collection) + views.warnings
     return state
-
-
-def _run_config(root: Path) -> dict[str, Any]:
-    """The run's ``config.yaml`` as a mapping; ``{}``: unreadable."""
-    import yaml
-
-    try:
-        data = yaml.safe_load((root / "config.yaml").read_text())
-    except (OSError, yaml.YAMLError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _rounds_setting(config: dict[str, Any]) -> int | None:
-    """The run's ``rounds`` (its total); ``None``: unreadable."""
-    try:
-        return None if config.get("rounds") is None else int(config["rounds"])
-    except (ValueError, TypeError):
-        return None
 
 
 def _alerts(config: dict[str, Any], collection: list[dict[str, Any]]) -> list[str]:
@@ -289,7 +272,7 @@ def _host_load() -> dict[str, float]:
     return host
 
 
-def mirror_records(root: Path, rounds: int, cache: dict | None = None
+def mirror_records(views: RunViews, rounds: int, cache: dict | None = None
                    ) -> dict[str, list[int]]:
     """``[wins, draws, losses]`` of each actor in its mirror games (every seat the same actor)
     of the first ``rounds`` rounds, counted per seat: a self-play game is one win and one loss
@@ -297,15 +280,15 @@ def mirror_records(root: Path, rounds: int, cache: dict | None = None
     ``results`` columns (and which games are copies, ub.branching: those are not counted), each
     file once per ``cache``."""
     from ub.branching import played_games
-    from ub.data.shards import committed_shards, shard_path
+    from ub.data.shards import shard_path
 
     seen: dict[str, dict[str, list[int]]] = ({} if cache is None
                                              else cache.setdefault("mirrors", {}))
     totals: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])
-    for sid in committed_shards(root):
+    for sid in views.committed_shards():
         if sid.round >= rounds:
             continue  # a round in progress: not in the ratings snapshot either
-        path = shard_path(root, "games", sid)
+        path = shard_path(views.root, "games", sid)
         key = f"{path}:{path.stat().st_mtime_ns}"
         if key not in seen:
             counts: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0])

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from ub.cli.args import add_root_argument, run_dir
+from ub.errors import UbError
 
 
 def add_parser(sub) -> None:
@@ -24,8 +25,21 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     folder = Path(args.run)
     if is_runs_root(folder):
-        print(write_sweep_report(folder, Path(args.out) if args.out else folder / "report"))
+        print(write_sweep_report(folder, _output_folder(args.out, folder)))
         return 0
     root = run_dir(args)
-    print(write_report(root, Path(args.out) if args.out else root / "report"))
+    print(write_report(root, _output_folder(args.out, root)))
     return 0
+
+
+def _output_folder(out: str | None, root: Path) -> Path:
+    """``--out``, the user's choice, or ``ROOT/report``, which must be no link: whoever can
+    write a run or a folder of runs would aim the report's files (and the removal of a stale
+    figure) at a folder of the reader's (docs/security.md)."""
+    if out:
+        return Path(out)
+    default = root / "report"
+    if default.is_symlink():
+        raise UbError(f"{default} is a link, and ub report writes no file through a link "
+                      "inside a run or a folder of runs: remove it, or give --out FOLDER")
+    return default

@@ -67,7 +67,7 @@ def cmd_sql(args: argparse.Namespace) -> int:
 
 
 def _sql(args: argparse.Namespace) -> int:
-    from ub.data.sql import connect, connect_tables, table_dataset
+    from ub.data.sql import connect_tables, data_tables
     from ub.run.folder.layout import is_run, no_such_run
     from ub.run.folder.sweep import is_runs_root, sweep_tables
     from ub.run.folder.urls import DEFAULT_RUNS_ROOT, is_url
@@ -91,17 +91,13 @@ def _sql(args: argparse.Namespace) -> int:
         warnings: list[str] = []
         if is_runs_root(root):
             tables, warnings = sweep_tables(root)
-            con, names = connect_tables(tables), sorted(tables)
+        elif is_run(root):  # (its shards too, read as its views read it: no link followed)
+            views = RunViews(root)
+            tables = {**views.shard_tables(), **views.tables()}
+            warnings = views.warnings
         else:
-            extra = {}
-            if is_run(root):
-                views = RunViews(root)
-                extra = views.tables()
-                for table in ("steps", "games"):
-                    extra[f"eval_{table}"] = table_dataset(root / "eval", table)
-                warnings = views.warnings
-            con = connect(root, extra)
-            names = sorted(["steps", "games", *extra])
+            tables = {**data_tables(root)}
+        con, names = connect_tables(tables), sorted(tables)
         for warning in warnings:
             print(f"ub: warning: {warning}", file=sys.stderr)
         shown = root

@@ -147,23 +147,53 @@ def is_committed(root: Path, sid: ShardId) -> bool:
     return shard_path(root, "games", sid).exists() and shard_path(root, "steps", sid).exists()
 
 
-def committed_shards(root: Path) -> list[ShardId]:
-    """Every committed shard under ``root``, sorted by (round, shard)."""
+def committed_shards(root: Path, links: list[Path] | None = None) -> list[ShardId]:
+    """Every committed shard under ``root``, sorted by (round, shard).
+
+    ``links`` is for a reader of data that may be someone else's (the read-only commands over
+    runs: docs/security.md): given, no link below ``root`` is followed, not even to list a
+    folder; a shard with one on its path is left out, and the link added to ``links``. Without
+    it links are followed as ``open`` follows them (a run being trained is its owner's, whose
+    config runs code anyway)."""
+    root = Path(root)
+
+    def linked(path: Path) -> bool:
+        if links is None:
+            return False
+        link = link_below(root, path)
+        if link is not None and link not in links:
+            links.append(link)
+        return link is not None
+
     found = []
-    games_root = Path(root) / "games"
-    if not games_root.is_dir():
+    games_root = root / "games"
+    # (a linked steps/ holds no shard's steps: checked first, it is never listed)
+    if linked(games_root) or linked(root / "steps") or not games_root.is_dir():
         return []
     for folder in games_root.iterdir():
         round_match = _ROUND_DIR.match(folder.name)
-        if not round_match or not folder.is_dir():
+        if not round_match or linked(folder) or not folder.is_dir():
             continue
         for file in folder.iterdir():
             shard_match = _SHARD_FILE.match(file.name)
-            if shard_match:
+            if shard_match and not linked(file):
                 sid = ShardId(int(round_match.group(1)), int(shard_match.group(1)))
-                if shard_path(root, "steps", sid).exists():
+                steps = shard_path(root, "steps", sid)
+                if not linked(steps) and steps.exists():
                     found.append(sid)
     return sorted(found)
+
+
+def link_below(root: Path, path: Path) -> Path | None:
+    """The first link on the way down from ``root`` to ``path`` (``path`` itself included),
+    or ``None``. ``root`` and the folders above it are not looked at: the path a command is
+    given is its user's choice (``runs -> /data/runs``)."""
+    step = Path(root)
+    for part in Path(path).relative_to(step).parts:
+        step = step / part
+        if step.is_symlink():
+            return step
+    return None
 
 
 def round_ranges(rounds: Sequence[int]) -> str:

@@ -4,16 +4,19 @@ numbers beside them), and the same page's head in Markdown for Prefect's UI."""
 from __future__ import annotations
 
 import base64
+import functools
 import html
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from ub.data.atomic import write_atomic
 from ub.errors import UbError
 from ub.report import curves, health, pool, sweep
 from ub.report.common import SIZE, SIZES, Tables, pct
 from ub.run.folder.sweep import flat_settings, sweep_tables
+from ub.run.folder.views import RunViews
 
 TRAINING_SQL = """
     SELECT round, env_id, actors, results, count(*) AS games FROM games
@@ -61,19 +64,22 @@ def draw_figures(plots: list[tuple[str, str, Draw]], out: Path) -> list[Figure]:
                     if handles and ax.get_legend() is None:
                         ax.legend(fontsize=7, loc="best")
                 fig.tight_layout()
-                fig.savefig(path)
+                # (atomic: a link put where the figure goes is replaced, not written through)
+                write_atomic(path, functools.partial(fig.savefig, format="png"))
             finally:
                 plt.close(fig)
             drawn.append(Figure(name, title, path))
     return drawn
 
 
-def training_rows(root: Path) -> list[dict[str, Any]]:
-    """The learner's training results by round, env and opponent kind (none before a game)."""
-    from ub.data.sql import query
+def training_rows(views: RunViews) -> list[dict[str, Any]]:
+    """The learner's training results by round, env and opponent kind (none before a game),
+    from the run's games shards as ``views`` reads them."""
+    from ub.data.sql import query_tables, table_dataset
 
     try:
-        return curves.training_results(query(root, TRAINING_SQL).to_pylist())
+        games = table_dataset(views.root, "games", views.shard_files("games"))
+        return curves.training_results(query_tables({"games": games}, TRAINING_SQL).to_pylist())
     except UbError:  # (no shard yet, or none readable: the other figures still draw)
         return []
 
@@ -119,7 +125,6 @@ def write_report(root: Path, out: Path) -> Path:
 def build_report(root: Path, out: Path) -> RunReport:
     """Write a run's figures and ``report.html`` into ``out``."""
     from ub.run.folder.layout import is_run
-    from ub.run.folder.views import RunViews
 
     root = Path(root)
     if not is_run(root):
@@ -128,19 +133,21 @@ def build_report(root: Path, out: Path) -> RunReport:
     t = {name: table.to_pylist() for name, table in views.tables().items()}
     if not t["rounds"] and not t["benchmarks"]:
         raise UbError(f"run {root.name} has no committed round yet (and no benchmark "
-                      "scores): nothing to plot")
-    t["training"] = training_rows(root)
+                      "scores): nothing to plot"
+                      + "".join(f"; {warning}" for warning in views.warnings))
+    t["training"] = training_rows(views)
     figures = draw_figures(run_plots(t, views.last_ratings().get("matches", {})), out)
     page = out / "report.html"
     summary = totals(t)
-    page.write_text(_page(
+    settings = _settings_table(views.config())  # (before the warnings: it may add one)
+    _write_page(page, _page(
         f"ub report: {root.name}",
         f"<p>{html.escape(summary)}; data in <code>{html.escape(str(root))}</code></p>"
         + _warnings(views.warnings)
         + f"\n<h2>Learning curve (numbers)</h2>\n{curve_table(t['evals'])}\n",
         figures,
         f"\n<h2>Settings</h2>\n<details open><summary>config.yaml</summary>"
-        f"{_settings_table(root)}</details>\n"))
+        f"{settings}</details>\n"))
     return RunReport(root.name, page, figures, summary, t["evals"])
 
 
@@ -170,8 +177,10 @@ def write_sweep_report(folder: Path, out: Path) -> Path:
     t = {name: table.to_pylist() for name, table in tables.items()
          if name in ("runs", "evals", "metrics", "exploitability")}
     if not t["runs"]:
-        raise UbError(f"{folder} holds no run")
-    arms = {r["run"]: arm_label(r["settings"] or []) for r in t["runs"]}
+        raise UbError(f"{folder} holds no run" + "".join(f"; {w}" for w in warnings))
+    # A run without settings (its config did not read: warned) is in no arm.
+    runs = [r for r in t["runs"] if r["settings"] is not None]
+    arms = {r["run"]: arm_label(r["settings"]) for r in runs}
     letters = arm_letters(arms.values())
     lettered = {run: letters[arm] for run, arm in arms.items()}
     figures = draw_figures([
@@ -187,10 +196,10 @@ def write_sweep_report(folder: Path, out: Path) -> Path:
         table = _compare_table(summaries, letters, checkpoint)
     legend = _table(("arm", "settings", "runs"), [
         (letter, arm, ", ".join(f"{run} (seed {seed})" for run, seed in
-                                ((r["run"], r["seed"]) for r in t["runs"]) if arms[run] == arm))
+                                ((r["run"], r["seed"]) for r in runs) if arms[run] == arm))
         for arm, letter in letters.items()])
     page = out / "report.html"
-    page.write_text(_page(
+    _write_page(page, _page(
         f"ub report: {Path(folder).name} ({len(arms)} runs)",
         f"<p>Data in <code>{html.escape(str(folder))}</code>; <code>ub compare</code> has each "
         "arm's paired differences.</p>" + _warnings(warnings) + f"\n<h2>Arms</h2>\n{legend}"
@@ -240,17 +249,14 @@ def curve_markdown(evals: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _settings_table(root: Path) -> str:
+def _settings_table(config: dict[str, Any] | None) -> str:
     """The run's resolved config (``config.yaml``), one setting a row, keyed as ``--set`` and
-    ``ub sweep --arm`` take it (a list one value, in YAML's flow style)."""
-    import yaml
-
-    try:
-        data = yaml.safe_load((root / "config.yaml").read_text()) or {}
-    except (OSError, yaml.YAMLError) as exc:
-        return f"<p class=warn>config.yaml is unreadable: {html.escape(str(exc))}</p>"
+    ``ub sweep --arm`` take it (a list one value, in YAML's flow style); ``None``: it did not
+    read (the page's warnings say why)."""
+    if config is None:
+        return "<p class=warn>config.yaml is unreadable (see the warnings above)</p>"
     rows = "".join(f"<tr><td><code>{html.escape(k)}</code></td><td>{html.escape(v)}</td></tr>"
-                   for k, v in flat_settings(data).items())
+                   for k, v in flat_settings(config).items())
     return f"<table><tr><th>setting</th><th>value</th></tr>{rows}</table>"
 
 
@@ -283,3 +289,8 @@ def _page(title: str, head: str, figures: list[Figure], tail: str) -> str:
             "img{max-width:100%}.warn{color:#a60}table{border-collapse:collapse;font-size:90%}"
             "td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}</style>"
             f"<h1>{html.escape(title)}</h1>{head}\n{sections}{tail}")
+
+
+def _write_page(page: Path, text: str) -> None:
+    """The HTML page, atomically: a link put at its name is replaced, not written through."""
+    write_atomic(page, lambda handle: handle.write(text.encode("utf-8")))

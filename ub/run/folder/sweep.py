@@ -7,6 +7,10 @@ have theirs already (the name the run was trained under: the same, unless a fold
 renamed). One more view, ``runs``, has a row per run: its seed, its rounds (committed and
 planned), its envs, and ``settings``, the settings in which the runs differ (dotted keys to
 their values as YAML writes them), so a sweep's arms can be grouped without a table of them.
+
+Whoever can write a shared sweep folder chooses what is in it: a run that is a link, or whose
+name holds a newline, is none of the folder's runs (:func:`runs_under`), and each run is read
+as :class:`RunViews` reads one, following no link inside it; each is skipped with a warning.
 """
 
 from __future__ import annotations
@@ -18,9 +22,8 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from ub.data.schema import TABLES
-from ub.data.shards import committed_shards, shard_path
-from ub.run.folder.layout import RunPaths, is_run
-from ub.run.folder.views import RunViews
+from ub.run.folder.layout import is_run
+from ub.run.folder.views import RunViews, shown_path, skipped_link
 
 RUNS_SCHEMA = pa.schema([
     ("run", pa.string()), ("seed", pa.int64()), ("rounds", pa.int64()),
@@ -32,79 +35,92 @@ NOT_SETTINGS = ("seed",)
 """Keys the ``runs`` view shows as columns of their own, not in ``settings``."""
 
 
-def runs_under(folder: Path) -> list[Path]:
-    """The run folders directly under ``folder``, by name."""
+def runs_under(folder: Path, skipped: list[str] | None = None) -> list[Path]:
+    """The run folders directly under ``folder``, by name. Two are none of them, each named
+    by a line in ``skipped``: a link to a run (perhaps someone else's, put there by whoever
+    can write the folder), and a folder whose name holds a character that is not printable
+    (no run ub makes is named so; a newline in a name drew a row of ``ub sql``'s table)."""
     folder = Path(folder)
-    return sorted(p for p in folder.iterdir() if p.is_dir() and is_run(p)) if folder.is_dir() \
-        else []
+    if not folder.is_dir():
+        return []
+    runs = []
+    for path in sorted(folder.iterdir()):
+        if not (path.is_dir() and is_run(path)):
+            continue
+        problem = _not_taken(path)
+        if problem is None:
+            runs.append(path)
+        elif skipped is not None:
+            skipped.append(problem)
+    return runs
+
+
+def _not_taken(run: Path) -> str | None:
+    """Why the run folder ``run`` is none of its folder's runs (:func:`runs_under`), or
+    ``None``."""
+    if run.is_symlink():
+        return skipped_link(run)
+    if not run.name.isprintable():
+        return (f"skipped {shown_path(run)}: its name holds a character that is not printable "
+                "(a newline, a control character), as no run's name does")
+    return None
 
 
 def is_runs_root(folder: Path) -> bool:
-    """A folder of runs: no run and no data folder itself, and at least one run inside."""
+    """A folder of runs: no run and no data folder itself, and at least one run inside (or
+    one that :func:`runs_under` skips, so that the commands say why it is left out)."""
     folder = Path(folder)
+    skipped: list[str] = []
     return (not is_run(folder) and not (folder / "games").is_dir()
-            and bool(runs_under(folder)))
+            and bool(runs_under(folder, skipped) or skipped))
 
 
 def sweep_tables(folder: Path) -> tuple[dict[str, pa.Table | ds.Dataset], list[str]]:
-    """Every table of the runs under ``folder`` as one, and the warnings of the files skipped
-    (each naming its file, as one run's views give them)."""
+    """Every table of the runs under ``folder`` as one, and the warnings of what was skipped
+    (each naming its run folder or file, as one run's views give them)."""
     from ub.data.sql import table_dataset
 
-    runs = runs_under(folder)
+    warnings: list[str] = []
+    runs = [RunViews(run) for run in runs_under(folder, warnings)]
     tables: dict[str, pa.Table | ds.Dataset] = {}
     for table in TABLES:
-        for prefix, data in (("", lambda r: r), ("eval_", lambda r: r / "eval")):
-            files = [shard_path(data(run), table, sid) for run in runs
-                     for sid in committed_shards(data(run))]
+        for prefix, evaluation in (("", False), ("eval_", True)):
+            files = [file for run in runs for file in run.shard_files(table, evaluation)]
             tables[f"{prefix}{table}"] = table_dataset(Path(folder), table, files)
-    warnings: list[str] = []
     by_view: dict[str, list[pa.Table]] = {}
     for run in runs:
-        views = RunViews(run)
-        for name, view in views.tables().items():
-            by_view.setdefault(name, []).append(
-                view.add_column(0, "run", pa.array([run.name] * view.num_rows, pa.string())))
-        warnings += views.warnings
+        for name, view in run.tables().items():
+            by_view.setdefault(name, []).append(view.add_column(
+                0, "run", pa.array([run.root.name] * view.num_rows, pa.string())))
     for name, parts in by_view.items():
         tables[name] = pa.concat_tables(parts, promote_options="permissive")
     tables["runs"] = runs_table(runs)
-    return tables, warnings
+    return tables, warnings + [warning for run in runs for warning in run.warnings]
 
 
-def runs_table(runs: list[Path]) -> pa.Table:
+def runs_table(runs: list[RunViews]) -> pa.Table:
     """The ``runs`` view of ``runs`` (:data:`RUNS_SCHEMA`), from each run's ``config.yaml``
-    (the whole config, as the run resolved it) as it is written: a run whose config does not
-    read has NULLs there."""
-    import yaml
-
-    from ub.settings import load_yaml
-
-    flat: list[dict[str, str]] = []
+    (the whole config, as the run resolved it) as it is written. A run whose config does not
+    read, or is not as ub writes it (:meth:`RunViews.config`, which warns), has NULLs there,
+    and takes no part in which settings differ: one such run made every setting differ."""
+    flat: list[dict[str, str] | None] = []
     rows: list[dict[str, Any]] = []
     for run in runs:
-        paths = RunPaths(run.absolute())
-        try:
-            config = load_yaml(paths.config.read_text(encoding="utf-8"))
-        except (OSError, ValueError, yaml.YAMLError):
-            config = None
-        config = config if isinstance(config, dict) else {}
-        envs = config.get("envs")
-        flat.append(flat_settings(config))
-        rows.append({"run": run.name, "seed": _whole(config.get("seed")),
-                     "rounds": len(paths.committed_rounds()),
-                     "rounds_planned": _whole(config.get("rounds")),
-                     "envs": [e.get("env_id") for e in envs if isinstance(e, dict)]
-                     if isinstance(envs, list) else None})
-    keys = sorted({k for f in flat for k in f})
-    differ = [k for k in keys if len({f.get(k) for f in flat}) > 1 and k not in NOT_SETTINGS]
+        config = run.config()
+        flat.append(None if config is None else flat_settings(config))
+        known = config or {}
+        rows.append({"run": run.root.name, "seed": known.get("seed"),
+                     "rounds": len(run.committed_rounds()),
+                     "rounds_planned": known.get("rounds"),
+                     "envs": [env["env_id"] for env in known["envs"]] if "envs" in known
+                     else None})
+    readable = [settings for settings in flat if settings is not None]
+    keys = sorted({k for settings in readable for k in settings})
+    differ = [k for k in keys if len({f.get(k) for f in readable}) > 1 and k not in NOT_SETTINGS]
     for row, settings in zip(rows, flat, strict=True):
-        row["settings"] = [(k, settings.get(k, "")) for k in differ]
+        row["settings"] = (None if settings is None
+                           else [(k, settings.get(k, "")) for k in differ])
     return pa.Table.from_pylist(rows, schema=RUNS_SCHEMA)
-
-
-def _whole(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def flat_settings(value: Any, prefix: str = "") -> dict[str, str]:

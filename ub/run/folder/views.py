@@ -18,20 +18,31 @@ Besides ``steps`` and ``games`` (the training shards), a run has:
 
 Every table is built from the committed files only. A file that cannot be read is skipped
 with a warning naming it (the tables are still usable); missing parts give empty tables.
+
+:class:`RunViews` is how the read-only commands (``ub sql``, ``ub report``, ``ub compare``,
+``ub dashboard``) read a run: its tables, its shards, its ``config.yaml`` and its logs. It
+follows no link inside the run (a link there is someone's way to a file of the reader's, which
+the command would show): each one met, a folder or a file, is skipped with a warning naming it,
+and what it leads to is never opened or listed. The run's own folder is the caller's choice.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
+import yaml
 
+from ub.data.schema import TABLES
+from ub.data.shards import ShardId, committed_shards, link_below, shard_path
 from ub.run.folder.layout import check_run_format
+from ub.settings import load_yaml
 
 EVALS_SCHEMA = pa.schema([
     ("update", pa.int64()), ("round", pa.int64()), ("actor", pa.string()),
@@ -120,14 +131,59 @@ _NUMBERED = re.compile(r"-(\d{6,})\.(json|parquet)$")
 
 
 def _numbered(folder: Path, suffix: str) -> list[tuple[int, Path]]:
-    if not folder.is_dir():
-        return []
+    """The numbered files (``round-NNNNNN.json``) of ``folder``, by number, links followed
+    (``ub doctor``'s; the views list a run's folders with :meth:`RunViews.files`)."""
+    return _by_number(folder.glob(f"*{suffix}")) if folder.is_dir() else []
+
+
+def _by_number(paths: Iterable[Path]) -> list[tuple[int, Path]]:
+    """Each of ``paths`` that is numbered (not an unfinished write's hidden name), by number."""
     found = []
-    for path in folder.glob(f"*{suffix}"):
+    for path in paths:
         m = _NUMBERED.search(path.name)
         if m and not path.name.startswith("."):
             found.append((int(m.group(1)), path))
     return sorted(found)
+
+
+def shown_path(path: Path) -> str:
+    """``path`` for a line of text: as it is, or quoted and escaped as Python writes it where
+    it holds a character that is not printable (a newline, ESC: a name someone else chose)."""
+    text = str(path)
+    return text if text.isprintable() else repr(text)
+
+
+def skipped_link(link: Path) -> str:
+    """The warning for a link met inside a run or a folder of runs, which is not followed."""
+    return (f"skipped {shown_path(link)}: a link, which ub does not follow inside a run or a "
+            "folder of runs (docs/security.md)")
+
+
+def config_problem(config: Any) -> str | None:
+    """What makes ``config`` (a ``config.yaml`` as read) no run config: not a mapping, or a
+    field the views read (``seed``, ``rounds``, ``envs``) there with a type ub never writes it
+    in (one missing is only NULL in the views); ``None``: nothing. Only types are checked:
+    nothing the config names is imported (docs/security.md)."""
+    if not isinstance(config, dict):
+        return f"not a mapping of settings but {_brief(config)}"
+    for key in ("seed", "rounds"):
+        if key in config and _whole(config[key]) is None:
+            return f"its {key} is {_brief(config[key])}, not a whole number"
+    envs = config.get("envs", [])
+    if not isinstance(envs, list) or not all(
+            isinstance(env, dict) and isinstance(env.get("env_id"), str) for env in envs):
+        return f"its envs are {_brief(envs)}, not a list of envs with an env_id each"
+    return None
+
+
+def _whole(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _brief(value: Any) -> str:
+    """``value`` as JSON (control characters escaped), cut to a line's part."""
+    text = json.dumps(value, default=str)
+    return text if len(text) <= 60 else text[:59] + "…"
 
 
 class RunViews:
@@ -140,9 +196,67 @@ class RunViews:
 
     def __init__(self, root: Path, cache: dict[Path, tuple[Any, Any]] | None = None) -> None:
         self.root = Path(root)
-        check_run_format(self.root)
         self.warnings: list[str] = []
         self._cache = {} if cache is None else cache
+        if self._inside(self.root / "ub-run.json"):
+            check_run_format(self.root)
+
+    def _warn(self, warning: str) -> None:
+        if warning not in self.warnings:  # (several views read the same file)
+            self.warnings.append(warning)
+
+    def _inside(self, path: Path) -> bool:
+        """Whether ``path`` is reached from the run's folder through no link (a link on the
+        way is warned about, and not followed)."""
+        link = link_below(self.root, path)
+        if link is not None:
+            self._warn(skipped_link(link))
+        return link is None
+
+    def files(self, folder: Path, pattern: str) -> list[Path]:
+        """The entries of the run's ``folder`` whose names match ``pattern``, by name; a link
+        among them, or on the way to ``folder``, is left out (with a warning) and not listed."""
+        if not self._inside(folder) or not folder.is_dir():
+            return []
+        return [path for path in sorted(folder.glob(pattern)) if self._inside(path)]
+
+    def _numbered(self, folder: Path, suffix: str) -> list[tuple[int, Path]]:
+        return _by_number(self.files(folder, f"*{suffix}"))
+
+    def config(self) -> dict[str, Any] | None:
+        """The run's ``config.yaml`` (the whole config, as the run resolved it), or ``None``
+        with a warning naming the file and what is wrong with it: it does not read, or it is
+        not as ub writes it (:func:`config_problem`)."""
+        return self._read(self.root / "config.yaml", _read_config)
+
+    def committed_rounds(self) -> list[int]:
+        """The rounds whose manifests are there (``rounds/round-NNNNNN.json``)."""
+        return [round_ for round_, _ in self._numbered(self.root / "rounds", ".json")]
+
+    def committed_shards(self, evaluation: bool = False) -> list[ShardId]:
+        """The run's committed training (or evaluation) shards, those with no link on their
+        path (each link met is warned about)."""
+        data = self.root / "eval" if evaluation else self.root
+        if not self._inside(data):
+            return []
+        links: list[Path] = []
+        shards = committed_shards(data, links)
+        for link in links:
+            self._warn(skipped_link(link))
+        return shards
+
+    def shard_files(self, table: str, evaluation: bool = False) -> list[Path]:
+        """``table``'s files of :meth:`committed_shards`."""
+        data = self.root / "eval" if evaluation else self.root
+        return [shard_path(data, table, sid) for sid in self.committed_shards(evaluation)]
+
+    def shard_tables(self) -> dict[str, ds.Dataset]:
+        """The shard views: ``steps``, ``games``, ``eval_steps``, ``eval_games``."""
+        from ub.data.sql import table_dataset  # (DuckDB: only where a command needs it)
+
+        return {f"{prefix}{table}": table_dataset(self.root, table,
+                                                  self.shard_files(table, evaluation))
+                for prefix, evaluation in (("", False), ("eval_", True)) for table in TABLES}
 
     def _load(self, path: Path, parse: Callable[[Path], Any]) -> Any:
         stat = path.stat()
@@ -155,11 +269,14 @@ class RunViews:
         return value
 
     def _read(self, path: Path, parse: Callable[[Path], Any]) -> Any | None:
-        """``parse(path)`` (cached), or ``None`` with a warning naming the file."""
+        """``parse(path)`` (cached), or ``None`` with a warning naming the file (a link on its
+        way: never opened)."""
+        if not self._inside(path):
+            return None
         try:
             return self._load(path, parse)
         except (OSError, ValueError, KeyError, AttributeError, pa.ArrowException) as exc:
-            self.warnings.append(f"skipped {path}: {exc}")
+            self._warn(f"skipped {path}: {exc}")
             return None
 
     def _json(self, path: Path) -> Any | None:
@@ -173,8 +290,7 @@ class RunViews:
         try:
             return pa.Table.from_pylist(rows(*args), schema=schema)
         except (KeyError, TypeError, ValueError, AttributeError, pa.ArrowException) as exc:
-            self.warnings.append(f"skipped {path}: not as ub writes it ({type(exc).__name__}: "
-                                 f"{exc})")
+            self._warn(f"skipped {path}: not as ub writes it ({type(exc).__name__}: {exc})")
             return None
 
     @staticmethod
@@ -184,7 +300,7 @@ class RunViews:
 
     def _manifests(self) -> list[tuple[int, Path, dict]]:
         out = []
-        for round_, path in _numbered(self.root / "rounds", ".json"):
+        for round_, path in self._numbered(self.root / "rounds", ".json"):
             # No view needs the leaderboard copy (ratings/ has it): don't keep it.
             data = self._read(path, lambda p: {k: v for k, v in json.loads(
                 p.read_text()).items() if k != "leaderboard"})
@@ -194,7 +310,7 @@ class RunViews:
 
     def last_ratings(self) -> dict[str, Any]:
         """The newest rating snapshot (``members``, ``matches``); ``{}`` before the first."""
-        snapshots = _numbered(self.root / "ratings", ".json")
+        snapshots = self._numbered(self.root / "ratings", ".json")
         data = self._json(snapshots[-1][1]) if snapshots else None
         return data if isinstance(data, dict) else {}
 
@@ -213,15 +329,14 @@ class RunViews:
                      "conservative": m["mu"] - 3 * m["sigma"]} for m in data["members"]]
 
         snapshots = [(round_, path, self._json(path))
-                     for round_, path in _numbered(self.root / "ratings", ".json")]
+                     for round_, path in self._numbered(self.root / "ratings", ".json")]
         return self._joined([self._fitted(path, RATINGS_SCHEMA, rows, round_, data)
                              for round_, path, data in snapshots if data is not None],
                             RATINGS_SCHEMA)
 
     def checkpoints(self) -> pa.Table:
         rows = []
-        folder = self.root / "checkpoints"
-        for path in sorted(folder.glob("ckpt-*")) if folder.is_dir() else []:
+        for path in self.files(self.root / "checkpoints", "ckpt-*"):
             if not (path / "ub_checkpoint.json").exists():
                 continue  # unfinished (or not a checkpoint)
             metrics = self._json(path / "metrics.json") or {}
@@ -240,8 +355,8 @@ class RunViews:
         for round_, path, m in self._manifests():
             learner, batch = m.get("learner", {}), m.get("batch", {})
             if not isinstance(learner, dict) or not isinstance(batch, dict):
-                self.warnings.append(f"skipped {path}: not as ub writes it (its learner and "
-                                     "batch are no mappings)")
+                self._warn(f"skipped {path}: not as ub writes it (its learner and batch are "
+                           "no mappings)")
                 continue
             rows.append((path, {**learner, "round": round_, "batch_size": batch.get("size"),
                                 "batch_tokens": batch.get("total_tokens"),
@@ -273,7 +388,7 @@ class RunViews:
 
     def metrics(self) -> pa.Table:
         tables = []
-        for _, path in _numbered(self.root / "metrics", ".parquet"):
+        for _, path in self._numbered(self.root / "metrics", ".parquet"):
             table = self._read(path, lambda p: pq.read_table(p).select(
                 METRICS_SCHEMA.names).cast(METRICS_SCHEMA))
             if table is not None:
@@ -281,26 +396,21 @@ class RunViews:
         return pa.concat_tables(tables) if tables else METRICS_SCHEMA.empty_table()
 
     def benchmarks(self) -> pa.Table:
-        folder = self.root / "benchmarks"
-        files = sorted(folder.glob("ckpt-*/*.parquet")) if folder.is_dir() else []
-        tables = []
-        for path in files:
-            if path.name.startswith("."):
-                continue  # an unfinished write
-            table = self._read(path, lambda p: pq.read_table(p).select(
-                BENCHMARKS_SCHEMA.names).cast(BENCHMARKS_SCHEMA))
-            if table is not None:
-                tables.append(table)
-        return pa.concat_tables(tables) if tables else BENCHMARKS_SCHEMA.empty_table()
+        return self._per_checkpoint(self.root / "benchmarks", BENCHMARKS_SCHEMA)
 
     def exploitability(self) -> pa.Table:
-        folder = self.root / "exploitability"
-        files = sorted(folder.glob("ckpt-*/*.parquet")) if folder.is_dir() else []
-        tables = [t for path in files if not path.name.startswith(".")
+        return self._per_checkpoint(self.root / "exploitability", EXPLOITABILITY_SCHEMA)
+
+    def _per_checkpoint(self, folder: Path, schema: pa.Schema) -> pa.Table:
+        """The rows of ``folder/ckpt-NNNNNN/*.parquet`` as ``schema`` (benchmarks,
+        exploitability)."""
+        files = [path for checkpoint in self.files(folder, "ckpt-*")
+                 for path in self.files(checkpoint, "*.parquet")
+                 if not path.name.startswith(".")]  # (an unfinished write)
+        tables = [t for path in files
                   for t in [self._read(path, lambda p: pq.read_table(p).select(
-                      EXPLOITABILITY_SCHEMA.names).cast(EXPLOITABILITY_SCHEMA))]
-                  if t is not None]
-        return pa.concat_tables(tables) if tables else EXPLOITABILITY_SCHEMA.empty_table()
+                      schema.names).cast(schema))] if t is not None]
+        return pa.concat_tables(tables) if tables else schema.empty_table()
 
     def tables(self) -> dict[str, pa.Table]:
         """Every run table by view name (the shard views come from :mod:`ub.data.sql`)."""
@@ -310,6 +420,22 @@ class RunViews:
             "benchmarks": self.benchmarks, "exploitability": self.exploitability,
         }
         return {name: build() for name, build in builders.items()}
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    """A run's ``config.yaml``, or a :class:`ValueError` of one line saying what is wrong
+    (YAML's own message quotes the lines around a problem)."""
+    try:
+        config = load_yaml(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ValueError(f"not YAML ({getattr(exc, 'problem', None) or 'unreadable'}{where})"
+                         ) from None
+    problem = config_problem(config)
+    if problem is not None:
+        raise ValueError(problem)
+    return config
 
 
 def _column_type(values: list[Any]) -> pa.DataType:
