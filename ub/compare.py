@@ -12,6 +12,11 @@ t-interval, how many of its seeds' own intervals clear the random player's (the 
 player's win rate in the same seats on the same games), and for every other arm its paired
 difference from the reference on the seeds both ran: the mean, its standard error and how many
 seeds went up. docs/learning.md's tables are these.
+
+Every seed counts once (:func:`comparable_runs`): a run whose config did not read (no settings
+or no seed in the ``runs`` view) is in no arm, and a run that repeats an arm's seed (two arms
+whose settings resolve alike, a copied run) is left out, the first of them by name counting;
+each left out with a line saying why.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ class Measured:
 
     run: str
     arm: str
-    seed: int | None
+    seed: int
     figure: str
     value: float
     clears: bool | None
@@ -95,11 +100,41 @@ def latest_common_checkpoint(evals: list[dict[str, Any]], runs: Iterable[str]) -
     return max(common) if common else None
 
 
+def comparable_runs(runs: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The rows of the ``runs`` view a comparison counts, by name, and a line for each run it
+    leaves out, saying why: one without settings or without a seed (its config did not read:
+    it has no arm, or nothing to pair it by), and one that repeats a seed of its arm (two arms
+    whose settings resolve alike, or a copied run: the same seed again is no more evidence),
+    of which the first by name counts."""
+    counted: list[dict[str, Any]] = []
+    left_out: list[str] = []
+    first: dict[tuple[str, int], str] = {}  # (arm, seed): the run that counts
+    for r in sorted(runs, key=lambda r: r["run"]):
+        if r["settings"] is None:
+            left_out.append(f"{r['run']} has no settings (its config does not read as a "
+                            "run's): in no arm, left out")
+            continue
+        if r["seed"] is None:
+            left_out.append(f"{r['run']} has no seed (its config's is no whole number): "
+                            "nothing to pair it by, left out")
+            continue
+        arm = arm_label(r["settings"])
+        counts = first.setdefault((arm, r["seed"]), r["run"])
+        if counts != r["run"]:
+            left_out.append(f"{r['run']} repeats seed {r['seed']} of arm {arm} (run {counts}, "
+                            "the first by name, counts it): left out")
+            continue
+        counted.append(r)
+    return counted, left_out
+
+
 def measured(runs: list[dict[str, Any]], evals: list[dict[str, Any]],
              exploitability: list[dict[str, Any]], checkpoint: int) -> list[Measured]:
     """Every run's figures at ``checkpoint`` (rows of the ``runs``, ``evals`` and
-    ``exploitability`` views of a folder of runs)."""
-    arms = {r["run"]: arm_label(r["settings"] or []) for r in runs}
+    ``exploitability`` views of a folder of runs), of the runs :func:`comparable_runs`
+    counts."""
+    runs, _ = comparable_runs(runs)
+    arms = {r["run"]: arm_label(r["settings"]) for r in runs}
     seeds = {r["run"]: r["seed"] for r in runs}
     out = []
     rows = [r for r in evals if r["update"] == checkpoint and r["run"] in arms]
@@ -135,17 +170,19 @@ def measured(runs: list[dict[str, Any]], evals: list[dict[str, Any]],
 def compare(figures: list[Measured], reference: str | None = None
             ) -> tuple[list[ArmFigure], list[Paired]]:
     """Each arm's figures and each arm's paired differences from ``reference`` (default: the
-    first arm by name)."""
+    first arm by name). An arm has one value of a figure per seed, the first given (a repeat
+    would count as one more seed, and shrink the interval, without one more seed's evidence;
+    :func:`measured` gives one run per arm and seed)."""
     arms = sorted({m.arm for m in figures})
     if reference is None and arms:
         reference = arms[0]
-    by: dict[tuple[str, str], list[Measured]] = {}
+    by: dict[tuple[str, str], dict[int, Measured]] = {}  # (figure, arm): seed's figure
     for m in figures:
-        by.setdefault((m.figure, m.arm), []).append(m)
+        by.setdefault((m.figure, m.arm), {}).setdefault(m.seed, m)
     summaries, pairs = [], []
     for figure in sorted({m.figure for m in figures}):
         for arm in arms:
-            mine = by.get((figure, arm), [])
+            mine = list(by.get((figure, arm), {}).values())
             if not mine:
                 continue
             mean, half = _mean_interval([m.value for m in mine])
@@ -160,8 +197,8 @@ def compare(figures: list[Measured], reference: str | None = None
                                        ", ".join(sorted({m.moves for m in mine if m.moves}))))
             if arm == reference:
                 continue
-            theirs = {m.seed: m.value for m in by.get((figure, reference or ""), [])}
-            diffs = [m.value - theirs[m.seed] for m in mine if m.seed in theirs]
+            theirs = by.get((figure, reference or ""), {})
+            diffs = [m.value - theirs[m.seed].value for m in mine if m.seed in theirs]
             if diffs:
                 se = _sd(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else None
                 pairs.append(Paired(figure, arm, reference or "", len(diffs),

@@ -7,25 +7,25 @@ import sys
 from pathlib import Path
 
 from ub.cli.args import whole_number
+from ub.compare import arm_letters, comparable_runs, compare, latest_common_checkpoint, measured
 from ub.errors import UbError
 
 
 def add_parser(sub) -> None:
-    compare = sub.add_parser("compare", help="a folder of runs as arms over paired seeds: "
-                             "each arm's mean and interval, each arm less the reference")
-    compare.add_argument("folder", help="a folder of runs (a sweep: runs that differ in their "
-                         "settings and seed)")
-    compare.add_argument("--checkpoint", type=whole_number,
-                         help="the checkpoint to compare (default: the latest every run "
-                         "evaluated)")
-    compare.add_argument("--reference", help="the arm the others are paired with, by its name "
-                         "or a part of it (default: the first arm by name)")
-    compare.add_argument("--format", choices=("table", "csv"), default="table")
-    compare.set_defaults(func=cmd_compare)
+    parser = sub.add_parser("compare", help="a folder of runs as arms over paired seeds: "
+                            "each arm's mean and interval, each arm less the reference")
+    parser.add_argument("folder", help="a folder of runs (a sweep: runs that differ in their "
+                        "settings and seed)")
+    parser.add_argument("--checkpoint", type=whole_number,
+                        help="the checkpoint to compare (default: the latest every run "
+                        "evaluated)")
+    parser.add_argument("--reference", help="the arm the others are paired with, by its name "
+                        "or a part of it (default: the first arm by name)")
+    parser.add_argument("--format", choices=("table", "csv"), default="table")
+    parser.set_defaults(func=cmd_compare)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from ub.compare import compare, latest_common_checkpoint, measured
     from ub.run.folder.sweep import is_runs_root, sweep_tables
 
     folder = Path(args.folder)
@@ -33,9 +33,12 @@ def cmd_compare(args: argparse.Namespace) -> int:
         raise UbError(f"{folder} is no folder of runs: give the folder that holds a sweep's "
                       "runs (`ub sql FOLDER \"SELECT * FROM runs\"` lists them)")
     tables, warnings = sweep_tables(folder)
-    for warning in warnings:
+    runs, left_out = comparable_runs(tables["runs"].to_pylist())
+    for warning in [*warnings, *left_out]:
         print(f"ub: warning: {warning}", file=sys.stderr)
-    runs = tables["runs"].to_pylist()
+    if not runs:
+        raise UbError(f"no run under {folder} can be compared: each is left out (the warnings "
+                      "above say why)")
     evals = tables["evals"].to_pylist()
     checkpoint = args.checkpoint
     if checkpoint is None:
@@ -60,8 +63,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def _print(summaries, pairs, reference: str, checkpoint: int, fmt: str) -> None:
-    from ub.compare import arm_letters
-
     paired = {(p.figure, p.arm): p for p in pairs}
     # A table names each arm by a letter, and a legend above it says its settings once.
     letters = arm_letters({s.arm for s in summaries})
