@@ -9,6 +9,7 @@ from pathlib import Path
 
 from ub.cli.args import round_number
 from ub.errors import UbError
+from ub.flows.sweep_plan import MAX_SWEEP_RUNS, check_recorded_settings, sweep_runs, too_many_runs
 from ub.numbers import NumberError, parse_int
 
 
@@ -31,20 +32,25 @@ def add_parser(sub) -> None:
 
 
 def seed_list(text: str) -> list[int]:
-    """``0-9`` or ``0,3,7`` (or both: ``0-4,9``), as whole numbers in order, once each."""
-    seeds: list[int] = []
+    """``0-9`` or ``0,3,7`` (or both: ``0-4,9``), as whole numbers in order, once each; more
+    than a sweep plans is refused before a seed is listed."""
+    seeds: dict[int, None] = {}
     try:
         for part in text.split(","):
             first, dash, last = part.strip().partition("-")
-            span = range(parse_int(first, 0), parse_int(last, 0) + 1) if dash else [
-                parse_int(first, 0)]
-            seeds += [seed for seed in span if seed not in seeds]
+            low = parse_int(first, 0)
+            high = parse_int(last, 0) if dash else low
+            if high - low < MAX_SWEEP_RUNS:  # (a span is counted before it is listed)
+                seeds.update(dict.fromkeys(range(low, high + 1)))
+            if high - low >= MAX_SWEEP_RUNS or len(seeds) > MAX_SWEEP_RUNS:
+                raise argparse.ArgumentTypeError(too_many_runs(
+                    f"{text} is more than {MAX_SWEEP_RUNS} seeds"))
     except NumberError as exc:
         raise argparse.ArgumentTypeError(f"seeds are whole numbers >= 0 as 0-9 or 0,3,7: "
                                          f"{exc}") from None
     if not seeds:
         raise argparse.ArgumentTypeError(f"no seed in {text!r}: give 0-9 or 0,3,7")
-    return seeds
+    return list(seeds)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -59,12 +65,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         if bad:
             raise UbError(f"--arm {name}: {bad[0]!r} is no KEY=VALUE setting")
         arms[name] = settings
+    # Every run's config, and each existing run's settings, are checked before Prefect starts
+    # (and again by the flow).
+    runs = sweep_runs(args.config, arms, args.seeds)
+    check_recorded_settings(runs, str(args.root))
     grace_seconds()
     require_server()
-    # Every run's config is checked before Prefect starts (and again by the flow).
-    from ub.flows.sweep_plan import sweep_runs
-
-    runs = sweep_runs(args.config, arms, args.seeds)
     start_prefect(Path(args.root) / ".prefect")
     from ub.flows.sweep import sweep
 
