@@ -10,6 +10,7 @@ bit for bit as the uninterrupted run did."""
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -24,6 +25,7 @@ import pytest
 import yaml
 from safetensors.torch import load_file
 
+from ub.components import load_class
 from ub.data.sql import query
 from ub.errors import UbError
 from ub.learner.algorithms import algorithm_class
@@ -420,3 +422,47 @@ def test_a_run_written_before_reads_with_its_statistics_as_columns(tmp_path, cap
     assert capsys.readouterr().out.split() == [
         "round,update,loss,clip_fraction,baseline_mse,early_stopped",
         "0,1,0.5,0.25,,", "1,2,0.25,,0.125,True"]
+
+
+# A module of one's own that ends or stops the process while it is imported, and what ub says.
+ENDS_AT_IMPORT = [
+    ("sys.exit(0)", "it called sys.exit(0) at import"),
+    ("sys.exit()", "it called sys.exit() at import"),
+    ("raise GeneratorExit('stopped')", "it raised GeneratorExit at import: stopped"),
+]
+
+
+@pytest.mark.parametrize(("option", "code_and_problem"),
+                         itertools.product(("--players", "--rules"), ENDS_AT_IMPORT),
+                         ids=lambda value: value if isinstance(value, str) else value[0])
+def test_a_component_whose_module_ends_the_process_at_import_is_refused_in_one_line(
+        option, code_and_problem, tmp_path, monkeypatch, capsys):
+    """Issue 76: SystemExit (and any BaseException but Ctrl-C's) raised while one's own
+    module is imported escaped ``except Exception``: ``ub play`` ended with its code (0), no
+    message, nothing written. Now it is the one line every failed import gets, exit 2."""
+    from ub.cli import play
+    from ub.cli.parser import build_parser
+    from ub.cli.parser import run as run_command
+
+    code, problem = code_and_problem
+    # (a name of its own per case: importing the same name again would take the first file)
+    module = f"ends_{option.strip('-')}_{ENDS_AT_IMPORT.index(code_and_problem)}"
+    (tmp_path / f"{module}.py").write_text(f"import sys\n\n{code}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "out"
+    component = {"--players": ["--players", f"{module}:Seat,random"],
+                 "--rules": ["--rules", f"{module}:Rules"]}[option]
+    argv = ["play", "--env", "TicTacToe-v0-train", *component, "--out", str(out)]
+    assert run_command(build_parser([play]), argv) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    what = {"--players": "actor", "--rules": "game rules"}[option]
+    assert line.startswith("ub: error:")
+    assert f"{what} '{module}:" in line and f"importing {module} failed ({problem})" in line
+    assert not out.exists()
+
+
+def test_ctrl_c_while_a_component_is_imported_stays_an_interrupt(tmp_path, monkeypatch):
+    (tmp_path / "interrupted_at_import.py").write_text("raise KeyboardInterrupt\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(KeyboardInterrupt):
+        load_class("interrupted_at_import:Seat", object, "actor", "docs/pool.md")

@@ -62,12 +62,8 @@ def own_components(config: Mapping[str, Any]) -> list[tuple[str, str]]:
 def import_problem(path: str) -> str | None:
     """Why the module of import path ``path`` cannot be imported in this process (``None``:
     it can)."""
-    module_name = path.partition(SEPARATOR)[0]
-    try:
-        importlib.import_module(module_name)
-    except Exception as exc:  # a user's module may raise anything while it is imported
-        return f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0]}"
-    return None
+    failure = _import_failure(path.partition(SEPARATOR)[0])
+    return None if failure is None else failure[0]
 
 
 def import_path(code: type | Callable[..., Any]) -> str:
@@ -125,11 +121,10 @@ def _import(path: str, what: str, kind: Literal["class", "function"]) -> object:
     if not module_name or not qualname or SEPARATOR in qualname:
         raise UbError(f"{what} {path!r}: an import path is package.module:Name, "
                       f"with one ':' between the module and the {kind}")
-    problem = import_problem(path)
-    if problem is not None:
-        raise UbError(f"{what} {path!r}: importing {module_name} failed ({problem}): put the "
-                      "folder that holds it on PYTHONPATH or install its package, in every "
-                      "process of the run")
+    failure = _import_failure(module_name)
+    if failure is not None:
+        problem, fix = failure
+        raise UbError(f"{what} {path!r}: importing {module_name} failed ({problem}): {fix}")
     module = importlib.import_module(module_name)  # (imported by the check: from its cache)
     found: object = module
     for part in qualname.split("."):
@@ -140,6 +135,35 @@ def _import(path: str, what: str, kind: Literal["class", "function"]) -> object:
                           f"{', '.join(_defined(module, kind)) or 'none'}")
         found = getattr(found, part)
     return found
+
+
+def _import_failure(module_name: str) -> tuple[str, str] | None:
+    """Why importing ``module_name`` fails, and what to do (``None``: it imports).
+
+    A user's module may raise anything while it is imported, ``SystemExit`` too (a script's
+    ``sys.exit()``), which ``except Exception`` lets through: the command would end with the
+    script's code and no word. Only Ctrl-C goes on as the interrupt it is."""
+    try:
+        importlib.import_module(module_name)
+    except KeyboardInterrupt:
+        raise
+    except ImportError as exc:  # (the module, or one it imports, is not found)
+        return (f"{type(exc).__name__}: {_first_line(exc)}", "put the folder that holds it on "
+                "PYTHONPATH or install its package, in every process of the run")
+    except SystemExit as exc:
+        code = "" if exc.code is None else repr(exc.code)
+        return (f"it called sys.exit({code}) at import", "a module of components is imported, "
+                "not run: put what it runs under `if __name__ == \"__main__\":`")
+    except BaseException as exc:
+        problem = f"it raised {type(exc).__name__} at import"
+        if _first_line(exc):
+            problem += f": {_first_line(exc)}"
+        return problem, f"fix {module_name} so that it imports"
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [""])[0]
 
 
 def _defined(module: object, kind: Literal["class", "function"]) -> list[str]:

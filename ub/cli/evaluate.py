@@ -6,13 +6,17 @@ process."""
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ub.cli.args import checkpoint_choice, game_count, named_run, positive_int
 from ub.errors import UbError
 from ub.run.folder.urls import DEFAULT_RUNS_ROOT
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from ub.run.folder.layout import RunPaths
     from ub.run.steps.rounds import Run
 
@@ -168,7 +172,10 @@ def _updates(args: argparse.Namespace, paths: RunPaths) -> list[int]:
     from ub.run.folder.views import RunViews
 
     if args.checkpoint == "all":
-        updates = RunViews(paths.root).checkpoints().column("update").to_pylist()
+        views = RunViews(paths.root)
+        updates = views.checkpoints().column("update").to_pylist()
+        for warning in views.warnings:  # (a checkpoint left out is said so)
+            print(f"ub: warning: {warning}", file=sys.stderr)
         if not updates:
             raise UbError(f"run {args.run} has no checkpoint yet")
         return sorted(updates)
@@ -239,18 +246,13 @@ def _cmd_benchmarks(args: argparse.Namespace) -> int:
 def _cmd_exploitability(args: argparse.Namespace) -> int:
     """``ub eval RUN --exploitability``: the checkpoints' best responses, stored and printed
     (no engine: the model scores every decision itself)."""
-    from rich.console import Console
-    from rich.table import Table
-
-    from ub.display import shown
     from ub.learner.checkpoint import read_adapter
     from ub.run.config.base_model import resolve_base_model
     from ub.run.config.load import check_exploitability
     from ub.run.folder.layout import RunPaths
     from ub.run.folder.lock import RunLock, removed_if_refused
     from ub.run.folder.store import catch_up
-    from ub.run.steps.exploitability import measure_checkpoint
-    from ub.run.steps.progress import nash_conv_cell
+    from ub.run.steps.exploitability import measure_checkpoint, measurements
     from ub.run.steps.rounds import Run, resolve_run_config
 
     others = [f"--{n}" for n in ("opponents", "games", "legal_moves", "tasks")
@@ -270,29 +272,82 @@ def _cmd_exploitability(args: argparse.Namespace) -> int:
             check_exploitability(config, envs)
         except UbError as exc:
             raise UbError(f"--exploitability: {exc}") from None
+        sampled = args.sampled or None  # (None: as the run's eval.exploitability.sampled)
+        if args.cut is not None and all(m.mode.greedy for m in
+                                        measurements(config, envs, sampled=sampled)):
+            raise UbError(f"--cut applies only to --sampled (run {args.run} evaluates greedily, "
+                          "and a greedy policy's tree is never cut): add --sampled, or leave "
+                          "--cut out")
         updates = _updates(args, paths)
         for update in updates:
             read_adapter(paths.checkpoint(update))
         run = Run(paths, config, resolve_base_model(config))
-    table = Table(title=f"{args.run}: exploitability (what a best response wins in each seat; "
+    rows_hint = f"`ub sql {paths.root} \"SELECT * FROM exploitability\"`"
+    with RunLock(paths.lock):
+        rows = _measured_in_turn(
+            updates, lambda update: measure_checkpoint(run, update, envs=envs, sampled=sampled,
+                                                       cut=args.cut, again=True),
+            run_name=args.run, rows_hint=rows_hint)
+    _print_exploitability(args.run, rows)
+    print(f"rows: {paths.exploitability} ({rows_hint})")
+    return 0
+
+
+def _measured_in_turn(updates: list[int], measure: Callable[[int], dict[str, Any]], *,
+                      run_name: str, rows_hint: str) -> list[dict[str, Any]]:
+    """The rows of each checkpoint (``measure(update)``: :func:`measure_checkpoint`'s
+    result), measured in turn and printed as soon as each is: a run's every checkpoint takes
+    minutes. On Ctrl-C the table of those finished is printed and the interrupt goes on,
+    saying where their rows are (each checkpoint's files are written as it finishes)."""
+    from ub.display import in_markup
+    from ub.run.folder.layout import checkpoint_name
+    from ub.run.steps.progress import exploitability_lines
+
+    console = _wide_console()
+    rows: list[dict[str, Any]] = []
+    finished = 0
+    try:
+        for update in updates:
+            result = measure(update)
+            rows += result["rows"]
+            finished += 1
+            console.print(f"checkpoint {finished} of {len(updates)}: {checkpoint_name(update)} "
+                          f"({result['seconds']:.1f} s)", soft_wrap=True)
+            for text in exploitability_lines(result["rows"]):
+                console.print(f"    {in_markup(text)}", soft_wrap=True)
+    except KeyboardInterrupt:
+        if rows:
+            _print_exploitability(run_name, rows)
+        raise KeyboardInterrupt(f"{finished} of {len(updates)} checkpoints measured"
+                                + (f"; their rows are on disk: {rows_hint}" if finished
+                                   else "")) from None
+    return rows
+
+
+def _print_exploitability(run_name: str, rows: list[dict[str, Any]]) -> None:
+    """The table of measured rows, one a line."""
+    from rich.table import Table
+
+    from ub.display import shown
+    from ub.run.steps.progress import nash_conv_cell
+
+    table = Table(title=f"{run_name}: exploitability (what a best response wins in each seat; "
                   "NashConv is their sum, 0 at an equilibrium)")
     for column in ("ckpt", "env", "policy", "moves", "NashConv", "seat 0", "seat 1", "illegal",
                    "random", "s"):
         table.add_column(column)
-    with RunLock(paths.lock):
-        for update in updates:
-            result = measure_checkpoint(run, update, envs=envs, sampled=args.sampled or None,
-                                        cut=args.cut, again=True)
-            for r in result["rows"]:
-                table.add_row(str(update), shown(r["env_id"]), shown(r["policy"]),
-                              r["legal_moves"], nash_conv_cell(r),
-                              f"{r['best_response_seat0']:+.3f}",
-                              f"{r['best_response_seat1']:+.3f}", f"{r['illegal']:.1%}",
-                              f"{r['random_nash_conv']:.3f}", f"{r['seconds']:.1f}")
+    for r in rows:
+        table.add_row(str(r["update"]), shown(r["env_id"]), shown(r["policy"]),
+                      r["legal_moves"], nash_conv_cell(r), f"{r['best_response_seat0']:+.3f}",
+                      f"{r['best_response_seat1']:+.3f}", f"{r['illegal']:.1%}",
+                      f"{r['random_nash_conv']:.3f}", f"{r['seconds']:.1f}")
+    _wide_console().print(table)
+
+
+def _wide_console() -> Console:
+    from rich.console import Console
+
     console = Console(highlight=False)
     if not console.is_terminal:  # (a pipe or a log: rich would wrap at 80 columns)
         console.width = max(console.width, 120)
-    console.print(table)
-    print(f"rows: {paths.exploitability} (`ub sql {paths.root} \"SELECT * FROM "
-          f"exploitability\"`)")
-    return 0
+    return console
