@@ -1,6 +1,6 @@
 """Per-round time breakdown of a real ``ub train`` run on ``tiny-cpu``.
 
-Not a test. ``.venv/bin/python bench/round.py [--rounds 5] [--games 128]``
+Not a test. ``.venv/bin/python bench/round.py [--rounds 5] [--games 128] [--set KEY=VALUE ...]``
 
 Runs the real flow (Prefect's temporary server, the vLLM engine, the learner) for ``--rounds``
 rounds with evaluation off, then reads each round's manifest: ``rollout`` is the time inside
@@ -8,7 +8,10 @@ the rollout loop (engine generation and game stepping), ``learner`` the update's
 (micro-batched forward/backward and the optimizer step); everything else, orchestration, task
 bookkeeping, Parquet writes, the DuckDB batch query and checkpoint I/O, is ``other``. The first
 round also loads the learner's base model and starts the engine, so it is reported apart and
-left out of the steady-state figures. Target: ``other`` <= 10% of a round.
+left out of the steady-state figures. Target: ``other`` <= 10% of a round. The learner's
+tokens/s is its update's (real tokens over the update's seconds), the steady rounds' mean.
+``--set`` changes a setting of the preset, e.g. ``--set learner.pack_prefixes=false`` (the
+learner's rows as they are: compare with the default, prefix-tree packing on the CPU).
 
 Prints one JSON object.
 """
@@ -32,6 +35,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--games", type=int, default=128, help="games per round")
     parser.add_argument("--root", help="runs folder (default: a temporary one)")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a setting of the tiny-cpu preset to change (repeatable)")
     args = parser.parse_args()
 
     root = Path(args.root or tempfile.mkdtemp(prefix="ub-bench-round-"))
@@ -43,7 +48,8 @@ def main() -> None:
 
     started = time.perf_counter()
     selfplay(run_name="bench", config="tiny-cpu", root=str(root), rounds=args.rounds,
-             overrides=[f"rollout.games_per_round={args.games}", "eval.every=0"], quiet=True)
+             overrides=[f"rollout.games_per_round={args.games}", "eval.every=0", *args.set],
+             quiet=True)
     wall = time.perf_counter() - started
     paths = RunPaths.of(root, "bench")
     rounds = [read_json(paths.manifest(r)) for r in paths.committed_rounds()]
@@ -59,6 +65,9 @@ def main() -> None:
         "steady_round_seconds": round(round_s, 3),
         "rollout_seconds": round(mean("rollout"), 3),
         "learner_seconds": round(mean("learner"), 3),
+        "learner_tokens_per_second": round(statistics.fmean(
+            m["learner"]["tokens_per_second"] for m in steady), 1),
+        "settings": args.set,
         "other_seconds": round(mean("other"), 3),
         "other_fraction": round(mean("other") / round_s, 4),
         "target_other_fraction": 0.10,

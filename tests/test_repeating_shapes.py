@@ -74,8 +74,8 @@ def test_padding_changes_no_score_and_the_model_sees_repeating_widths(model_dir:
     batch = synthetic_batch(6, VOCAB, seed=1)
     ids, scored = batch.input_ids, batch.completion_mask[:, 1:] > 0
     found = {}
-    for multiple in (1, 16):
-        learner = Learner(config(model_dir, pad_to_multiple=multiple))
+    for multiple in (1, 16):  # (the rows as they are: packed rows' widths are their own)
+        learner = Learner(config(model_dir, pad_to_multiple=multiple, pack_prefixes=False))
         widths: list[int] = []
         embed = learner.policy.causal_lm.model.embed_tokens
         hook = embed.register_forward_hook(

@@ -10,6 +10,16 @@ that the model sees a sequence length that is a multiple of ``m`` (:func:`padded
 the plan counts the padded width against the budget). Rows are right-padded and attention is
 causal, so a real token never sees the padding, and the padded positions are not scored: the
 scores are the same up to float summation order.
+
+Shared prefixes (``learner.pack_prefixes``, :mod:`ub.learner.packing`): the plan is the same,
+``rows x padded width`` against the budget. That bounds the rows' layout, which the packed
+hidden states are gathered back into, and what the body would compute unpacked; packed, it
+computes fewer positions where rows share prefixes (0.55 of them on a tiny-cpu round's
+micro-batches), and at worst, where they share nothing, about twice the real tokens (packed
+rows padded to the widest, plus one packed row): memory stays bounded as before, to that
+factor. Grouping rows by shared prefix rather than by length would share a little more
+(measured on a round's minibatches: tries 1.77x smaller than the real tokens, against 1.68x),
+with widths that mix.
 """
 
 from __future__ import annotations

@@ -61,7 +61,8 @@ class LearnerSection(Section):
       ``auto`` sizes it from a probe of the model's activations and the memory the learner has
       (:mod:`ub.learner.memory`); an out-of-memory error halves it and retries the update.
     - ``kernels``: :mod:`ub.learner.kernels`; ``attention_kernel`` and ``pad_to_multiple``:
-      shapes that repeat, :mod:`ub.learner.kernels` and :mod:`ub.learner.batching`.
+      shapes that repeat, :mod:`ub.learner.kernels` and :mod:`ub.learner.batching`;
+      ``pack_prefixes``: :mod:`ub.learner.packing`.
     - ``adapter_compute``: :mod:`ub.learner.precision`.
     - ``target_kl`` (PPO's early stop): before each optimizer step after the first, the step's
       forward pass measures ``approx_kl`` of the current policy to the one the update started
@@ -158,6 +159,12 @@ class LearnerSection(Section):
         "auto", description="Pad each micro-batch's width up to a multiple of this many "
         "tokens, so that shapes repeat (1: no padding); auto: 128 on CUDA, else 1.",
         json_schema_extra=EXECUTION)
+    pack_prefixes: bool | Literal["auto"] = Field(
+        "auto", description="Run the transformer body once per shared token prefix of a "
+        "micro-batch's rows (a prefix tree, with an attention mask; the same scores up to float "
+        "summation order); needs sdpa or eager attention, and a model whose output layer ub "
+        "runs in chunks (Qwen2/3, Llama, ...; others score unpacked); auto: on the CPU, off "
+        "on a GPU.", json_schema_extra=EXECUTION)
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the "
                                          "backward pass (less memory, ~1/3 more compute).",
                                          json_schema_extra=EXECUTION)

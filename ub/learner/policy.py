@@ -33,6 +33,7 @@ from ub.learner.kernels import (
 )
 from ub.learner.memory import MemoryFit, activation_bytes_per_token, device_budget, saved_bytes
 from ub.learner.output_layer import chunked_token_scores, is_plain_linear
+from ub.learner.packing import pack_rows, resolve_pack_prefixes, unpack
 from ub.learner.precision import resolve_adapter_compute, set_adapter_compute
 from ub.learner.token_masks import TokenMasks, token_masks
 from ub.model.lora import LoraSettings
@@ -146,6 +147,7 @@ class Policy:
         self.adapter_compute = torch.float32
         self.attention_kernel = "torch"
         self.pad_to_multiple = 1
+        self.pack_prefixes = False
         # The output layer runs in chunks (ub.learner.output_layer) where the causal LM is
         # exactly lm_head(decoder(x)) and lm_head a plain Linear.
         self._chunked_head = getattr(self.causal_lm.config, "model_type", "") in \
@@ -189,6 +191,9 @@ class Policy:
         set_adapter_compute(self.model, self.adapter_compute)
         self.attention_kernel = resolve_attention_kernel(config.attention_kernel, self.device)
         self.pad_to_multiple = resolve_pad_to_multiple(config.pad_to_multiple, self.device)
+        # (a head ub does not run in chunks scores through the model's own forward, unpacked)
+        self.pack_prefixes = self._chunked_head and resolve_pack_prefixes(
+            config.pack_prefixes, self.device, self.attn_implementation)
         self._set_checkpointing(config.gradient_checkpointing)
 
     def _set_checkpointing(self, on: bool) -> None:
@@ -222,10 +227,11 @@ class Policy:
         """
         inputs = input_ids[:, :-1]
         targets = input_ids[:, 1:][scored]
-        # No attention mask: rows are right-padded and attention is causal, so a real token
-        # never sees padding; without a mask, attention takes its fast causal path.
+        # Rows as they are take no attention mask: they are right-padded and attention is
+        # causal, so a real token never sees padding; without a mask, attention takes its fast
+        # causal path. (Packed rows take their prefix tree's: _hidden_states.)
         if self._chunked_head:
-            hidden = self.causal_lm.model(input_ids=inputs, use_cache=False).last_hidden_state
+            hidden = self._hidden_states(inputs, scored)
             logprobs, entropy, legal = chunked_token_scores(
                 hidden[scored], self.causal_lm.lm_head, targets, self.config.temperature,
                 with_entropy=with_entropy, masks=masks)
@@ -258,6 +264,28 @@ class Policy:
                 p_logp = p_logp.masked_fill(~allowed, 0.0)
             entropy = -p_logp.sum(-1)
         return Scores(token_logprobs, entropy, states, legal)
+
+    def _hidden_states(self, inputs: torch.Tensor, scored: torch.Tensor) -> torch.Tensor:
+        """The transformer body's last hidden states (b, L - 1, H) at ``inputs``: the rows
+        as they are, or with :attr:`pack_prefixes` their prefix tree (:mod:`ub.learner.packing`),
+        each shared prefix computed once and its states gathered back into the rows' layout
+        (the same up to float summation order; zeros after a row's last scored position)."""
+        body = self.causal_lm.model
+        if not self.pack_prefixes:
+            return body(input_ids=inputs, use_cache=False).last_hidden_state
+        # A position after a row's last scored one changes nothing scored (attention is
+        # causal): it is not computed. Position 0 always is (a row's decision state where it
+        # has no scored token, as unpacked).
+        positions = torch.arange(1, scored.shape[1] + 1, device=scored.device)
+        lengths = (scored * positions).amax(1).clamp(min=1).tolist()
+        packed = pack_rows(inputs, lengths, multiple=self.pad_to_multiple)
+        mask = packed.attention_mask
+        if self.attn_implementation == "eager":  # (eager attention adds its mask to the scores)
+            mask = torch.zeros(mask.shape, dtype=self.dtype, device=mask.device).masked_fill_(
+                ~mask, torch.finfo(self.dtype).min)
+        hidden = body(input_ids=packed.input_ids, position_ids=packed.position_ids,
+                      attention_mask=mask, use_cache=False).last_hidden_state
+        return unpack(hidden, packed)
 
     def token_masks(self, batch: Batch, scored: torch.Tensor) -> TokenMasks | None:
         """The legal-move masks of ``batch``'s scored tokens (``None``: no row was sampled
