@@ -68,8 +68,11 @@ class LearnerSection(Section):
       forward pass measures ``approx_kl`` of the current policy to the one the update started
       from (k3 over the step's completion tokens); past ``target_kl`` the update ends there,
       with the steps it took (``early_stopped`` and ``optimizer_steps`` say so).
-    - ``entropy_coef``: a bonus on the policy's entropy over the whole vocabulary at each
-      completion token, with its exact gradient (not the sampled-token estimate).
+    - ``entropy_coef``: a bonus on the entropy of the distribution each completion token was
+      sampled from, with its exact gradient (not the sampled-token estimate): under the
+      legal-move mask the softmax over the tokens the mask allowed there (the distribution the
+      sampler plays), else the whole vocabulary's. It is the regularizer that keeps self-play
+      moving (docs/algorithms.md#the-entropy-bonus).
     - ``legal_mass_coef``: under the legal-move mask, the tokens never sampled are never scored
       and their mass drifts up, so the policy played free plays illegal moves; this term
       keeps the mass on what the mask allowed as a whole (its gradient is q - p, the masked
@@ -100,8 +103,10 @@ class LearnerSection(Section):
     kl_coef: float = Field(0.0, ge=0, description="Weight of a KL penalty to the base model (the "
                            "adapter switched off), per completion token (0: none).")
     entropy_coef: float = Field(0.0, ge=0, description="Weight of an entropy bonus: the loss "
-                                "subtracts it times each completion token's policy entropy "
-                                "(0: none).")
+                                "subtracts it times the entropy of each completion token's "
+                                "sampling distribution (over the tokens the legal-move mask "
+                                "allowed, where it was sampled under one; else the whole "
+                                "vocabulary) (0: none).")
     legal_mass_coef: float = Field(0.0, ge=0, description="Weight of a term that keeps the "
                                    "whole vocabulary's probability on the tokens the "
                                    "legal-move mask allowed, at each masked completion token: "
