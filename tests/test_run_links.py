@@ -179,6 +179,19 @@ LINKS: dict[str, tuple[str, set[str]]] = {
 }
 
 
+# Which run of the sweep each place is linked in: a linked folder is never listed, so nothing
+# inside it is reached (a shard folder's shard, the rounds folder's manifest); a run with no
+# round left is no report's (it stops before its config and its shards are read); a shard's
+# steps are looked at only beside its games.
+LINKED_IN = {
+    "the rounds folder": "b-s2", "a benchmark's folder": "b-s2", "a checkpoint's folder": "b-s2",
+    "the eval folder": "b-s2", "the run format marker": "b-s2", "a shard folder": "b-s1",
+    "a round's manifest": "a-s2", "a rating snapshot": "a-s2", "a metrics file": "a-s2",
+    "an exploitability file": "a-s2", "a games shard": "a-s2",
+    "config.yaml": "a-s1", "a steps shard": "a-s1",
+}
+
+
 def _outputs(capsys, tmp_path: Path, folder: Path, run: Path | None) -> dict[str, str]:
     """What each read-only command shows of ``folder`` (and of its run ``run``): its output,
     its warnings and the report's page."""
@@ -201,26 +214,34 @@ def _outputs(capsys, tmp_path: Path, folder: Path, run: Path | None) -> dict[str
         outputs |= {
             "sql-run": "".join(shown(["sql", str(run), f"SELECT * FROM {view}", "--format",
                                       "csv"]) for view in views),
-            "report-run": shown(["report", str(run), "--out", str(tmp_path / "run-report")],
-                                tmp_path / "run-report" / "report.html"),
+            "report-run": shown(["report", str(run), "--out", str(tmp_path / f"{run.name}-report")],
+                                tmp_path / f"{run.name}-report" / "report.html"),
             "dashboard": shown(["dashboard", str(run), "--once"]),
         }
     return outputs
 
 
-@pytest.mark.parametrize("place", sorted(LINKS))
 def test_a_link_inside_a_run_is_skipped_named_and_its_target_never_shown(
-        sweep, tmp_path, capsys, monkeypatch, place):
-    """Someone who can write a shared sweep folder links a part of a run to a file of the
+        sweep, tmp_path, capsys, monkeypatch):
+    """Someone who can write a shared sweep folder links parts of a run to files of the
     reader's (here: the private run's, every file of it holding SECRET): no command shows
-    what the link leads to, and each that would have read it names it in a warning."""
+    what a link leads to, and each that would have read it names it in a warning. Every place
+    at once, spread over three runs so that no link hides another from a command that reads
+    it (:data:`LINKED_IN`), and each command runs once per run rather than once per place (a
+    report draws its figures)."""
     monkeypatch.setenv("COLUMNS", "1000")  # (the dashboard's lines whole, not wrapped)
-    where, readers = LINKS[place]
-    link = _link(sweep / "b-s2" / where, tmp_path / "private" / "run" / where)
-    for command, output in _outputs(capsys, tmp_path, sweep, sweep / "b-s2").items():
-        assert SECRET not in output, (command, output[-3000:])
-        if command in FOLDER_COMMANDS | readers:
-            assert f"skipped {link}: a link" in output, (command, output[-3000:])
+    links = {place: _link(sweep / LINKED_IN[place] / where,
+                          tmp_path / "private" / "run" / where)
+             for place, (where, _) in LINKS.items()}
+    for run in sorted(set(LINKED_IN.values())):
+        outputs = _outputs(capsys, tmp_path, sweep, sweep / run)
+        for command, output in outputs.items():
+            assert SECRET not in output, (run, command, output[-3000:])
+        for place, (_, readers) in LINKS.items():
+            for command, output in outputs.items():
+                if command in FOLDER_COMMANDS or (command in readers and run == LINKED_IN[place]):
+                    assert f"skipped {links[place]}: a link" in output, (place, command,
+                                                                         output[-3000:])
 
 
 def test_a_run_folder_that_is_a_link_is_no_run_of_the_folder(sweep, tmp_path, capsys):
