@@ -111,6 +111,16 @@ def tiny_model():
 
 
 @pytest.fixture(scope="session")
+def small_qwen3(tmp_path_factory):
+    """A random Qwen3 of two layers, 64 wide, a 1,000-token vocabulary (seconds to build):
+    the learner's tests that need a real forward and backward but no game."""
+    from ub.learner.testing import build_qwen3
+
+    return build_qwen3(tmp_path_factory.mktemp("model") / "qwen3", vocab_size=1000,
+                       hidden_size=64, intermediate_size=128, num_hidden_layers=2)
+
+
+@pytest.fixture(scope="session")
 def tiny_adapters(tiny_model, tmp_path_factory):
     """Two different rank-8 LoRA adapters of the tiny model with non-zero weights."""
     from ub.model.lora import LoraSettings, new_adapter

@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from ub.learner import Learner, LearnerConfig
 from ub.learner.checkpoint import ADAPTER_WEIGHTS, OPTIMIZER_STATE, RNG_STATE
 from ub.learner.precision import model_dtype_class, resolve_adapter_compute
-from ub.learner.testing import build_qwen3, synthetic_batch
+from ub.learner.testing import synthetic_batch
 from ub.model.lora import ALL_PROJECTIONS, LoraSettings
 
 VOCAB = 500
@@ -35,9 +35,8 @@ weights already make with a float32 adapter (measured: 1.09x here, 1.05x at 28 l
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_qwen3(tmp_path_factory.mktemp("model") / "qwen3", vocab_size=1000,
-                       hidden_size=64, intermediate_size=128, num_hidden_layers=2)
+def model_dir(small_qwen3: Path) -> Path:
+    return small_qwen3
 
 
 def config(model_dir: Path, **overrides) -> LearnerConfig:

@@ -25,7 +25,6 @@ from ub.learner.packing import (
     subtree_ends,
     unpack,
 )
-from ub.learner.testing import build_qwen3
 from ub.learner.token_masks import TokenMasks
 from ub.model.lora import LoraSettings
 
@@ -153,9 +152,8 @@ def test_auto_packs_on_the_cpu_and_flash_attention_cannot() -> None:
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_qwen3(tmp_path_factory.mktemp("model") / "qwen3", vocab_size=1000,
-                       hidden_size=64, intermediate_size=128, num_hidden_layers=2)
+def model_dir(small_qwen3: Path) -> Path:
+    return small_qwen3
 
 
 def config(model_dir: Path, **overrides) -> LearnerConfig:

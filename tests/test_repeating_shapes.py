@@ -17,16 +17,15 @@ from pydantic import ValidationError
 from ub.learner import Learner, LearnerConfig, plan_micro_batches
 from ub.learner.batching import pad_right, padded_width, resolve_pad_to_multiple
 from ub.learner.kernels import resolve_attention_kernel
-from ub.learner.testing import build_qwen3, synthetic_batch
+from ub.learner.testing import synthetic_batch
 from ub.model.lora import LoraSettings
 
 VOCAB = 500
 
 
 @pytest.fixture(scope="module")
-def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_qwen3(tmp_path_factory.mktemp("model") / "qwen3", vocab_size=1000,
-                       hidden_size=64, intermediate_size=128, num_hidden_layers=2)
+def model_dir(small_qwen3: Path) -> Path:
+    return small_qwen3
 
 
 def config(model_dir: Path, **overrides) -> LearnerConfig:
