@@ -284,6 +284,20 @@ def test_kv_cache_capacity_is_known_and_checked_against_the_run(engine: EngineHa
     assert "to about 64," in problem
 
 
+def test_the_cpu_engine_caches_prompt_prefixes_in_blocks_a_game_prompt_fills(
+        engine: EngineHandle, model_dir: Path) -> None:
+    """vLLM's prefix cache reuses whole KV blocks only, and on the CPU its blocks were 128
+    tokens, longer than a game's prompt (~60): no prompt ever reused its rules' KV. The engine
+    runs with 32 (engine.block_size: auto), as vLLM took it; a GPU keeps vLLM's default."""
+    cache = engine.engine._engine.vllm_config.cache_config
+    assert cache.block_size == 32 and cache.enable_prefix_caching
+    assert "block_size" not in vllm_engine_args(engine_config(model_dir), on_cpu=False)
+    assert vllm_engine_args(engine_config(model_dir, block_size=64), on_cpu=False)[
+        "block_size"] == 64
+    with pytest.raises(ValidationError, match="multiple of 16"):
+        engine_config(model_dir, block_size=24)
+
+
 def test_request_errors(engine: EngineHandle) -> None:
     with pytest.raises(UbError, match=r"does not fit engine.max_model_len 1024"):
         engine.submit(req([5] * 1024))
@@ -489,12 +503,11 @@ def test_gpu_engine_arguments_are_what_vllm_takes(preset: str, vllm_command_line
     assert kwargs.get("enable_sleep_mode", False) == run.config.engine.sleep_mode
     assert kwargs["max_loras"] == run.config.engine.max_loras
     assert kwargs["max_lora_rank"] == run.config.engine.max_lora_rank
-    # The CPU's workarounds (and LoRA ops) stay on the CPU.
-    assert not {"kv_cache_memory_bytes", "enable_chunked_prefill", "enforce_eager",
-                "max_num_batched_tokens", "worker_extension_cls"} & set(kwargs)
-    assert set(vllm_engine_args(config, on_cpu=True)) - set(kwargs) == {
-        "kv_cache_memory_bytes", "enable_chunked_prefill", "enforce_eager",
-        "max_num_batched_tokens", "worker_extension_cls"}
+    # The CPU's workarounds (and LoRA ops, and its KV blocks' size) stay on the CPU.
+    cpu_only = {"kv_cache_memory_bytes", "enable_chunked_prefill", "enforce_eager",
+                "max_num_batched_tokens", "worker_extension_cls", "block_size"}
+    assert not cpu_only & set(kwargs)
+    assert set(vllm_engine_args(config, on_cpu=True)) - set(kwargs) == cpu_only
 
 
 def test_configure_environment_keeps_user_values(

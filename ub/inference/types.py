@@ -43,6 +43,12 @@ class EngineSection(Section):
                            json_schema_extra=EXECUTION)
     kv_cache_gib: float = Field(1.0, gt=0, description="KV cache size on the CPU, GiB.",
                                 json_schema_extra=EXECUTION)
+    block_size: int | Literal["auto"] = Field(
+        "auto", description="Tokens per KV-cache block: vLLM's prefix cache reuses whole blocks "
+        "only, so a prompt shares the start of an earlier one (the game's rules) in blocks of "
+        "this many tokens. auto: 32 on the CPU (vLLM's own 128 is longer than a game's prompt: "
+        "no prefix was ever reused; the CPU attention kernel takes multiples of 32), vLLM's "
+        "default on a GPU.", json_schema_extra=EXECUTION)
     gpu_memory_utilization: float = Field(0.85, gt=0, le=1, description="Share of GPU memory "
                                           "vLLM may take.", json_schema_extra=EXECUTION)
     sleep_mode: bool = Field(True, description="On a GPU, when the learner shares the engine's "
@@ -53,6 +59,14 @@ class EngineSection(Section):
                              "never sleeps (a Ray worker's, a pipelined run's) starts without "
                              "sleep mode's allocator either way. Ignored on the CPU.",
                              json_schema_extra=EXECUTION)
+
+    @field_validator("block_size")
+    @classmethod
+    def _whole_blocks(cls, size: int | str) -> int | str:
+        if isinstance(size, int) and (isinstance(size, bool) or size < 16 or size % 16):
+            raise ValueError(f"must be auto or a multiple of 16 tokens (32, 64, ... on the "
+                             f"CPU), got {size}")
+        return size
 
     @field_validator("max_lora_rank")
     @classmethod
