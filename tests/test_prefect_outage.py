@@ -9,11 +9,14 @@ by game).
 
 from __future__ import annotations
 
+import http.server
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -26,6 +29,8 @@ from servers import free_port, wait_for
 from warm import WarmProcess, run_ub, start_ub
 
 from ub.data.sql import query
+from ub.errors import UbError
+from ub.flows.server_watch import ServerWatch, Silence, check_server, grace_seconds
 from ub.run.folder.layout import RunPaths
 
 PREFECT = [sys.executable, "-m", "prefect"]
@@ -266,12 +271,6 @@ def test_a_server_that_is_not_there_is_refused_in_one_line(restarted_run, tmp_pa
 def test_any_answer_below_500_is_a_server_and_a_bad_grace_is_refused(monkeypatch):
     """A hosted API may want its key even for its health check (401): it is there; a 5xx is a
     proxy in front of a dead server."""
-    import http.server
-    import threading
-
-    from ub.errors import UbError
-    from ub.flows.server_watch import grace_seconds, server_problem
-
     class Answers(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             self.send_response(401 if self.path.startswith("/cloud/") else 502)
@@ -283,13 +282,45 @@ def test_any_answer_below_500_is_a_server_and_a_bad_grace_is_refused(monkeypatch
     with http.server.ThreadingHTTPServer(("127.0.0.1", 0), Answers) as http_server:
         threading.Thread(target=http_server.serve_forever, daemon=True).start()
         base = f"http://127.0.0.1:{http_server.server_address[1]}"
-        assert server_problem(f"{base}/cloud/api") is None
-        assert server_problem(f"{base}/proxy/api") == f"HTTP 502 from {base}/proxy/api/health"
+        assert check_server(f"{base}/cloud/api") is None
+        assert check_server(f"{base}/proxy/api") == Silence(
+            f"HTTP 502 from {base}/proxy/api/health", busy=False)
         http_server.shutdown()
-    assert server_problem(f"http://127.0.0.1:{free_port()}/api") == "Connection refused"
+    assert check_server(f"http://127.0.0.1:{free_port()}/api") == Silence(
+        "Connection refused", busy=False)
     for bad in ("0", "soon", "-5"):
         monkeypatch.setenv("UB_PREFECT_GRACE_S", bad)
         with pytest.raises(UbError, match=r"UB_PREFECT_GRACE_S=.*a number above 0"):
             grace_seconds()
     monkeypatch.setenv("UB_PREFECT_GRACE_S", "90")
     assert grace_seconds() == 90.0
+
+
+def test_a_busy_server_gets_longer_than_the_grace_and_a_refusing_one_does_not():
+    """A server starved of CPU beside the runs it serves takes the connection and answers late
+    (on two cores, over 30 s: the watch stopped both healthy runs of a sweep at once in CI); a
+    killed one refuses it. The first may stay silent for ``busy_s``, the second for the grace.
+    Here a socket that listens and never accepts stands for the busy server (the kernel takes
+    the connection; nothing answers)."""
+    def lost_after(api_url: str) -> tuple[float, str]:
+        found: list[tuple[float, str]] = []
+        done = threading.Event()
+
+        def on_lost(silent_s: float, problem: str, stderr: int) -> None:
+            found.append((silent_s, problem))
+            done.set()
+
+        with ServerWatch(api_url, grace_s=0.3, on_lost=on_lost, poll_s=0.05, answer_s=0.2,
+                         busy_s=3.0):
+            assert done.wait(30), "the watch never gave the server up"
+        return found[0]
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen(64)
+        busy = f"http://127.0.0.1:{listening.getsockname()[1]}/api"
+        assert check_server(busy, timeout=0.2) == Silence("no answer in 0.2 s", busy=True)
+        silent_s, problem = lost_after(busy)
+        assert silent_s >= 3.0 and problem == "no answer in 0.2 s"
+    silent_s, problem = lost_after(f"http://127.0.0.1:{free_port()}/api")
+    assert 0.3 <= silent_s < 3.0 and problem == "Connection refused"
