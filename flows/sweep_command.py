@@ -1,5 +1,6 @@
-"""``ub sweep CONFIG --arm NAME [KEY=VALUE ...] ... --seeds 0-9``: a config's arms over seeds,
-as the ``sweep`` Prefect flow (:mod:`ub.flows.sweep`); ``ub compare ROOT`` reads them."""
+"""``ub sweep CONFIG [--set KEY=VALUE ...] --arm NAME [KEY=VALUE ...] ... --seeds 0-9``: a
+config's arms over seeds, as the ``sweep`` Prefect flow (:mod:`ub.flows.sweep`);
+``ub compare ROOT`` reads them."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ def add_parser(sub) -> None:
                        metavar=("NAME", "KEY=VALUE"),
                        help="an arm: its name, then its settings over CONFIG (none: CONFIG "
                        "itself); repeat for each arm")
+    sweep.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="a setting every arm shares, e.g. --set rounds=16 (an arm's own "
+                       "setting of the same key wins); repeatable")
     sweep.add_argument("--seeds", required=True, type=seed_list,
                        help="the seeds of every arm: 0-9, or 0,3,7")
     sweep.add_argument("--root", required=True,
@@ -57,14 +61,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from ub.flows.server_watch import grace_seconds, require_server
     from ub.flows.train_command import start_prefect, stopped_by_a_signal
 
-    arms: dict[str, list[str]] = {}
+    bad = [s for s in args.set if "=" not in s]
+    if bad:
+        raise UbError(f"--set {bad[0]!r} is no KEY=VALUE setting")
+    own: dict[str, list[str]] = {}  # each arm's settings as given
     for name, *settings in args.arm:
-        if name in arms:
+        if "=" in name:
+            raise UbError(f"--arm {name}: an arm needs a name: --arm NAME KEY=VALUE ...")
+        if name in own:
             raise UbError(f"--arm {name} is given twice: give each arm one name")
         bad = [s for s in settings if "=" not in s]
         if bad:
             raise UbError(f"--arm {name}: {bad[0]!r} is no KEY=VALUE setting")
-        arms[name] = settings
+        own[name] = settings
+    arms = {name: [*args.set, *settings] for name, settings in own.items()}  # (later wins)
     # Every run's config, and each existing run's settings, are checked before Prefect starts
     # (and again by the flow).
     runs = sweep_runs(args.config, arms, args.seeds)
@@ -82,7 +92,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(f"{len(runs)} runs under {args.root}: `ub compare {args.root}` compares the arms")
         return 0
     again = shlex.join(["ub", "sweep", args.config,
-                        *(word for name, s in arms.items() for word in ("--arm", name, *s)),
+                        *(word for setting in args.set for word in ("--set", setting)),
+                        *(word for name, s in own.items() for word in ("--arm", name, *s)),
                         "--seeds", ",".join(map(str, args.seeds)), "--root", str(args.root),
                         *(["--rounds", str(args.rounds)] if args.rounds else [])])
     raise KeyboardInterrupt(f"the sweep stopped; each run keeps its committed rounds: "

@@ -449,7 +449,29 @@ def test_the_installed_command_prints_everything_and_exits_with_its_code(capsys,
     refused = subprocess.run([ub, "train", "--root", str(tmp_path), "--rounds", "0"],
                              capture_output=True, text=True, env=buffered, timeout=120)
     assert (refused.returncode, refused.stdout) == (2, "")
-    assert refused.stderr.startswith("ub: error: ub train: argument --rounds: must be >= 1")
+    assert refused.stderr.startswith("ub: error: argument --rounds: must be >= 1")
+    assert refused.stderr.rstrip().endswith("(see `ub train --help`)")
+
+
+def test_a_pipe_closed_early_ends_the_command_quietly(tmp_path):
+    """`ub sql ... | head -2`, as a shell runs it: two lines, nothing on stderr, exit code 0
+    (it was a BrokenPipeError traceback and exit code 1, in CSV and in the table)."""
+    ub = Path(sys.executable).parent / "ub"
+    for form in ("--format csv", "--max-rows 5000"):
+        shell = subprocess.run(
+            ["bash", "-c", f"set -o pipefail; {ub} sql {tmp_path} "
+             f"'SELECT * FROM range(100000)' {form} | head -2"],
+            capture_output=True, text=True, timeout=120)
+        assert (shell.returncode, shell.stderr) == (0, ""), (form, shell.stderr[-3000:])
+        assert len(shell.stdout.splitlines()) == 2
+
+
+def test_an_unknown_option_names_its_command_once(capsys):
+    """`ub sweep --bogus` is refused naming `ub sweep`'s help, without a doubled prefix."""
+    assert main(["sweep", "tiny-cpu", "--arm", "a", "--seeds", "0", "--root", "runs",
+                 "--bogus", "1"]) == 2
+    assert capsys.readouterr().err == (
+        "ub: error: unrecognized arguments: --bogus 1 (see `ub sweep --help`)\n")
 
 
 def test_train_refuses_a_run_held_by_a_live_process(capsys, tmp_path):

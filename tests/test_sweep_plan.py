@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 import ub.flows.sweep as sweep_module
+import ub.flows.sweep_command as sweep_command
 import ub.flows.train_command as train_command
 import ub.run.config.load as config_load
 from ub.errors import UbError
@@ -186,3 +187,31 @@ def test_a_run_with_its_arm_s_settings_is_kept_if_finished_and_resumed_if_not(
     more = {"lr3": ["rounds=2"], "lr2": [*ARMS["lr2"], "rounds=2"]}
     sweep.fn(config=config_file, arms=more, seeds=[0], root=str(root), quiet=True)
     assert trained == ["lr3-s0", "lr2-s0"]
+
+
+def test_settings_every_arm_shares_are_given_once_and_an_arm_needs_a_name(
+        config_file, capsys, monkeypatch, no_prefect, tmp_path):
+    """Issue 78: `ub sweep --set KEY=VALUE` for what every arm shares (it was refused as an
+    unrecognized argument), an arm's own setting of the same key winning; a nameless arm
+    (`--arm learner.entropy_coef=0.05`) is told it needs a name (it was refused as an invalid
+    run name)."""
+    planned = []
+
+    def planning(config, arms, seeds):
+        planned.extend(sweep_runs(config, arms, seeds))
+        raise UbError("planned")  # (stop before anything is checked on disk or started)
+
+    monkeypatch.setattr(sweep_command, "sweep_runs", planning)
+    refusal(capsys, ["sweep", config_file, "--set", "learner.learning_rate=0.002", "--set",
+                     "learner.entropy_coef=0.1", "--arm", "base", "--arm", "lr1",
+                     "learner.learning_rate=0.001", "--seeds", "0", "--root", str(tmp_path)])
+    assert [(run.name, run.config.learner.learning_rate, run.config.learner.entropy_coef)
+            for run in planned] == [("base-s0", 0.002, 0.1), ("lr1-s0", 0.001, 0.1)]
+    err = refusal(capsys, ["sweep", config_file, "--arm", "learner.entropy_coef=0.05",
+                           "--seeds", "0", "--root", str(tmp_path)])
+    assert err == ("ub: error: --arm learner.entropy_coef=0.05: an arm needs a name: "
+                   "--arm NAME KEY=VALUE ...\n")
+    err = refusal(capsys, ["sweep", config_file, "--set", "rounds", "--arm", "a", "--seeds",
+                           "0", "--root", str(tmp_path)])
+    assert err == "ub: error: --set 'rounds' is no KEY=VALUE setting\n"
+    assert not any(tmp_path.iterdir())

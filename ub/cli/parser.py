@@ -25,7 +25,7 @@ class Parser(argparse.ArgumentParser):
                                                                          choice.group(2)), n=1)
             if near:
                 message += f"; did you mean {near[0]!r}?"
-        raise UbError(f"{self.prog}: {message} (see `{self.prog} --help`)")
+        raise UbError(f"{message} (see `{self.prog} --help`)")
 
 
 def build_parser(commands: Sequence[ModuleType]) -> argparse.ArgumentParser:
@@ -38,10 +38,20 @@ def build_parser(commands: Sequence[ModuleType]) -> argparse.ArgumentParser:
 
 
 def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> int:
-    """Parse ``argv`` and run its command; expected failures become one line and exit code 2."""
+    """Parse ``argv`` and run its command; expected failures become one line and exit code 2,
+    and a reader that stops reading (``ub sql ... | head``) ends it quietly with exit code 0."""
     try:
-        args = parser.parse_args(argv)
-        return args.func(args)
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # (the top parser finds them: name the command they were given to)
+            raise UbError(f"unrecognized arguments: {' '.join(extra)} (see "
+                          f"`{parser.prog} {args.command} --help`)")
+        code = args.func(args)
+        sys.stdout.flush()  # (here, where a closed pipe is caught, not at the exit)
+        return code
+    except BrokenPipeError:
+        # Python would flush stdout again at exit and fail again: point it at /dev/null.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except UbError as exc:
         print(f"ub: error: {exc}", file=sys.stderr)
         return 2
@@ -55,5 +65,3 @@ def run(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None) -> i
     except KeyboardInterrupt as exc:  # (a command may say how to go on)
         print(f"ub: interrupted: {exc}" if str(exc) else "ub: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:  # `ub sql ... | head`
-        os._exit(0)
