@@ -13,7 +13,8 @@ import shutil
 import pytest
 import yaml
 
-from ub.compare import Measured, comparable_runs, compare, measured
+from ub.compare import Measured, arm_letters, arm_names, comparable_runs, compare, measured
+from ub.run.folder.sweep import sweep_arm
 
 
 def figures(name: str, arm: str, values: list[float]) -> list[Measured]:
@@ -177,3 +178,27 @@ def test_ub_compare_says_which_runs_it_left_out_and_pairs_the_rest(tmp_path, cap
     assert (a["seeds"], a["mean"], a["less the reference"]) == ("2", "0.550", "(reference)")
     assert (b["seeds"], b["mean"], b["less the reference"], b["seeds up"]) == (
         "1", "0.700", "+0.200", "1 of 1")
+
+
+def test_an_arm_is_shown_by_the_name_its_sweep_gave_it_where_that_name_is_its_own():
+    """Issue 78: a sweep's arms showed as "arm A" and "arm B". The settings make the arm; the
+    name (the runs view's ``arm``: ``ub sweep`` names runs ARM-sSEED) shows it, unless its runs
+    disagree on it or another arm's runs carry it too."""
+    def row(run: str, arm: str | None, rate: str) -> dict:
+        return {**run_row(run, 0, rate), "arm": arm}
+
+    names = arm_names([row("base-s0", "base", "0.003"), row("base-s1", "base", "0.003"),
+                       row("ent-s0", "ent", "0.002"),
+                       row("x-s0", "x", "0.001"), row("y-s0", "y", "0.001"),  # one arm, 2 names
+                       row("z-s0", "z", "0.004"), row("z-s1", "z", "0.005"),  # one name, 2 arms
+                       row("demo", None, "0.006")])
+    assert names == {"base-s0": "base", "base-s1": "base", "ent-s0": "ent",
+                     "x-s0": "learner.learning_rate=0.001", "y-s0": "learner.learning_rate=0.001",
+                     "z-s0": "learner.learning_rate=0.004", "z-s1": "learner.learning_rate=0.005",
+                     "demo": "learner.learning_rate=0.006"}
+    assert sweep_arm("lr2-s10", 10) == "lr2" and sweep_arm("a-s1-s0", 0) == "a-s1"
+    assert [sweep_arm(run, seed) for run, seed in
+            (("lr2-s10", 1), ("demo", 0), ("-s0", 0), ("lr2-s", 0), ("x-s0", None))] == [None] * 5
+    # Letters for the arms without a name, none of them one a named arm has.
+    assert arm_letters(["A", "k=1", "k=2", "(base)"], named=["A"]) == {
+        "(base)": "B", "A": "A", "k=1": "C", "k=2": "D"}

@@ -461,7 +461,7 @@ def test_report_figures_say_what_they_leave_out():
 
 def test_report_of_a_folder_of_runs_overlays_them_by_arm(run_dir, tmp_path, capsys):
     """`ub report FOLDER`: every run's learning curve in its arm's colour with each arm's mean,
-    a legend of the arms' settings and the arms' figures as `ub compare` gives them."""
+    a legend of the arms' names and settings and the arms' figures as `ub compare` gives them."""
     from ub.compare import compare, latest_common_checkpoint, measured
     from ub.flows.cli import main
     from ub.run.folder.sweep import sweep_tables
@@ -480,9 +480,10 @@ def test_report_of_a_folder_of_runs_overlays_them_by_arm(run_dir, tmp_path, caps
     assert {p.stem for p in page.parent.glob("*.png")} == {"sweep_learning_curves",
                                                           "sweep_health"}
     text = page.read_text()
-    assert "<td>A</td><td>learner.learning_rate=0.001</td><td>a-s0 (seed 0), a-s1 (seed 1)" \
+    # Each arm by the name its runs' names give it (ARM-sSEED, as ub sweep names them)
+    assert "<td>a</td><td>learner.learning_rate=0.001</td><td>a-s0 (seed 0), a-s1 (seed 1)" \
         in text
-    assert "<td>B</td><td>learner.learning_rate=0.01</td><td>b-s0 (seed 0)" in text
+    assert "<td>b</td><td>learner.learning_rate=0.01</td><td>b-s0 (seed 0)" in text
     tables, _ = sweep_tables(folder)
     evals = tables["evals"].to_pylist()
     checkpoint = latest_common_checkpoint(evals, ["a-s0", "a-s1", "b-s0"])

@@ -302,5 +302,6 @@ def test_parts_of_a_sweep_run_side_by_side_on_one_worker_and_compare_as_one(
         "lr1-s0", "lr2-s0"]
     capsys.readouterr()
     assert main(["compare", str(root), "--format", "csv"]) == 0
-    arms = {line.split(",")[2] for line in capsys.readouterr().out.splitlines()[1:]}
-    assert arms == {"learner.learning_rate=0.001", "learner.learning_rate=0.002"}
+    arms = {tuple(line.split(",")[i] for i in (2, -1))
+            for line in capsys.readouterr().out.splitlines()[1:]}
+    assert arms == {("lr1", "learner.learning_rate=0.001"), ("lr2", "learner.learning_rate=0.002")}

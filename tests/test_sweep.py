@@ -95,11 +95,11 @@ def test_ub_sql_over_a_folder_of_runs_agrees_with_plain_duckdb(runs, capsys):
 
 
 def test_the_runs_view_says_how_the_runs_differ(runs, capsys):
-    got = csv(capsys, "sql", str(runs), "SELECT run, seed, rounds, "
+    got = csv(capsys, "sql", str(runs), "SELECT run, arm, seed, rounds, "
               "settings['learner.learning_rate'] AS rate, cardinality(settings) AS differ "
               "FROM runs ORDER BY run")
-    assert got[1:] == ["lr1-s1,1,1,0.001,1", "lr1-s2,2,1,0.001,1", "lr2-s1,1,1,0.002,1",
-                       "lr2-s2,2,1,0.002,1"]
+    assert got[1:] == ["lr1-s1,lr1,1,1,0.001,1", "lr1-s2,lr1,2,1,0.001,1",
+                       "lr2-s1,lr2,1,1,0.002,1", "lr2-s2,lr2,2,1,0.002,1"]
 
 
 def test_ub_compare_pairs_the_arms_by_seed(runs, capsys):
@@ -112,12 +112,13 @@ def test_ub_compare_pairs_the_arms_by_seed(runs, capsys):
     rate = {line.split(",")[0]: float(line.split(",")[1]) for line in evals[1:]}
     header, *rows = csv_module.reader(csv(capsys, "compare", str(runs)))
     assert header == ["checkpoint", "figure", "arm", "moves", "seeds", "mean", "95% interval",
-                      "clears random", "less the reference", "se", "seeds up"]
+                      "clears random", "less the reference", "se", "seeds up", "settings"]
     lr1, lr2 = [dict(zip(header, row, strict=True)) for row in rows
                 if row[1].startswith("TicTacToe-v0-train vs random")
                 and row[1].endswith(": win rate")]
-    assert (lr1["arm"], lr2["arm"]) == ("learner.learning_rate=0.001",
-                                        "learner.learning_rate=0.002")
+    # (the sweep's names for its arms, issue 78: "arm A" and "arm B" before)
+    assert [(row["arm"], row["settings"]) for row in (lr1, lr2)] == [
+        ("lr1", "learner.learning_rate=0.001"), ("lr2", "learner.learning_rate=0.002")]
     for arm, row in (("lr1", lr1), ("lr2", lr2)):
         assert row["checkpoint"] == "1" and row["seeds"] == "2"
         assert row["mean"] == f"{(rate[f'{arm}-s1'] + rate[f'{arm}-s2']) / 2:.3f}"
@@ -125,6 +126,19 @@ def test_ub_compare_pairs_the_arms_by_seed(runs, capsys):
     diffs = [rate["lr2-s1"] - rate["lr1-s1"], rate["lr2-s2"] - rate["lr1-s2"]]
     assert lr2["less the reference"] == f"{sum(diffs) / 2:+.3f}"
     assert lr2["seeds up"] == f"{sum(d > 0 for d in diffs)} of 2"
+    # The reference by its name, exactly (a part of a name named 0 or 2 arms before), or by
+    # its settings; the table says each arm's name and settings.
+    header, *rows = csv_module.reader(csv(capsys, "compare", str(runs), "--reference", "lr2"))
+    back = [rate["lr1-s1"] - rate["lr2-s1"], rate["lr1-s2"] - rate["lr2-s2"]]
+    assert {row[2]: row[8] for row in rows if row[1] == lr1["figure"]} == {
+        "lr1": f"{sum(back) / 2:+.3f}", "lr2": "(reference)"}
+    assert main(["compare", str(runs), "--reference", "learner.learning_rate=0.002"]) == 0
+    table = capsys.readouterr().out
+    assert "arm lr1: learner.learning_rate=0.001\n" in table
+    assert "arm lr2: learner.learning_rate=0.002 (the reference)\n" in table
+    assert main(["compare", str(runs), "--reference", "lr"]) == 2
+    assert capsys.readouterr().err == ("ub: error: --reference 'lr' is none of the arms: give "
+                                       "one of lr1; lr2\n")
 
 
 def test_a_run_is_named_by_its_name_under_root_or_by_its_folder(runs, capsys, monkeypatch):

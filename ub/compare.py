@@ -2,7 +2,8 @@
 
 A sweep is a folder of runs (:mod:`ub.run.folder.sweep`); its runs differ in some settings
 (the ``runs`` view's ``settings``) and in their seed. An **arm** is the runs that share their
-settings; the arm whose settings sort first is the reference unless one is named. For every
+settings, shown by the name ``ub sweep`` gave it where that is known (:func:`arm_names`); the
+first arm by name is the reference unless one is named. For every
 figure the runs evaluated at one checkpoint (the latest that every run evaluated, unless one is
 named): a checkpoint's win rate against each opponent on each env, as each run played those
 games (masked or free: arms that differ in it pair; the table says which), its rate of games
@@ -78,15 +79,38 @@ class Paired:
 
 
 def arm_label(settings: Iterable[tuple[str, str]]) -> str:
-    """An arm's name: its settings as ``key=value``, comma-separated (``(base)``: none)."""
+    """An arm's settings as ``key=value``, comma-separated (``(base)``: none): what makes it
+    an arm, and its name where the sweep's is not known (:func:`arm_names`)."""
     text = ", ".join(f"{key}={value}" for key, value in sorted(settings))
     return text or "(base)"
 
 
-def arm_letters(arms: Iterable[str]) -> dict[str, str]:
-    """A short name for each arm, by name order: A, B, ..., Z, AA, AB, ... (a table or a
-    figure names arms so, and a legend says each one's settings once)."""
-    return {arm: _letter(i) for i, arm in enumerate(sorted(set(arms)))}
+def arm_names(runs: list[dict[str, Any]]) -> dict[str, str]:
+    """Each run's arm, by run (rows of the ``runs`` view with settings): the name ``ub sweep``
+    gave it (the view's ``arm``) where every run of those settings carries that one name and no
+    run of other settings does; else its settings (:func:`arm_label`). The settings decide what
+    an arm is; the name only shows it."""
+    labels = {r["run"]: arm_label(r["settings"]) for r in runs if r["settings"] is not None}
+    given: dict[str, set[str | None]] = {}  # label: the names its runs carry
+    for r in runs:
+        if r["run"] in labels:
+            given.setdefault(labels[r["run"]], set()).add(r.get("arm"))
+    users: dict[str | None, int] = {}  # name: how many labels' runs carry it
+    for names in given.values():
+        for name in names:
+            users[name] = users.get(name, 0) + 1
+    named = {label: next(iter(names)) for label, names in given.items()
+             if len(names) == 1 and None not in names and users[next(iter(names))] == 1}
+    return {run: named.get(label) or label for run, label in labels.items()}
+
+
+def arm_letters(arms: Iterable[str], named: Iterable[str] = ()) -> dict[str, str]:
+    """A short name for each arm: its own where it has one (``named``, :func:`arm_names`), else
+    by order A, B, ..., Z, AA, AB, ... (a letter no named arm has); a table or a figure names
+    arms so, and a legend says each one's settings once."""
+    named = set(named)
+    letters = (letter for letter in map(_letter, range(10**6)) if letter not in named)
+    return {arm: arm if arm in named else next(letters) for arm in sorted(set(arms))}
 
 
 def _letter(index: int) -> str:
@@ -134,7 +158,7 @@ def measured(runs: list[dict[str, Any]], evals: list[dict[str, Any]],
     ``exploitability`` views of a folder of runs), of the runs :func:`comparable_runs`
     counts."""
     runs, _ = comparable_runs(runs)
-    arms = {r["run"]: arm_label(r["settings"]) for r in runs}
+    arms = arm_names(runs)
     seeds = {r["run"]: r["seed"] for r in runs}
     out = []
     rows = [r for r in evals if r["update"] == checkpoint and r["run"] in arms]

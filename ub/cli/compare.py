@@ -7,7 +7,15 @@ import sys
 from pathlib import Path
 
 from ub.cli.args import whole_number
-from ub.compare import arm_letters, comparable_runs, compare, latest_common_checkpoint, measured
+from ub.compare import (
+    arm_label,
+    arm_letters,
+    arm_names,
+    comparable_runs,
+    compare,
+    latest_common_checkpoint,
+    measured,
+)
 from ub.errors import UbError
 
 
@@ -19,8 +27,9 @@ def add_parser(sub) -> None:
     parser.add_argument("--checkpoint", type=whole_number,
                         help="the checkpoint to compare (default: the latest every run "
                         "evaluated)")
-    parser.add_argument("--reference", help="the arm the others are paired with, by its name "
-                        "or a part of it (default: the first arm by name)")
+    parser.add_argument("--reference", help="the arm the others are paired with: its name "
+                        "(a sweep's --arm NAME) or its settings as the table's legend gives them "
+                        "(default: the first arm by name)")
     parser.add_argument("--format", choices=("table", "csv"), default="table")
     parser.set_defaults(func=cmd_compare)
 
@@ -50,22 +59,27 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if not figures:
         raise UbError(f"no run under {folder} evaluated checkpoint {checkpoint}")
     arms = sorted({f.arm for f in figures})
+    names = arm_names(runs)
+    settings = {names[r["run"]]: arm_label(r["settings"]) for r in runs}
     reference = arms[0]
     if args.reference is not None:
-        named = [arm for arm in arms if args.reference in arm]
-        if len(named) != 1:
-            raise UbError(f"--reference {args.reference!r} names {len(named)} of the arms "
-                          f"({'; '.join(arms)}): give a part of exactly one")
+        named = [arm for arm in arms if args.reference in (arm, settings[arm])]
+        if not named:
+            raise UbError(f"--reference {args.reference!r} is none of the arms: give one of "
+                          f"{'; '.join(arms)}")
         reference = named[0]
     summaries, pairs = compare(figures, reference)
-    _print(summaries, pairs, reference, checkpoint, args.format)
+    _print(summaries, pairs, reference, settings, checkpoint, args.format)
     return 0
 
 
-def _print(summaries, pairs, reference: str, checkpoint: int, fmt: str) -> None:
+def _print(summaries, pairs, reference: str, settings: dict[str, str], checkpoint: int,
+           fmt: str) -> None:
     paired = {(p.figure, p.arm): p for p in pairs}
-    # A table names each arm by a letter, and a legend above it says its settings once.
-    letters = arm_letters({s.arm for s in summaries})
+    # A table names each arm by its name or a letter, and a legend above it says its settings
+    # once.
+    letters = arm_letters({s.arm for s in summaries},
+                          named=[arm for arm, label in settings.items() if arm != label])
     columns = ("figure", "arm", "moves", "seeds", "mean", "95% interval", "clears random",
                "less the reference", "se", "seeds up")
     rows = []
@@ -83,8 +97,9 @@ def _print(summaries, pairs, reference: str, checkpoint: int, fmt: str) -> None:
         import csv
 
         writer = csv.writer(sys.stdout, lineterminator="\n")
-        writer.writerow(["checkpoint", *columns])
-        writer.writerows([(checkpoint, *row) for row in rows])
+        writer.writerow(["checkpoint", *columns, "settings"])
+        writer.writerows([(checkpoint, *row, settings[s.arm])
+                          for row, s in zip(rows, summaries, strict=True)])
         return
     from rich.console import Console
     from rich.table import Table
@@ -95,8 +110,8 @@ def _print(summaries, pairs, reference: str, checkpoint: int, fmt: str) -> None:
     if not console.is_terminal:  # (a pipe or a log: rich would wrap at 80 columns)
         console.width = max(console.width, 160)
     for arm, letter in letters.items():
-        console.print(shown(f"arm {letter}: {arm}" + (" (the reference)" if arm == reference
-                                                       else "")))
+        console.print(shown(f"arm {letter}: {settings[arm]}" + (" (the reference)"
+                                                                 if arm == reference else "")))
     table = Table(title=f"checkpoint {checkpoint}: each arm over its seeds, and less the "
                   f"reference arm ({letters[reference]}) seed by seed")
     for column in columns:

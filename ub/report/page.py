@@ -171,7 +171,14 @@ def artifact_markdown(report: RunReport) -> str:
 def write_sweep_report(folder: Path, out: Path) -> Path:
     """Write a folder of runs' overlaid figures and ``report.html`` (with ``ub compare``'s
     table at the latest checkpoint every run evaluated) into ``out``; return the page."""
-    from ub.compare import arm_label, arm_letters, compare, latest_common_checkpoint, measured
+    from ub.compare import (
+        arm_label,
+        arm_letters,
+        arm_names,
+        compare,
+        latest_common_checkpoint,
+        measured,
+    )
 
     tables, warnings = sweep_tables(Path(folder))
     t = {name: table.to_pylist() for name, table in tables.items()
@@ -180,8 +187,9 @@ def write_sweep_report(folder: Path, out: Path) -> Path:
         raise UbError(f"{folder} holds no run" + "".join(f"; {w}" for w in warnings))
     # A run without settings (its config did not read: warned) is in no arm.
     runs = [r for r in t["runs"] if r["settings"] is not None]
-    arms = {r["run"]: arm_label(r["settings"]) for r in runs}
-    letters = arm_letters(arms.values())
+    arms = arm_names(runs)
+    settings = {arms[r["run"]]: arm_label(r["settings"]) for r in runs}
+    letters = arm_letters(arms.values(), named=[a for a, label in settings.items() if a != label])
     lettered = {run: letters[arm] for run, arm in arms.items()}
     figures = draw_figures([
         ("sweep_learning_curves", "Learning curves, every run and each arm's mean",
@@ -195,7 +203,7 @@ def write_sweep_report(folder: Path, out: Path) -> Path:
         summaries, _ = compare(measured(t["runs"], t["evals"], t["exploitability"], checkpoint))
         table = _compare_table(summaries, letters, checkpoint)
     legend = _table(("arm", "settings", "runs"), [
-        (letter, arm, ", ".join(f"{run} (seed {seed})" for run, seed in
+        (letter, settings[arm], ", ".join(f"{run} (seed {seed})" for run, seed in
                                 ((r["run"], r["seed"]) for r in runs) if arms[run] == arm))
         for arm, letter in letters.items()])
     page = out / "report.html"

@@ -26,7 +26,7 @@ from ub.run.folder.layout import is_run
 from ub.run.folder.views import RunViews, shown_path, skipped_link
 
 RUNS_SCHEMA = pa.schema([
-    ("run", pa.string()), ("seed", pa.int64()), ("rounds", pa.int64()),
+    ("run", pa.string()), ("arm", pa.string()), ("seed", pa.int64()), ("rounds", pa.int64()),
     ("rounds_planned", pa.int64()), ("envs", pa.list_(pa.string())),
     ("settings", pa.map_(pa.string(), pa.string())),
 ])
@@ -109,7 +109,8 @@ def runs_table(runs: list[RunViews]) -> pa.Table:
         config = run.config()
         flat.append(None if config is None else flat_settings(config))
         known = config or {}
-        rows.append({"run": run.root.name, "seed": known.get("seed"),
+        rows.append({"run": run.root.name, "arm": sweep_arm(run.root.name, known.get("seed")),
+                     "seed": known.get("seed"),
                      "rounds": len(run.committed_rounds()),
                      "rounds_planned": known.get("rounds"),
                      "envs": [env["env_id"] for env in known["envs"]] if "envs" in known
@@ -121,6 +122,15 @@ def runs_table(runs: list[RunViews]) -> pa.Table:
         row["settings"] = (None if settings is None
                            else [(k, settings.get(k, "")) for k in differ])
     return pa.Table.from_pylist(rows, schema=RUNS_SCHEMA)
+
+
+def sweep_arm(run: str, seed: int | None) -> str | None:
+    """The arm a sweep trained run ``run`` for: ``ub sweep`` names its runs ``ARM-sSEED``, so
+    ``ARM`` where the name ends in the run's own seed; ``None`` for any other name."""
+    arm, dash_s, number = run.rpartition("-s")
+    if not (arm and dash_s and number.isdigit()) or seed is None or int(number) != seed:
+        return None
+    return arm
 
 
 def flat_settings(value: Any, prefix: str = "") -> dict[str, str]:
