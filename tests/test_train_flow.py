@@ -539,16 +539,18 @@ def test_a_corrupt_metrics_file_is_skipped_with_a_warning(reference_run, tmp_pat
 def test_wandb_offline_files_plot_evals_by_checkpoint_under_the_runs_own_id(
         reference_run, tmp_path, monkeypatch):
     """W&B's offline files, as `wandb sync` would upload them: the run id made when the run
-    started (not its name), kept by a resumed process; round figures against `round`, each
-    evaluation against the `checkpoint` it measured (checkpoint 2 was evaluated in round 1)."""
+    started (not its name), kept by a resumed process; a sweep's run in its arm's group
+    (issue 78); round figures against `round`, each evaluation against the `checkpoint` it
+    measured (checkpoint 2 was evaluated in round 1)."""
     from ub.report.page import build_report
     from ub.run.steps.rounds import Run, resolve_run_config
     from ub.run.steps.tracking import finish_wandb, log_wandb, log_wandb_figures, round_metrics
 
     monkeypatch.setenv("WANDB_MODE", "offline")
-    copy = RunPaths.of(tmp_path, "ref")
+    config = resolve_run_config(reference_run, None)[0]
+    copy = RunPaths.of(tmp_path / "sweep", f"base-s{config.seed}")  # (as ub sweep names it)
     shutil.copytree(reference_run.root, copy.root)
-    run = Run(copy, resolve_run_config(copy, None)[0], "unused")
+    run = Run(copy, config, "unused")
     run_id = json.loads((copy.root / "ub-run.json").read_text())["wandb_id"]
     assert run_id.startswith("ref-") and run_id != "ref"
     manifests = [json.loads(copy.manifest(r).read_text()) for r in (0, 1)]
@@ -563,7 +565,8 @@ def test_wandb_offline_files_plot_evals_by_checkpoint_under_the_runs_own_id(
     logs = sorted((copy.root / "wandb").glob(f"offline-run-*-{run_id}/run-{run_id}.wandb"))
     assert len(logs) == 2, list((copy.root / "wandb").iterdir())
     records = [r for log in logs for r in _finished_records(log)]
-    assert {r.run.run_id for r in records if r.WhichOneof("record_type") == "run"} == {run_id}
+    assert {(r.run.run_id, r.run.run_group) for r in records
+            if r.WhichOneof("record_type") == "run"} == {(run_id, "sweep/base")}  # (its arm)
     axes = {(r.metric.glob_name or r.metric.name): r.metric.step_metric
             for r in records if r.WhichOneof("record_type") == "metric"}
     assert axes["eval/*"] == "checkpoint" and axes["collection/*"] == "round"

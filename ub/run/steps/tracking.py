@@ -47,6 +47,7 @@ from ub.data.atomic import write_atomic
 from ub.data.shards import round_dir
 from ub.run.folder.layout import RunPaths, mark_run_format, read_json, write_json_atomic
 from ub.run.folder.store import fetch_round, publish
+from ub.run.folder.sweep import sweep_arm
 from ub.run.folder.views import METRICS_SCHEMA
 from ub.run.steps.rounds import Run
 
@@ -267,7 +268,9 @@ def log_wandb(run: Run, round_: int, metrics: dict[str, float],
 
         # WANDB_MODE passes through as W&B reads it; wandb.init's annotation of mode omits
         # the legacy "dryrun" and "run" that its settings still accept.
+        arm = sweep_arm(run.name, run.config.seed)  # (a sweep's arm: a group per sweep)
         wb = wandb.init(project=run.config.tracking.project, name=run.name,
+                        group=None if arm is None else f"{run.paths.root.parent.name}/{arm}",
                         id=wandb_run_id(run.paths), dir=str(run.paths.root),
                         mode=mode,  # type: ignore[arg-type]
                         resume="allow", config=run.config.model_dump(mode="json"))
