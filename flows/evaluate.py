@@ -53,7 +53,7 @@ class CheckpointEvaluation(BaseModel):
         return out
 
 
-@flow(name="evaluate-run", validate_parameters=True)
+@flow(name="evaluate-run", flow_run_name="{run_name}: evaluate", validate_parameters=True)
 def evaluate_run(run_name: str, root: str = DEFAULT_RUNS_ROOT, checkpoint: int | None = None
                  ) -> CheckpointEvaluation:
     """Evaluate a checkpoint of a run against the run's fixed eval opponents.

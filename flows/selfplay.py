@@ -84,7 +84,7 @@ def _handed_over(paths: RunPaths) -> RunStart | None:
     return start if start is not None and start.paths == paths else None
 
 
-@flow(name="selfplay", validate_parameters=True)
+@flow(name="selfplay", flow_run_name="{run_name}", validate_parameters=True)
 def selfplay(run_name: str, config: str | None = None, root: str = DEFAULT_RUNS_ROOT,
              rounds: int | None = None, add_rounds: int | None = None,
              overrides: list[str] | None = None, quiet: bool = False,

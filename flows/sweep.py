@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from prefect import flow
+from prefect.runtime import flow_run
 
 from ub.flows.selfplay import selfplay
 from ub.flows.sweep_plan import check_recorded_settings, sweep_runs
@@ -20,7 +21,14 @@ from ub.run.folder.layout import RunPaths
 from ub.run.folder.urls import DEFAULT_RUNS_ROOT
 
 
-@flow(name="sweep", validate_parameters=True)
+def _flow_run_name() -> str:
+    """A sweep's flow run in Prefect's UI: its folder and its arms (``sweeps/free: mask, free``)."""
+    parameters = flow_run.parameters
+    root = str(parameters.get("root", DEFAULT_RUNS_ROOT)).rstrip("/")
+    return f"{root}: {', '.join(parameters.get('arms', {}))}"
+
+
+@flow(name="sweep", flow_run_name=_flow_run_name, validate_parameters=True)
 def sweep(config: str, arms: dict[str, list[str]], seeds: list[int],
           root: str = DEFAULT_RUNS_ROOT, rounds: int | None = None,
           quiet: bool = False) -> list[dict[str, Any]]:

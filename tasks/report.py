@@ -24,7 +24,7 @@ def report(run: Run, rounds_committed: int) -> str | None:
     Markdown artifact, and log its figures to W&B. Returns the page's path.
 
     A report that cannot be written (an unusual run, a plotting failure) is a warning: the
-    run's data is committed and ``ub report NAME`` can retry; no artifact is made.
+    run's data is committed and ``ub report`` can retry; no artifact is made.
     """
     from ub.report.page import artifact_markdown, build_report
 
@@ -37,8 +37,8 @@ def report(run: Run, rounds_committed: int) -> str | None:
         log.warning("report of %s not written (%s)", run.name, exc)
         return None
     except Exception:  # a plotting bug must not fail a run whose rounds are committed
-        log.warning("report of %s not written; retry with `ub report %s`", run.name,
-                    run.name, exc_info=True)
+        log.warning("report of %s not written; retry with `%s`", run.name,
+                    run.paths.command("report"), exc_info=True)
         return None
     create_markdown_artifact(key=artifact_key(run, "report"), markdown=artifact_markdown(written),
                              description=f"{run.name}: the report's numbers and main figures "

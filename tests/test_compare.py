@@ -202,3 +202,24 @@ def test_an_arm_is_shown_by_the_name_its_sweep_gave_it_where_that_name_is_its_ow
     # Letters for the arms without a name, none of them one a named arm has.
     assert arm_letters(["A", "k=1", "k=2", "(base)"], named=["A"]) == {
         "(base)": "B", "A": "A", "k=1": "C", "k=2": "D"}
+
+
+def test_a_folder_that_is_no_folder_of_runs_is_told_what_to_give(tmp_path, capsys):
+    """Issue 78: the refusal's hint (`ub sql FOLDER "SELECT * FROM runs"`) answered a Catalog
+    Error on the very folder it was printed for. Each case now says what it found."""
+    from ub.flows.cli import main
+
+    write_run(tmp_path / "sweep", "a-s0", {"seed": 0}, 0.5)
+    (tmp_path / "sweep" / "a-s0" / "ub-run.json").write_text('{"format": 2}')
+    (tmp_path / "empty").mkdir()
+    for folder, said in (
+            (tmp_path / "gone", f"no folder {tmp_path / 'gone'}: give the folder that holds a "
+             "sweep's runs (its --root)"),
+            (tmp_path / "empty", f"{tmp_path / 'empty'} holds no run (a run is a folder with "
+             "ub-run.json, as ub train and ub sweep make them): give the folder a sweep's "
+             "--root named"),
+            (tmp_path / "sweep" / "a-s0", f"{tmp_path / 'sweep' / 'a-s0'} is one run, not a "
+             f"folder of runs: give the folder that holds it with the runs to compare it to "
+             f"({tmp_path / 'sweep'}, say)")):
+        assert main(["compare", str(folder)]) == 2
+        assert capsys.readouterr().err == f"ub: error: {said}\n"

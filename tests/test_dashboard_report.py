@@ -250,6 +250,26 @@ def test_report_writes_real_plots_and_one_page(run_dir, tmp_path, capsys):
     assert envs and yaml.safe_load(html.unescape(envs[1])) == config["envs"], page
 
 
+def test_the_artifacts_command_works_from_any_folder(run_dir, tmp_path, capsys, monkeypatch):
+    """Prefect's report artifact says how to write the page again: `ub report pf` failed from
+    every folder but the runs root's parent (issue 78); now it names the root, and the output
+    folder where it is not the run's own."""
+    import shlex
+
+    from ub.flows.cli import main
+    from ub.report.page import artifact_markdown, build_report
+
+    run = tmp_path / "runs elsewhere" / "pf"
+    shutil.copytree(run_dir, run)
+    for out in (run / "report", tmp_path / "pages"):
+        markdown = artifact_markdown(build_report(run, out))
+        [again] = re.findall(r"`(ub report [^`]*)` writes it again", markdown)
+        (out / "report.html").unlink()
+        monkeypatch.chdir(tmp_path)  # (not where the run is)
+        assert main(shlex.split(again)[1:]) == 0, capsys.readouterr().err
+        assert capsys.readouterr().out.strip() == str(out / "report.html")
+
+
 def test_names_that_look_like_markup_or_tex_are_shown_as_they_are(run_dir, tmp_path, capsys):
     """A rating member's name is anyone's text (a hosted model's, say): `$\\frac{$` made the
     report's mathtext raise, `[/x]` is rich markup to the dashboard (issue 69)."""

@@ -295,7 +295,12 @@ def test_parts_of_a_sweep_run_side_by_side_on_one_worker_and_compare_as_one(
     states = [_finished(api, run_id, worker) for run_id in ids]
     assert [s["type"] for s in states] == ["COMPLETED"] * 2, "\n".join(
         [f"{s['type']}: {s['message']}" for s in states] + worker.read_text().splitlines()[-80:])
-    spans = [(r["start_time"], r["end_time"]) for r in _flow_runs(api, id={"any_": ids})]
+    flow_runs = _flow_runs(api, id={"any_": ids})
+    spans = [(r["start_time"], r["end_time"]) for r in flow_runs]
+    # Named after what they run in Prefect's UI (issue 78: random names, `infallible-swan`)
+    assert sorted(r["name"] for r in flow_runs) == [f"{root}: lr1", f"{root}: lr2"]
+    runs = _flow_runs(api, parent_task_run_id={"is_null_": False})
+    assert {"lr1-s0", "lr2-s0"} <= {r["name"] for r in runs}, [r["name"] for r in runs]
     (_, first_end), (second_start, _) = sorted(spans)
     assert second_start < first_end, spans  # (at once, not one after the other)
     assert sorted(p.name for p in root.iterdir() if not p.name.startswith(".")) == [

@@ -39,8 +39,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
     folder = Path(args.folder)
     if not is_runs_root(folder):
-        raise UbError(f"{folder} is no folder of runs: give the folder that holds a sweep's "
-                      "runs (`ub sql FOLDER \"SELECT * FROM runs\"` lists them)")
+        raise UbError(_no_runs_root(folder))
     tables, warnings = sweep_tables(folder)
     runs, left_out = comparable_runs(tables["runs"].to_pylist())
     for warning in [*warnings, *left_out]:
@@ -71,6 +70,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
     summaries, pairs = compare(figures, reference)
     _print(summaries, pairs, reference, settings, checkpoint, args.format)
     return 0
+
+
+def _no_runs_root(folder: Path) -> str:
+    """Why ``folder`` is no folder of runs, and what to give instead (every hint works)."""
+    from ub.run.folder.layout import is_run  # (pydantic: commands start without it)
+
+    if not folder.is_dir():
+        return f"no folder {folder}: give the folder that holds a sweep's runs (its --root)"
+    if is_run(folder):
+        return (f"{folder} is one run, not a folder of runs: give the folder that holds it "
+                f"with the runs to compare it to ({folder.parent}, say)")
+    return (f"{folder} holds no run (a run is a folder with ub-run.json, as ub train and "
+            "ub sweep make them): give the folder a sweep's --root named")
 
 
 def _print(summaries, pairs, reference: str, settings: dict[str, str], checkpoint: int,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import functools
 import html
+import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +16,7 @@ from ub.data.atomic import write_atomic
 from ub.errors import UbError
 from ub.report import curves, health, pool, sweep
 from ub.report.common import SIZE, SIZES, Tables, pct
+from ub.run.folder.layout import RunPaths, is_run
 from ub.run.folder.sweep import flat_settings, sweep_tables
 from ub.run.folder.views import RunViews
 
@@ -111,6 +113,7 @@ class RunReport:
     learning curve rows (for the Markdown of :func:`artifact_markdown`)."""
 
     run: str
+    again: str  # the command that writes it again, as it works where it is printed
     page: Path
     figures: list[Figure]
     totals: str
@@ -124,8 +127,6 @@ def write_report(root: Path, out: Path) -> Path:
 
 def build_report(root: Path, out: Path) -> RunReport:
     """Write a run's figures and ``report.html`` into ``out``."""
-    from ub.run.folder.layout import is_run
-
     root = Path(root)
     if not is_run(root):
         raise UbError(f"{root} is not a ub run (no config.yaml or rounds/)")
@@ -148,7 +149,9 @@ def build_report(root: Path, out: Path) -> RunReport:
         figures,
         f"\n<h2>Settings</h2>\n<details open><summary>config.yaml</summary>"
         f"{settings}</details>\n"))
-    return RunReport(root.name, page, figures, summary, t["evals"])
+    again = RunPaths(root).command("report") + ("" if out == root / "report" else
+                                                f" --out {shlex.quote(str(out))}")
+    return RunReport(root.name, again, page, figures, summary, t["evals"])
 
 
 SHOWN_IN_UI = ("learning_curve", "training_by_opponent", "exploitability")
@@ -164,7 +167,7 @@ def artifact_markdown(report: RunReport) -> str:
     return "\n\n".join([
         f"# Report of {report.run}", report.totals + ".",
         curve_markdown(report.evals) if report.evals else "No evaluation yet.", *images,
-        f"Every figure and the settings: `{report.page}` (`ub report {report.run}` writes it "
+        f"Every figure and the settings: `{report.page}` (`{report.again}` writes it "
         "again)."])
 
 

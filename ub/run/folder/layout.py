@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -163,17 +164,22 @@ class RunPaths:
     def name(self) -> str:
         return self.root.name
 
-    @property
-    def resume_command(self) -> str:
-        """The command that continues this run: ``--root`` unless the run is under the working
-        directory's default runs root, where ``ub train --resume NAME`` alone finds it."""
+    def command(self, verb: str) -> str:
+        """``ub VERB NAME`` for this run, as it works from any folder: with ``--root`` unless
+        the run is under the working directory's default runs root, where the name alone
+        finds it (quoted for a shell)."""
         if self.store:
             root = self.store.rpartition("/")[0]
         elif self.root.parent == Path(DEFAULT_RUNS_ROOT).absolute():
-            return f"ub train --resume {self.name}"
+            return f"ub {verb} {shlex.quote(self.name)}"
         else:
             root = str(self.root.parent)
-        return f"ub train --resume {self.name} --root {root}"
+        return f"ub {verb} {shlex.quote(self.name)} --root {shlex.quote(root)}"
+
+    @property
+    def resume_command(self) -> str:
+        """The command that continues this run (:meth:`command`)."""
+        return self.command("train --resume")
 
     @property
     def config(self) -> Path:
