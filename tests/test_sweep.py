@@ -1,20 +1,28 @@
 """A sweep's runs together (issue 70): `ub sweep` trains arms over seeds as a Prefect flow
 that a SIGKILL does not lose, `ub sql` reads a folder of runs as one, `ub compare` pairs the
 arms by seed, and every command names a run one way, by its name under `--root` or by its
-folder. Two arms (a learning rate) of two seeds, one round each; plain DuckDB over the runs'
-files and a run trained alone are the references."""
+folder; `ub.analysis` opens them from Python as the commands do (docs/sql.md's analysis). Two
+arms (a learning rate) of two seeds, one round each; plain DuckDB over the runs' files and a run
+trained alone are the references."""
 
 from __future__ import annotations
 
+import csv as csv_module
+import math
 import os
+import re
 import signal
+from pathlib import Path
 
 import duckdb
 import pytest
 import yaml
 from faults.runs import differences
+from float_rounding import sum_rounding
 from warm import run_ub
 
+import ub.analysis
+from ub.errors import UbError
 from ub.flows.cli import main
 from ub.run.folder.layout import RunPaths
 
@@ -105,8 +113,6 @@ def test_the_runs_view_says_how_the_runs_differ(runs, capsys):
 def test_ub_compare_pairs_the_arms_by_seed(runs, capsys):
     """Each arm's mean over its seeds and the second arm less the first, seed by seed, as
     worked out here from the runs' evaluations (`ub sql`'s evals view, checked above)."""
-    import csv as csv_module
-
     evals = csv(capsys, "sql", str(runs), "SELECT run, win_rate FROM evals WHERE update = 1 "
                 "ORDER BY run")
     rate = {line.split(",")[0]: float(line.split(",")[1]) for line in evals[1:]}
@@ -155,3 +161,44 @@ def test_a_run_is_named_by_its_name_under_root_or_by_its_folder(runs, capsys, mo
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and "no run 'lr1-s3' under runs" in err, err
         assert "did you mean 'lr1-s2'? runs holds lr1-s1, lr1-s2, lr2-s1, lr2-s2" in err, err
+
+
+def test_the_python_api_runs_docs_analysis_as_the_commands_do(runs, capsys, tmp_path,
+                                                              monkeypatch):
+    """docs/sql.md's worked analysis with `ub.analysis` (issue 78), run as written: the arms'
+    means are `ub compare`'s, the run's checkpoints are `ub sql`'s, and checkpoint 0's
+    probability of each move it played is what the sampler logged (vLLM there, transformers
+    and PEFT here: equal to float32 rounding). A write is refused as `ub sql` refuses it; a
+    folder of runs has no config of its own."""
+    (tmp_path / "sweeps").mkdir()
+    (tmp_path / "sweeps" / "lr").symlink_to(runs)  # (the docs' folder)
+    monkeypatch.chdir(tmp_path)
+    docs = (Path(__file__).parents[1] / "docs" / "sql.md").read_text()
+    [code] = re.findall(r"## From Python.*?```python\n(.*?)```", docs, re.S)
+    scope: dict = {}
+    exec(compile(code, "docs/sql.md", "exec"), scope)
+    capsys.readouterr()
+    compared = {(row["arm"], row["mean"]) for row in csv_module.DictReader(
+        csv(capsys, "compare", str(runs)))
+        if row["figure"] == "TicTacToe-v0-train vs random: win rate"}
+    assert {(a, f"{w:.3f}") for a, w in zip(scope["arms"]["arm"], scope["arms"]["win_rate"],
+                                           strict=True)} == compared
+    assert set(scope["arms"]["seeds"]) == {2}
+    checkpoints = csv(capsys, "sql", "lr1-s1", "--root", "sweeps/lr",
+                      "SELECT update FROM checkpoints ORDER BY update")
+    with ub.analysis.open("lr1-s1", root="sweeps/lr") as run:
+        assert run.kind == "run" and run.checkpoints == [int(c) for c in checkpoints[1:]]
+        with pytest.raises(UbError, match="ub sql is read-only: CREATE statements are refused"):
+            run.sql("CREATE TABLE t AS SELECT 1")
+    # The log-probability: a softmax over the 4,096-token vocabulary and logits summed over the
+    # hidden size in each of the tiny model's layers, in two orders (vLLM's kernels, torch's).
+    tolerance = sum_rounding(4096 + 256 * 5, 1.0)
+    played = scope["played"]
+    assert len(played) == 20
+    for env_id, observation, legal_moves, action, logprobs in played:
+        p = scope["policy"].move_probabilities(env_id, observation, legal_moves)[action]
+        assert abs(math.log(p) - sum(logprobs)) <= tolerance, (action, p, logprobs)
+    with (ub.analysis.open("sweeps/lr") as sweep,
+          pytest.raises(UbError, match="is a folder of runs, not a run: its config belongs to "
+                        "each run")):
+        sweep.config  # noqa: B018

@@ -198,6 +198,14 @@ def run_sql(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
         return relation.to_arrow_table() if relation is not None else pa.table({})
 
 
+def read_only_relation(con: duckdb.DuckDBPyConnection, sql: str) -> duckdb.DuckDBPyRelation:
+    """:func:`run_sql`'s result as a DuckDB relation, computed as it is read (``.df()``,
+    ``.pl()``, ``.arrow()``); a statement that returns no rows gives an empty relation."""
+    with _sql_errors():
+        relation = _read_only(con, sql)
+        return relation if relation is not None else con.sql("SELECT NULL LIMIT 0")
+
+
 def stream_sql(con: duckdb.DuckDBPyConnection, sql: str, batch_rows: int = 10_000
                ) -> tuple[pa.Schema, Iterator[pa.RecordBatch]]:
     """:func:`run_sql`'s result as it is computed: its schema, and its rows in batches of up to
