@@ -85,14 +85,16 @@ def require_server(attempts: int = 2, wait_s: float = 2.0) -> None:
     api_url = os.environ.get("PREFECT_API_URL")
     if not api_url:
         return
+    problem = ""
     for attempt in range(attempts):
         silence = check_server(api_url)
         if silence is None or silence.busy:
             return
+        problem = silence.problem
         if attempt + 1 < attempts:
             time.sleep(wait_s)
     raise UbError(f"PREFECT_API_URL is {api_url}, and no Prefect server answers there "
-                  f"({silence.problem}): start that server (`prefect server start`), or unset "
+                  f"({problem}): start that server (`prefect server start`), or unset "
                   "PREFECT_API_URL to let ub start a temporary server of its own for the run")
 
 

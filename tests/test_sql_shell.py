@@ -263,3 +263,45 @@ def test_nested_values_print_as_json_in_csv_and_tables(runs, capsys):
     table = capsys.readouterr().out
     assert '{"learner.learning_rate": "1.0e-05"}' in table and '["TicTacToe-v0-train"]' in table
     assert "('learner" not in table
+
+
+def test_the_shell_has_its_own_commands_as_duckdbs_and_sqlites_do(data, tmp_path):
+    """Issue 78: `.format`, `.help` were sent to DuckDB as SQL. Now `.tables`, `.schema VIEW`,
+    `.format csv|table` and `.help` are the shell's; an unknown one is named, not run."""
+    typed = (".help\n.tables\n.schema games\n.format csv\nSELECT 1 AS a, 'x' AS b;\n"
+             ".format table\nSELECT 2 AS c;\n.bogus\n.schema nope\n.format json\n")
+    done = subprocess.run([sys.executable, "-m", "ub.flows.cli", "sql", str(data)],
+                          input=typed, capture_output=True, text=True,
+                          env=user_env(tmp_path), timeout=120)
+    assert done.returncode == 0, done.stderr
+    out = done.stdout.splitlines()
+    assert any(line.startswith(".schema [VIEW]") for line in out)
+    assert "games  steps" in out
+    assert any(line.startswith("games(run VARCHAR, round INTEGER, ") for line in out), out
+    assert out[out.index("a,b"):out.index("a,b") + 2] == ["a,b", "1,x"]  # (csv)
+    assert any("┃ c ┃" in line for line in out)  # (a table again)
+    assert done.stderr.splitlines() == [
+        "ub: error: .bogus: no such command of the shell; .help lists them (a SQL statement "
+        "never begins with a dot)",
+        "ub: error: .schema nope: no such view; .tables lists them",
+        "ub: error: .format json: give .format table or .format csv"]
+
+
+def test_a_table_wider_than_the_terminal_names_the_columns_it_leaves_out(data, capsys,
+                                                                       monkeypatch):
+    """Issue 78: `SELECT * FROM games` at 80 columns showed columns of `…` and cut names
+    (`rou…`). The columns that fit with their names whole are shown; a line names the rest."""
+    monkeypatch.setenv("COLUMNS", "80")
+    assert main(["sql", str(data), "SELECT * FROM games LIMIT 2"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    header = next(line for line in out if line.startswith("┃"))
+    shown = [name.strip() for name in header.strip("┃").split("┃")]
+    assert all(name and "…" not in name for name in shown), header
+    assert max(len(line) for line in out if line[:1] in "┏┃┡│└") <= 80
+    [hint] = [line for line in out if "more columns than 80 characters hold" in line]
+    assert hint.endswith("; select fewer columns, widen the terminal, or use --format csv "
+                         "(.format csv in the shell))")
+    columns = main(["sql", str(data), "SELECT * FROM games LIMIT 0", "--format", "csv"]) == 0 \
+        and capsys.readouterr().out.strip().split(",")
+    assert columns[:len(shown)] == shown
+    assert hint.split(": ", 1)[1].split("; ")[0].split(", ") == columns[len(shown):]

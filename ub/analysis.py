@@ -166,7 +166,7 @@ class MovePolicy:
     max_tokens: int
 
     def move_probabilities(self, env_id: str, observation: str,
-                           legal_moves: Sequence[str]) -> dict[str, float]:
+                           legal_moves: Sequence[str]) -> dict[str | None, float]:
         """Each of ``legal_moves``' probability at ``observation`` (the text the seat sees, as
         the ``steps`` view's ``observation`` holds it) in env ``env_id``, played with the run's
         prompt template; what free play puts off every legal move is under ``None``."""
@@ -181,7 +181,10 @@ class MovePolicy:
                              PlayMode(self.greedy, mask, self.temperature), stop=self.stop,
                              max_tokens=self.max_tokens, extractor=spec.extractor)
         [answer] = policy.distributions([TreeDecision(None, 0, observation, tuple(legal_moves))])
-        return {**answer.probs, None: answer.illegal} if answer.illegal else dict(answer.probs)
+        probabilities: dict[str | None, float] = {move: p for move, p in answer.probs.items()}
+        if answer.illegal:
+            probabilities[None] = answer.illegal
+        return probabilities
 
 
 def open(run: str | Path, root: str | None = None) -> Opened:

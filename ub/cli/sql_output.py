@@ -20,7 +20,8 @@ whole run prints what a terminal can show without holding the rest."""
 
 def print_result(con, sql: str, fmt: str, max_rows: int = MAX_ROWS) -> None:
     """Print ``sql``'s result as it streams: every row as CSV, or a table of at most
-    ``max_rows`` rows (the query stops there)."""
+    ``max_rows`` rows (the query stops there) and of the columns whose names fit the
+    terminal's width whole (a line names the others)."""
     from ub.data.sql import stream_sql
 
     schema, batches = stream_sql(con, sql)
@@ -38,22 +39,35 @@ def print_result(con, sql: str, fmt: str, max_rows: int = MAX_ROWS) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    view = Table(show_lines=False)
-    for name in schema.names:
-        view.add_column(_cell(name))
-    shown, more, cut = 0, False, False
+    rows: list[list[Text]] = []
+    more, cut = False, False
     for batch in batches:
-        room = max_rows - shown
+        room = max_rows - len(rows)
         for row in batch.slice(0, room).to_pylist():
             values = [None if v is None else f(v)
                       for f, v in zip(show, row.values(), strict=True)]
             cut = cut or any(len(str(v)) > CELL_WIDTH for v in values)
-            view.add_row(*[_cell(v) for v in values])
-        shown += min(batch.num_rows, room)
+            rows.append([_cell(v) for v in values])
         if batch.num_rows > room:  # (a row past the cap: the query stops here)
             more = True
             break
-    Console().print(view)
+    shown = len(rows)
+    console = Console()
+    # A column is as narrow as its name and its longest word (rich wraps at spaces).
+    narrowest = [max([len(name), *(len(word) for row in rows for word in row[i].plain.split())])
+                 for i, name in enumerate(schema.names)]
+    fits = fitting_columns(narrowest, console.width)
+    view = Table(show_lines=False)
+    for name, width in zip(schema.names[:fits], narrowest, strict=False):
+        view.add_column(_cell(name), min_width=width)
+    for row in rows:
+        view.add_row(*row[:fits])
+    console.print(view)
+    if fits < len(schema.names):
+        hidden = schema.names[fits:]
+        print(f"({len(hidden)} more column{'s' if len(hidden) > 1 else ''} than "
+              f"{console.width} characters hold: {', '.join(hidden)}; select fewer columns, "
+              "widen the terminal, or use --format csv (.format csv in the shell))")
     if more:
         print(f"(the first {shown} rows; the query returns more, not fetched: "
               "add LIMIT/OFFSET, raise --max-rows, or use --format csv for every row)")
@@ -66,6 +80,22 @@ def print_result(con, sql: str, fmt: str, max_rows: int = MAX_ROWS) -> None:
 
 CELL_WIDTH = 80
 """The characters a table cell shows of a value (a prompt is thousands)."""
+
+COLUMN_EDGE = 3
+"""A table column's characters besides its text: a border and a space each side."""
+
+
+def fitting_columns(narrowest: list[int], width: int) -> int:
+    """How many of the first columns, each at least as wide as ``narrowest`` says, fit a
+    table of ``width`` characters (at least one): squeezed further, a terminal table shows
+    columns of ``…`` and cut names."""
+    used, count = 1, 0  # (the table's closing border)
+    for least in narrowest:
+        used += least + COLUMN_EDGE
+        if used > width and count:
+            break
+        count += 1
+    return count
 
 
 def _shown_as(kind: pa.DataType) -> Callable[[Any], Any]:

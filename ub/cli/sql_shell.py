@@ -28,8 +28,10 @@ def sql_shell(con, root: Path | str, views: list[str], max_rows: int = MAX_ROWS)
     history = _History.start() if interactive else None
     if interactive:
         print(f"ub sql {root} (read-only). Views: {', '.join(views)}. End statements with ';', "
-              "quit with .quit or Ctrl-D; Up recalls earlier statements, Ctrl-C cancels one.")
+              "quit with .quit or Ctrl-D; .help lists the shell's commands; Up recalls "
+              "earlier statements, Ctrl-C cancels one.")
     buffer, lines = "", list[str]()
+    fmt = "table"
     while True:
         try:
             line = input("ub> " if not buffer else "... ") if interactive else sys.stdin.readline()
@@ -47,6 +49,12 @@ def sql_shell(con, root: Path | str, views: list[str], max_rows: int = MAX_ROWS)
             break
         if line.strip() in (".quit", ".exit"):
             break
+        if not buffer and line.strip().startswith("."):  # (a shell command, not SQL)
+            try:
+                fmt = _dot_command(line.strip(), con, views, fmt)
+            except UbError as exc:
+                print(f"ub: error: {exc}", file=sys.stderr)
+            continue
         buffer += line + ("\n" if interactive else "")
         lines.append(line)
         if buffer.strip().endswith(";"):
@@ -54,7 +62,7 @@ def sql_shell(con, root: Path | str, views: list[str], max_rows: int = MAX_ROWS)
                 history.add(lines)
             try:
                 for statement in con.extract_statements(buffer):
-                    _interruptible(con, partial(print_result, con, statement.query, "table",
+                    _interruptible(con, partial(print_result, con, statement.query, fmt,
                                                 max_rows))
             except (UbError, duckdb.Error) as exc:
                 print(f"ub: error: {sql_error_line(exc)}", file=sys.stderr)
@@ -63,6 +71,46 @@ def sql_shell(con, root: Path | str, views: list[str], max_rows: int = MAX_ROWS)
                     raise
                 print("ub: statement cancelled (Ctrl-C)", file=sys.stderr)
             buffer, lines = "", []
+
+
+SHELL_COMMANDS = {
+    ".help": "this list",
+    ".tables": "the views a statement can read",
+    ".schema [VIEW]": "each view's columns and their types (or VIEW's alone)",
+    ".format table|csv": "how results print (a table of the first rows, or every row as CSV)",
+    ".quit": "end the shell (Ctrl-D too)",
+}
+"""The shell's own commands, as DuckDB's and SQLite's shells have them."""
+
+
+def _dot_command(line: str, con, views: list[str], fmt: str) -> str:
+    """Do shell command ``line`` (``.help``, ``.tables``, ``.schema``, ``.format``) and return
+    the result format in force after it."""
+    from ub.data.sql import run_sql
+
+    command, _, argument = line.partition(" ")
+    argument = argument.strip()
+    if command == ".help":
+        for usage, what in SHELL_COMMANDS.items():
+            print(f"{usage:<20} {what}")
+    elif command == ".tables":
+        print("  ".join(views))
+    elif command == ".schema":
+        if argument and argument not in views:
+            raise UbError(f".schema {argument}: no such view; .tables lists them")
+        for view in [argument] if argument else views:
+            name = view.replace('"', '""')
+            columns = run_sql(con, f'DESCRIBE "{name}"').to_pylist()
+            print(f"{view}(" + ", ".join(f"{c['column_name']} {c['column_type']}"
+                                         for c in columns) + ")")
+    elif command == ".format":
+        if argument not in ("table", "csv"):
+            raise UbError(f".format {argument}: give .format table or .format csv")
+        return argument
+    else:
+        raise UbError(f"{command}: no such command of the shell; .help lists them (a SQL "
+                      "statement never begins with a dot)")
+    return fmt
 
 
 def _interruptible(con, run: Callable[[], None]) -> None:
