@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ub.cli.args import named_run, round_number
+from ub.display import counted
 from ub.errors import UbError
 from ub.run.checks.gpu_plan import (
     DEFAULT_GPU_GIB,
@@ -139,8 +140,8 @@ def _dry_run(args: argparse.Namespace, paths) -> int:
 
     config = requested_config(paths, _request(args, paths.name))[0]
     resolved = resolve_run_config(paths, config, rounds=args.rounds, ray_address=args.ray)[0]
-    state = (f"exists, {len(paths.committed_rounds())} of {resolved.rounds} rounds committed"
-             if paths.config.exists() else f"new, {resolved.rounds} rounds")
+    state = (f"exists, {len(paths.committed_rounds())} of {counted(resolved.rounds, 'round')} "
+             "committed" if paths.config.exists() else f"new, {counted(resolved.rounds, 'round')}")
     print(f"run {paths.name} at {paths.store or paths.root} ({state}); --dry-run: nothing "
           "written")
     base = resolved.model.base

@@ -8,6 +8,7 @@ trained alone are the references."""
 from __future__ import annotations
 
 import csv as csv_module
+import json
 import math
 import os
 import re
@@ -164,7 +165,7 @@ def test_a_run_is_named_by_its_name_under_root_or_by_its_folder(runs, capsys, mo
 
 
 def test_the_python_api_runs_docs_analysis_as_the_commands_do(runs, capsys, tmp_path,
-                                                              monkeypatch):
+                                                              monkeypatch, tiny_model):
     """docs/sql.md's worked analysis with `ub.analysis` (issue 78), run as written: the arms'
     means are `ub compare`'s, the run's checkpoints are `ub sql`'s, and checkpoint 0's
     probability of each move it played is what the sampler logged (vLLM there, transformers
@@ -190,9 +191,11 @@ def test_the_python_api_runs_docs_analysis_as_the_commands_do(runs, capsys, tmp_
         assert run.kind == "run" and run.checkpoints == [int(c) for c in checkpoints[1:]]
         with pytest.raises(UbError, match="ub sql is read-only: CREATE statements are refused"):
             run.sql("CREATE TABLE t AS SELECT 1")
-    # The log-probability: a softmax over the 4,096-token vocabulary and logits summed over the
-    # hidden size in each of the tiny model's layers, in two orders (vLLM's kernels, torch's).
-    tolerance = sum_rounding(4096 + 256 * 5, 1.0)
+    # The log-probability: a softmax over the vocabulary and logits summed over the hidden size
+    # in each of the tiny model's layers, in two orders (vLLM's kernels, torch's).
+    shape = json.loads((tiny_model / "config.json").read_text())
+    tolerance = sum_rounding(shape["vocab_size"] + shape["hidden_size"]
+                             * (shape["num_hidden_layers"] + 1), 1.0)
     played = scope["played"]
     assert len(played) == 20
     for env_id, observation, legal_moves, action, logprobs in played:

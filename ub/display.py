@@ -31,3 +31,8 @@ def shown(value: object) -> Text:
 def in_markup(value: object) -> str:
     """``value`` as it is, inside a line of rich markup ub writes around it."""
     return escape(printable(value))
+
+
+def counted(count: int, noun: str) -> str:
+    """``count`` and ``noun``, plural unless it is one: ``1 round``, ``32 rounds``."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"

@@ -53,7 +53,7 @@ STOP_GRACE_S = 30.0
 # Lines of the server's output that need no action here, besides those the engine drops
 # (ub.inference.noise.DropKnownNoise): CPU-build notices printed by every vLLM process it starts.
 _NOISE = ("NUMA binding: Using MEMBIND policy", "Found ulimit of", "Triton is installed",
-          "Inductor compilation was disabled", "OMP_NUM_THREADS=")
+          "OMP_NUM_THREADS=")
 
 _PR_SET_PDEATHSIG = 1  # from <linux/prctl.h>
 

@@ -21,7 +21,10 @@ def add_parser(sub) -> None:
     play.add_argument("--env", required=True, help="TextArena env id, e.g. TicTacToe-v0-train")
     play.add_argument("--games", type=game_count, default=16, help="number of games")
     play.add_argument("--players", default="model,random",
-                      help="actors by seat, comma-separated: model, model:ADAPTER, random")
+                      help="actors by seat, comma-separated: model, model:ADAPTER (a "
+                      "checkpoint folder), random, expert, perfect (games with a solver), "
+                      "hosted:MODEL@BASE_URL, or package.module:Class (a seat of one's own; "
+                      "docs/pool.md)")
     play.add_argument("--out", required=True, help="data folder (steps/ and games/ go inside)")
     play.add_argument("--model", help="model directory (default: the base model the "
                       "adapters record, else the tiny CPU model)")

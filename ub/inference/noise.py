@@ -27,6 +27,8 @@ class DropKnownNoise(logging.Filter):
         "different tokenizers for different LoRAs",  # adapters share the base tokenizer
         "is already registered. Overwriting",  # a second engine in the same process
         "Unknown vLLM environment variable detected: VLLM_DIST_IDENT",  # set by vLLM itself
+        "Enforce eager set",  # ub asks for it on the CPU (ub.inference.patches), every start
+        "Inductor compilation was disabled",  # the same setting's second line
     )
 
     def filter(self, record: logging.LogRecord) -> bool:

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.table import Table
 
-from ub.display import in_markup, shown
+from ub.display import counted, in_markup, shown
 from ub.progress_bar import duration, show_progress_bars
 from ub.run.folder.layout import read_json, round_label
 from ub.run.steps.evaluate import eval_due
@@ -90,7 +90,7 @@ class Progress:
         what = "starting" if first_round == 0 else f"resuming at {round_label(first_round)}"
         self.console.print(
             f"[bold]ub train[/bold] run [cyan]{self.run.name}[/cyan] ({what}; "
-            f"{c.rounds} rounds of {c.rollout.games_per_round} games on "
+            f"{counted(c.rounds, 'round')} of {counted(c.rollout.games_per_round, 'game')} on "
             f"{in_markup(', '.join(e.env_id for e in c.envs))}) -> "
             f"{in_markup(self.run.paths.location)}")
         if settings:
