@@ -444,6 +444,49 @@ def test_training_figure_is_the_games_as_plain_duckdb_counts_them(run_dir):
     assert mine and mine == {(r, e): (w, n) for r, e, w, n in direct}
 
 
+def test_figures_say_which_lines_coincide_and_tick_whole_rounds():
+    """Issue 78: two vs-perfect lines at 0, or two arms that learned alike, lay one under the
+    other with nothing to say so; one round ticked the axis at -0.045, -0.030, ...; the
+    exploitability figure left out how much free play is off the legal moves."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from ub.report.common import ROUND_AXIS, note_coinciding, round_axis
+    from ub.report.curves import exploitability
+
+    fig, ax = plt.subplots()
+    ax.plot([0, 1], [0.0, 0.0], label="win vs perfect")
+    ax.plot([0, 1], [0.0, 0.0], label="win vs perfect, masked")
+    ax.plot([0, 1], [0.5, 0.6], label="win vs random")
+    ax.plot([0], [0.3], label="_hidden")
+    round_axis(ax)
+    note_coinciding(ax)
+    assert [t.get_text() for t in ax.texts] == [
+        "lines on top of each other: win vs perfect = win vs perfect, masked"]
+    fig, ax = plt.subplots()
+    ax.plot([3], [0.5], label="one round")
+    round_axis(ax)
+    fig.canvas.draw()
+    assert ax.get_xlabel() == ROUND_AXIS
+    shown = [t for t in ax.get_xticks() if ax.get_xlim()[0] <= t <= ax.get_xlim()[1]]
+    assert shown == [3]
+    row = {"env_id": "Nim-v0-train", "policy": "greedy", "unit": "games", "exact": True,
+           "nash_conv_low": 2.0, "nash_conv_high": 2.0, "random_nash_conv": 1.9998}
+    rows = [{**row, "update": u, "legal_moves": mode, "nash_conv": 2.0,
+             "illegal": illegal if mode == "free" else 0.0}
+            for u, illegal in ((0, 0.9), (32, 0.6)) for mode in ("mask", "free")]
+    fig = plt.figure()
+    assert exploitability({"exploitability": rows}, fig)
+    main, share = fig.axes
+    assert share.get_ylabel() == "share of free play off the legal moves"
+    assert [list(line.get_ydata()) for line in share.get_lines()] == [[0.9, 0.6]]
+    assert [t.get_text() for t in main.texts] == [
+        "lines on top of each other: greedy, free = greedy, mask"]
+    plt.close("all")
+
+
 def test_report_figures_say_what_they_leave_out():
     """Each env has its own learning-curve panel (one env's line cannot hide another's); mu
     over rounds draws a few labelled checkpoints and says how many of how many; the match

@@ -30,7 +30,35 @@ def pct(value: float | None) -> str:
 def integer_ticks() -> Any:
     from matplotlib.ticker import MaxNLocator
 
-    return MaxNLocator(integer=True)
+    return MaxNLocator(integer=True, min_n_ticks=1)  # (one point: one tick, not 0.015s)
+
+
+ROUND_AXIS = "round (0-based, as in SQL)"
+"""The label of every axis of rounds: the data count rounds from 0 (``ub train``'s lines say
+"round 1" for round 0)."""
+
+
+def round_axis(ax: Any, **more: Any) -> None:
+    """Label ``ax``'s x axis as rounds (:data:`ROUND_AXIS`), ticked at whole rounds only."""
+    ax.set(xlabel=ROUND_AXIS, **more)
+    ax.xaxis.set_major_locator(integer_ticks())
+
+
+def note_coinciding(ax: Any) -> None:
+    """Say under ``ax`` which of its labelled lines coincide (the same points): one drawn over
+    another hides it, as two arms that learned alike, or two opponents never beaten, do."""
+    same: dict[tuple, list[str]] = {}
+    for line in ax.get_lines():
+        label = line.get_label()
+        if label.startswith("_") or len(line.get_xdata()) == 0:
+            continue
+        key = (tuple(line.get_xdata()), tuple(line.get_ydata()))
+        same.setdefault(key, []).append(label)
+    groups = [labels for labels in same.values() if len(labels) > 1]
+    if groups:
+        ax.text(0.01, 0.01, "lines on top of each other: " + "; ".join(" = ".join(g)
+                                                                    for g in groups),
+                transform=ax.transAxes, fontsize=6, va="bottom", ha="left", color="dimgray")
 
 
 def colormap(name: str) -> Any:

@@ -8,7 +8,17 @@ from typing import Any
 
 from ub.actors.names import checkpoint_update
 from ub.evaluation import wilson_interval
-from ub.report.common import Tables, integer_ticks, line_style, panels, ranges, short_name
+from ub.report.common import (
+    ROUND_AXIS,
+    Tables,
+    integer_ticks,
+    line_style,
+    note_coinciding,
+    panels,
+    ranges,
+    round_axis,
+    short_name,
+)
 
 MIRROR = "itself"
 """The opponent kind of a mirror self-play game: the learner in every seat."""
@@ -53,6 +63,7 @@ def learning_curve(t: Tables, fig: Any) -> bool:
                xlabel=f"checkpoint (evaluated: {ranges(sorted(evaluated))})")
         ax.xaxis.set_major_locator(integer_ticks())
         ax.legend(fontsize=7, loc="best")
+        note_coinciding(ax)
     fig.axes[0].set_ylabel("rate of eval games")
     fig.suptitle("Learning curve: win rate in evaluation games (95% Wilson band)")
     return True
@@ -127,9 +138,9 @@ def training_by_opponent(t: Tables, fig: Any) -> bool:
                     label=f"vs {name} ({sum(pooled[u][1] for u in x)} seats)")
             ax.fill_between(x, [b[0] for b in bands], [b[1] for b in bands], alpha=0.12,
                             color=f"C{i % 10}")
-        ax.set(title=env, ylim=(0, 1),
-               xlabel="round" + (f" (blocks of {block} rounds)" if block > 1 else ""))
-        ax.xaxis.set_major_locator(integer_ticks())
+        round_axis(ax, title=env, ylim=(0, 1))
+        if block > 1:
+            ax.set_xlabel(f"{ROUND_AXIS}, in blocks of {block}")
         ax.legend(fontsize=7, loc="best")
     fig.axes[0].set_ylabel("learner's win rate (training games)")
     fig.suptitle("Training games: the learner's win rate by opponent (95% Wilson band; "
@@ -165,6 +176,24 @@ def exploitability(t: Tables, fig: Any) -> bool:
         ax.set(xlabel="checkpoint (update)", ylim=(-0.05 * worst, 1.05 * worst),
                title=f"{env} ({mine[0]['unit']})")
         ax.xaxis.set_major_locator(integer_ticks())
+        note_coinciding(ax)
+        # Free play loses to a best response through illegal moves too: how much of its
+        # play is off the legal moves, on an axis of its own.
+        free = [way for way in ways if way[1] == "free"]
+        if free:
+            share = ax.twinx()
+            for policy, mode in free:
+                line = sorted((r for r in mine if (r["policy"], r["legal_moves"]) ==
+                               (policy, mode)), key=lambda r: r["update"])
+                share.plot([r["update"] for r in line], [r["illegal"] for r in line],
+                           ls="--", lw=1, marker="x", color="tab:red", alpha=0.7,
+                           label=f"illegal share, {policy} free")
+            share.set(ylim=(-0.05, 1.05), ylabel="share of free play off the legal moves")
+            handles, labels = ax.get_legend_handles_labels()
+            more, more_labels = share.get_legend_handles_labels()
+            ax.legend(handles + more, labels + more_labels, fontsize=7, loc="best")
+        else:
+            ax.legend(fontsize=7, loc="best")
     axes[0].set_ylabel("NashConv (best responses' sum)")
     return True
 

@@ -6,7 +6,14 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from ub.report.common import Tables, integer_ticks, line_style, panels
+from ub.report.common import (
+    Tables,
+    integer_ticks,
+    line_style,
+    note_coinciding,
+    panels,
+    round_axis,
+)
 
 METRIC_LABELS = {"invalid_move_rate": "invalid moves", "format_rate": "format ok",
                  "response_tokens": "tokens"}
@@ -22,7 +29,8 @@ def _collection(t: Tables, keys: tuple[str, ...], ax: Any, ylabel: str) -> bool:
     for i, (label, points) in enumerate(sorted(series.items())):
         rounds = sorted(points)
         ax.plot(rounds, [points[r] for r in rounds], label=label, **line_style(i))
-    ax.set(xlabel="round", ylabel=ylabel)
+    round_axis(ax, ylabel=ylabel)
+    note_coinciding(ax)
     return bool(series)
 
 
@@ -54,8 +62,9 @@ def move_quality(t: Tables, fig: Any) -> bool:
         if off:  # (the mask's: what a free policy would still put on moves the game refuses)
             ax.plot(*zip(*off, strict=True), ls="--", color="black", alpha=0.6,
                     label="probability off the legal moves (learner's batch, all envs)")
-        ax.set(title=env, xlabel="round", ylim=(-0.02, 1.02))
+        round_axis(ax, title=env, ylim=(-0.02, 1.02))
         ax.legend(fontsize=7, loc="center right")
+        note_coinciding(ax)
     fig.axes[0].set_ylabel("rate of model decisions")
     fig.suptitle("Invalid-move and format rates (training games)")
     return True
@@ -123,9 +132,9 @@ def learner(t: Tables, fig: Any) -> bool:
                     ha="center", va="center", transform=ax.transAxes, fontsize=8)
         elif len(columns) > 1:
             ax.legend(fontsize=7, loc="best")
-        ax.set(xlabel="round", ylabel=label, title=label)
+        round_axis(ax, ylabel=label)
+        ax.set_title(label, pad=14)  # (above the axis's 1e-3: they overlapped)
         ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
-        ax.xaxis.set_major_locator(integer_ticks())
     fig.suptitle("Learner, per update")
     return True
 
@@ -141,7 +150,7 @@ def throughput(t: Tables, fig: Any) -> bool:
         values = [r[key] or 0.0 for r in rows]
         ax.bar(x, values, bottom=bottom, label=key.replace("_seconds", ""))
         bottom = [b + v for b, v in zip(bottom, values, strict=True)]
-    ax.set(xlabel="round", ylabel="seconds", title="Time per round")
+    round_axis(ax, ylabel="seconds", title="Time per round")
     twin = ax.twinx()
     twin.plot(x, [r["generated_tokens"] / r["rollout_seconds"] if r["rollout_seconds"] else 0
                   for r in rows], color="black", marker=".", label="generated tokens/s")

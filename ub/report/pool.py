@@ -6,7 +6,7 @@ from collections import defaultdict
 from typing import Any
 
 from ub.actors.names import checkpoint_update
-from ub.report.common import Tables, colormap, ranges, short_name, spread
+from ub.report.common import Tables, colormap, ranges, round_axis, short_name, spread
 
 MAX_LINES = 6
 """Checkpoints drawn in "mu over rounds" (evenly spread, the first and the newest kept)."""
@@ -52,7 +52,7 @@ def ratings(t: Tables, fig: Any) -> bool:
         over_time.plot([r["round"] for r in rows], [r["mu"] for r in rows], ls="--",
                        color=f"C{(i + 1) % 10}", label=short_name(name))
     left = len(checkpoints) - len(drawn)
-    over_time.set(xlabel="round", ylabel="TrueSkill mu",
+    round_axis(over_time, ylabel="TrueSkill mu",
                   title="mu over rounds" + (f" ({len(drawn)} of {len(checkpoints)} "
                                             "checkpoints, evenly spread)" if left else ""))
     over_time.title.set_fontsize(9)

@@ -8,7 +8,7 @@ from collections import defaultdict
 from statistics import mean
 from typing import Any
 
-from ub.report.common import Tables, integer_ticks, panels
+from ub.report.common import Tables, integer_ticks, note_coinciding, panels, round_axis
 from ub.report.curves import eval_label
 
 
@@ -65,6 +65,7 @@ def learning_curves(t: Tables, arms: dict[str, str], fig: Any) -> bool:
         ax.title.set_fontsize(9)
         ax.xaxis.set_major_locator(integer_ticks())
         ax.legend(fontsize=7, loc="best")
+        note_coinciding(ax)
     fig.axes[0].set_ylabel("win rate (eval games)")
     fig.suptitle("Learning curves of every run (thin) and each arm's mean (bold)")
     return True
@@ -94,9 +95,11 @@ def health(t: Tables, arms: dict[str, str], fig: Any) -> bool:
     for ax, (env, key) in zip(axes, order, strict=True):
         for arm, points in sorted(series[(env, key)].items()):
             x = sorted(points)
-            ax.plot(x, [mean(points[r]) for r in x], color=colors[arm], label=f"arm {arm}")
-        ax.set(title=f"{keys[key]}: {env}", xlabel="round", ylim=(0, None))
+            ax.plot(x, [mean(points[r]) for r in x], color=colors[arm], marker=".",
+                    label=f"arm {arm}")
+        round_axis(ax, title=f"{keys[key]}: {env}", ylim=(0, None))
         ax.title.set_fontsize(9)
         ax.legend(fontsize=7, loc="best")
+        note_coinciding(ax)
     fig.suptitle("Training games, each arm's mean over its runs")
     return True
