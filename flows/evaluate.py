@@ -18,13 +18,12 @@ from ub.evaluation import EvalRow
 from ub.flows.flow_runs import crash_dead_holders_flow_run, lock_owner
 from ub.flows.prefect_logs import ub_logs_to_prefect
 from ub.learner.checkpoint import latest_checkpoint
-from ub.run.config.base_model import resolve_base_model
 from ub.run.folder.layout import RunPaths, checkpoint_name
 from ub.run.folder.lock import RunLock
 from ub.run.folder.logs import run_logs
 from ub.run.folder.store import fetch_checkpoint, sync
 from ub.run.folder.urls import DEFAULT_RUNS_ROOT
-from ub.run.steps.rounds import Run, resolve_run_config
+from ub.run.steps.rounds import Run
 from ub.tasks import evaluate
 from ub.tasks.track import artifact_key
 
@@ -72,8 +71,7 @@ def evaluate_run(run_name: str, root: str = DEFAULT_RUNS_ROOT, checkpoint: int |
         crash_dead_holders_flow_run(lock.recovered_from)
         sync(paths)  # a run in a store: this machine's copy catches up
         # In this process even for a run trained on Ray: its workers live only while it trains.
-        config = resolve_run_config(paths, None, ray_address="local")[0]
-        run = Run(paths, config, resolve_base_model(config))
+        run = Run.open(paths, ray_address="local")
         if checkpoint is None:
             latest = latest_checkpoint(paths.root / "checkpoints")
             if latest is None:

@@ -29,7 +29,6 @@ from ub.flows.ray_runner import cluster_tasks
 from ub.flows.server_watch import ServerWatch, grace_seconds, stop_process
 from ub.flows.stopping import stopped
 from ub.run.checks.preflight import RunRequest, RunStart, preflight
-from ub.run.config.base_model import resolve_base_model
 from ub.run.folder.layout import RunPaths, remove_orphans
 from ub.run.folder.lock import RunLock
 from ub.run.folder.logs import run_logs
@@ -168,7 +167,7 @@ def _train(start: RunStart, quiet: bool, lock: RunLock, gc_clock: GcClock) -> di
     train_config = save_run_config(paths, start.config, start.config_changed)
     wandb_run_id(paths)  # made once, at the run's start, and published with ub-run.json
     publish(paths, paths.config, paths.root / "ub-run.json")
-    run = Run(paths, train_config, resolve_base_model(train_config))
+    run = Run.of(paths, train_config)
     with cluster_tasks(run):
         return _rounds(run, quiet, lock, gc_clock, start.settings)
 

@@ -13,7 +13,8 @@ with ub.analysis.open("demo") as runs:                  # a run's name under ./r
 ```
 
 ``ub sql`` is built on :func:`open` (its views, its warnings, its read-only rule); docs/sql.md
-has a worked analysis.
+has a worked analysis. What a run's config or policy needs (the config's schema and the model:
+torch) is imported where they are asked for, so that ``ub sql`` opens data without it.
 """
 
 from __future__ import annotations
@@ -117,7 +118,6 @@ class Opened:
         free (``None``: as the run trains each env, its ``legal_moves``). Loads the
         checkpoint's adapter on the run's base model (transformers + PEFT)."""
         from ub.exploitability import load_policy_model
-        from ub.run.config.base_model import resolve_base_model
         from ub.run.folder.store import fetch_checkpoint
         from ub.run.steps.play import rollout_sampling
         from ub.run.steps.rounds import Run
@@ -126,8 +126,8 @@ class Opened:
         if checkpoint not in self.checkpoints:
             raise UbError(f"run {paths.name} has no checkpoint {checkpoint}: it has "
                           f"{', '.join(map(str, self.checkpoints)) or 'none'}")
-        config = self.config
-        run = Run(paths, config, resolve_base_model(config))
+        run = Run.open(paths)
+        config = run.config
         folder = paths.checkpoint(checkpoint)
         fetch_checkpoint(paths, folder)
         model, tokenizer = load_policy_model(str(folder), run.model_folder(), device)

@@ -104,7 +104,6 @@ def plan_server(run_dir: Path, checkpoint: str | None = None, *, host: str = "12
         api_key: the key every request must bring; required unless ``host`` is loopback.
     """
     from ub.learner.checkpoint import is_checkpoint
-    from ub.run.config.base_model import resolve_base_model
     from ub.run.folder.layout import RunPaths, checkpoint_name
     from ub.run.steps.play import run_engine_config
     from ub.run.steps.rounds import Run, resolve_run_config
@@ -118,7 +117,7 @@ def plan_server(run_dir: Path, checkpoint: str | None = None, *, host: str = "12
                       f"(`{paths.resume_command}`)")
     wanted = _choose(checkpoint, updates, paths.name)
     _check_access(host, port, api_key)
-    run = Run(paths, config, resolve_base_model(config))
+    run = Run.of(paths, config)
     engine = run_engine_config(run).replace(sleep_mode=False)  # (a server: awake)
     modules = {f"{paths.name}/{checkpoint_name(u)}": paths.checkpoint(u) for u in wanted}
     _check_adapters(engine, modules)

@@ -120,7 +120,6 @@ def _checked(args: argparse.Namespace, paths: RunPaths
     each checked (the envs started with the seats the evaluation gives them)."""
     from ub.games.specs import check_env, check_legal_moves
     from ub.learner.checkpoint import read_adapter
-    from ub.run.config.base_model import resolve_base_model
     from ub.run.config.load import game_specs
     from ub.run.folder.store import catch_up
     from ub.run.steps.plan import pool_actor
@@ -147,7 +146,7 @@ def _checked(args: argparse.Namespace, paths: RunPaths
     except (UbError, ValueError) as exc:  # (ValueError: no prompt format to take)
         raise UbError(f"--envs: {exc}") from None
     read_adapter(paths.checkpoint(update))  # safetensors that load, before vLLM meets them
-    run = Run(paths, config, resolve_base_model(config))
+    run = Run.of(paths, config)
     # Unknown names list the valid ones, before the engine starts.
     rivals = [pool_actor(run, name) for name in opponents or []]
     for env_id in envs or config.eval.env_ids or [e.env_id for e in config.envs]:
@@ -201,7 +200,6 @@ def _cmd_benchmarks(args: argparse.Namespace) -> int:
     from ub.benchmarks import BenchmarksSection
     from ub.display import shown
     from ub.learner.checkpoint import read_adapter
-    from ub.run.config.base_model import resolve_base_model
     from ub.run.folder.layout import RunPaths
     from ub.run.folder.lock import RunLock, removed_if_refused
     from ub.run.folder.store import catch_up
@@ -223,7 +221,7 @@ def _cmd_benchmarks(args: argparse.Namespace) -> int:
             "include_path": args.include_path, "prompt_format": args.format or "auto"})
         for update in updates:
             read_adapter(paths.checkpoint(update))  # weights that load, before vLLM meets them
-        run = Run(paths, config, resolve_base_model(config))
+        run = Run.of(paths, config)
         prepared = prepare_benchmarks(run, section)
     with RunLock(paths.lock):
         result = score_checkpoints(run, updates, section, again=True, worker=process_worker(),
@@ -247,7 +245,6 @@ def _cmd_exploitability(args: argparse.Namespace) -> int:
     """``ub eval RUN --exploitability``: the checkpoints' best responses, stored and printed
     (no engine: the model scores every decision itself)."""
     from ub.learner.checkpoint import read_adapter
-    from ub.run.config.base_model import resolve_base_model
     from ub.run.config.load import check_exploitability
     from ub.run.folder.layout import RunPaths
     from ub.run.folder.lock import RunLock, removed_if_refused
@@ -281,7 +278,7 @@ def _cmd_exploitability(args: argparse.Namespace) -> int:
         updates = _updates(args, paths)
         for update in updates:
             read_adapter(paths.checkpoint(update))
-        run = Run(paths, config, resolve_base_model(config))
+        run = Run.of(paths, config)
     rows_hint = f"`ub sql {paths.root} \"SELECT * FROM exploitability\"`"
     with RunLock(paths.lock):
         rows = _measured_in_turn(

@@ -37,7 +37,7 @@ import yaml
 
 from ub.errors import UbError
 from ub.faults import fault_point
-from ub.run.config.base_model import check_recorded_base, record_base_model
+from ub.run.config.base_model import check_recorded_base, record_base_model, resolve_base_model
 from ub.run.config.load import TrainConfig, read_text, validate_config
 from ub.run.folder.layout import (
     RunPaths,
@@ -61,6 +61,17 @@ class Run:
     paths: RunPaths
     config: TrainConfig
     base_model: str
+
+    @classmethod
+    def of(cls, paths: RunPaths, config: TrainConfig) -> Run:
+        """The run at ``paths`` with ``config``, its base model resolved from it."""
+        return cls(paths, config, resolve_base_model(config))
+
+    @classmethod
+    def open(cls, paths: RunPaths, *, ray_address: str | None = None) -> Run:
+        """An existing run as it stored itself (its own ``config.yaml``; ``ray_address``: where
+        this process runs its work, which a run may change)."""
+        return cls.of(paths, resolve_run_config(paths, None, ray_address=ray_address)[0])
 
     @property
     def name(self) -> str:
