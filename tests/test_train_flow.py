@@ -15,6 +15,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
+import ub.progress_bar as progress_bar
+import ub.run.steps.exploitability as exploitability_step
 from ub.data.shards import committed_shards
 from ub.data.sql import query
 from ub.learner.checkpoint import is_checkpoint
@@ -333,7 +335,7 @@ def test_ub_eval_adds_an_unrated_shard_once_and_leaves_the_run_alone(reference_r
 
 
 def test_evaluations_measure_exploitability_into_the_runs_data(reference_run, capsys,
-                                                              tmp_path):
+                                                              tmp_path, monkeypatch):
     """Each evaluated checkpoint's best responses: in its manifest, its own file (read by
     plain DuckDB), the view, the metrics and the round's line; ``ub eval --exploitability``
     measures a checkpoint again (sampled too, with bounds) and replaces its file."""
@@ -363,9 +365,12 @@ def test_evaluations_measure_exploitability_into_the_runs_data(reference_run, ca
     paths = RunPaths.of(tmp_path, "ref")  # (it writes rows: a copy of the module's run)
     shutil.copytree(reference_run.root, paths.root)
     argv = ["eval", "ref", "--root", str(paths.root.parent), "--exploitability"]
+    monkeypatch.setattr(progress_bar, "_SHOW_BARS", True)  # (as a new process has them)
     assert main([*argv, "--checkpoint", "2", "--sampled", "--cut", "0.2"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert "greedy" in out and "sampled" in out and "1.920" in out
+    # The sampled walk says how far it is (issue 78: minutes of silence)
+    assert f"ckpt-000002 on {env} (sampled, free): NashConv walk: 100/100 %" in err
     rows = RunViews(paths.root).exploitability().to_pylist()
     sampled = [r for r in rows if r["update"] == 2 and r["policy"] == "sampled"]
     assert len(sampled) == 1 and not sampled[0]["exact"] and sampled[0]["cut"] == 0.2
@@ -375,6 +380,24 @@ def test_evaluations_measure_exploitability_into_the_runs_data(reference_run, ca
     assert main([*argv, "--envs", "SimpleTak-v0-train"]) == 2
     assert "--exploitability: no exploitability solver for SimpleTak-v0-train" in (
         capsys.readouterr().err)
+
+    # Stopped in the sampled walk, the checkpoint keeps its greedy row, measured just before,
+    # and its sampled row of the last measurement.
+    measure = exploitability_step.measure
+
+    def stopped_when_sampled(env_id, policy, mode, **options):
+        if not mode.greedy:
+            raise KeyboardInterrupt
+        return measure(env_id, policy, mode, **options)
+
+    before = {r["policy"]: r["measured_at"] for r in RunViews(paths.root).exploitability()
+              .to_pylist() if r["update"] == 2}
+    time.sleep(1.1)  # (measured_at counts seconds)
+    monkeypatch.setattr(exploitability_step, "measure", stopped_when_sampled)
+    assert main([*argv, "--checkpoint", "2", "--sampled", "--cut", "0.2"]) == 130
+    after = {r["policy"]: r["measured_at"] for r in RunViews(paths.root).exploitability()
+             .to_pylist() if r["update"] == 2}
+    assert after["greedy"] > before["greedy"] and after["sampled"] == before["sampled"]
 
 
 def test_masked_moves_are_legal_and_scored_as_the_sampler_scored_them(reference_run):

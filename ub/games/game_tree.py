@@ -198,29 +198,43 @@ class Exploitability:
         return all(r.exact for r in self.responses)
 
 
-def exploitability(env_id: str, policy: TreePolicy, *, cut: float = 0.0) -> Exploitability:
-    """The policy's NashConv in ``env_id``: :func:`best_response` in each seat."""
+Progress = Callable[[float], None]
+"""Told the share of a walk done so far, from 0 to 1, after each batch of the policy's
+decisions (where the time goes)."""
+
+
+def exploitability(env_id: str, policy: TreePolicy, *, cut: float = 0.0,
+                   progress: Progress | None = None) -> Exploitability:
+    """The policy's NashConv in ``env_id``: :func:`best_response` in each seat (``progress``:
+    the first seat's walk is its first half)."""
     rules = tree_rules(env_id)
-    responses = (best_response(env_id, policy, 0, cut=cut),
-                 best_response(env_id, policy, 1, cut=cut))
+
+    def half(seat: int) -> Progress | None:
+        return None if progress is None else lambda done: progress((seat + done) / 2)
+
+    responses = (best_response(env_id, policy, 0, cut=cut, progress=half(0)),
+                 best_response(env_id, policy, 1, cut=cut, progress=half(1)))
     return Exploitability(env_id, rules.unit, responses)
 
 
-def best_response(env_id: str, policy: TreePolicy, seat: int, *, cut: float = 0.0
-                  ) -> BestResponse:
+def best_response(env_id: str, policy: TreePolicy, seat: int, *, cut: float = 0.0,
+                  progress: Progress | None = None) -> BestResponse:
     """The exact best response of ``seat`` against ``policy`` in the other seat.
 
     :param cut: stop a line where the policy's (and chance's) probability of reaching it is
         below this (0: never), bounding its value by the game's best and worst outcome.
+    :param progress: told the share of the tree walked (:data:`Progress`): each line weighs
+        its chance and policy probability, the best response's moves at a decision alike.
     """
     rules = tree_rules(env_id)
     roots = [(_reset(env_id, s), p) for s, p in rules.roots(env_id)]
-    walk = _Walk(rules, policy, seat, cut, position_function(env_id))
+    walk = _Walk(rules, policy, seat, cut, position_function(env_id), progress)
     tops = [walk.node(env, p) for env, p in roots]
     walk.ask([(n, env) for n, env in zip(tops, (e for e, _ in roots), strict=True)
               if n.seat != seat])
-    for top, (env, _) in zip(tops, roots, strict=True):
-        walk.grow(top, env)
+    for top, (env, p) in zip(tops, roots, strict=True):
+        walk.grow(top, env, p)
+    walk.tell_progress()
     low = sum(p * walk.value(n, high=False) for n, (_, p) in zip(tops, roots, strict=True))
     high = sum(p * walk.value(n, high=True) for n, (_, p) in zip(tops, roots, strict=True))
     illegal = sum(p * walk.illegal(n) for n, (_, p) in zip(tops, roots, strict=True))
@@ -236,8 +250,10 @@ class _Walk:
     certain (its value cannot be beaten)."""
 
     def __init__(self, rules: TreeRules, policy: TreePolicy, seat: int, cut: float,
-                 position_key: Callable[[Any, int], str | None] | None) -> None:
+                 position_key: Callable[[Any, int], str | None] | None,
+                 progress: Progress | None = None) -> None:
         self.rules, self.policy, self.seat = rules, policy, seat
+        self.progress, self.done = progress, 0.0  # (the share of the tree walked)
         # A policy of positions in a game of perfect information: a position reached by two
         # histories is one node (the best response's value there is the same; such a tree is
         # small, and is never cut).
@@ -286,10 +302,17 @@ class _Walk:
         for (n, _), answer in zip(todo, self.policy.distributions(decisions), strict=True):
             n.answer = answer
         self.decisions += len(todo)
+        self.tell_progress()
 
-    def grow(self, node: _Node, env: Any) -> None:
-        """Grow ``node``'s subtree (``env``: its state)."""
+    def tell_progress(self) -> None:
+        if self.progress is not None:
+            self.progress(min(self.done, 1.0))
+
+    def grow(self, node: _Node, env: Any, share: float = 0.0) -> None:
+        """Grow ``node``'s subtree (``env``: its state); ``share``: its weight in the
+        progress (done once the subtree is)."""
         if id(node) in self._grown:
+            self.done += share
             return  # (a shared position, grown where it was first met)
         self._grown.add(id(node))
         if node.seat == self.seat:
@@ -297,19 +320,26 @@ class _Walk:
             made = [(move, *self._child(env, move, node.reach)) for move in moves]
             self.ask([(c, e) for _, c, e in made if e is not None and c.seat != self.seat])
             best = -self.rules.worst
-            for move, child, child_env in made:
+            each = share / len(made) if made else 0.0
+            for tried, (move, child, child_env) in enumerate(made, start=1):
                 node.children.append((move, 1.0, child))
                 if child_env is not None:
-                    self.grow(child, child_env)
+                    self.grow(child, child_env, each)
+                else:
+                    self.done += each
                 # Nothing beats the best outcome for certain: the other moves need no look.
                 if (self.rules.perfect_information
                         and self.value(child, high=False) >= best):
+                    self.done += each * (len(made) - tried)
                     break
+            if not made:
+                self.done += share
             return
         answer = node.answer
         assert answer is not None
         node.illegal = answer.illegal
-        grown: list[tuple[_Node, Any]] = []
+        grown: list[tuple[_Node, Any, float]] = []
+        walked = 0.0  # (the mass whose lines go on; the rest is done here)
         for move, p in answer.probs.items():
             if p <= 0.0:
                 continue
@@ -319,10 +349,12 @@ class _Walk:
             child, child_env = self._child(env, move, node.reach * p)
             node.children.append((move, p, child))
             if child_env is not None:
-                grown.append((child, child_env))
-        self.ask([(c, e) for c, e in grown if c.seat != self.seat])
-        for child, child_env in grown:
-            self.grow(child, child_env)
+                grown.append((child, child_env, p))
+                walked += p
+        self.done += share * max(0.0, 1.0 - walked)
+        self.ask([(c, e) for c, e, _ in grown if c.seat != self.seat])
+        for child, child_env, p in grown:
+            self.grow(child, child_env, share * p)
 
     def _child(self, env: Any, move: str, reach: float) -> tuple[_Node, Any]:
         """The node after ``move`` and its env (``None`` at a leaf)."""
