@@ -200,7 +200,8 @@ def test_an_arm_is_shown_by_the_name_its_sweep_gave_it_where_that_name_is_its_ow
     assert [sweep_arm(run, seed) for run, seed in
             (("lr2-s10", 1), ("demo", 0), ("-s0", 0), ("lr2-s", 0), ("x-s0", None))] == [None] * 5
     # Letters for the arms without a name, none of them one a named arm has.
-    assert arm_letters(["A", "k=1", "k=2", "(base)"], named=["A"]) == {
+    assert arm_letters(["A", "k=1", "k=2", "(base)"],
+                       {"A": "k=0", "k=1": "k=1", "k=2": "k=2", "(base)": "(base)"}) == {
         "(base)": "B", "A": "A", "k=1": "C", "k=2": "D"}
 
 

@@ -104,11 +104,18 @@ def arm_names(runs: list[dict[str, Any]]) -> dict[str, str]:
     return {run: named.get(label) or label for run, label in labels.items()}
 
 
-def arm_letters(arms: Iterable[str], named: Iterable[str] = ()) -> dict[str, str]:
-    """A short name for each arm: its own where it has one (``named``, :func:`arm_names`), else
-    by order A, B, ..., Z, AA, AB, ... (a letter no named arm has); a table or a figure names
-    arms so, and a legend says each one's settings once."""
-    named = set(named)
+def arm_settings(runs: list[dict[str, Any]]) -> dict[str, str]:
+    """Each arm (:func:`arm_names`) and its settings (:func:`arm_label`), for a legend."""
+    names = arm_names(runs)
+    return {names[r["run"]]: arm_label(r["settings"]) for r in runs if r["run"] in names}
+
+
+def arm_letters(arms: Iterable[str], settings: dict[str, str] | None = None) -> dict[str, str]:
+    """A short name for each arm: its own where it has one (an arm whose name in ``settings``,
+    :func:`arm_settings`, is not its settings), else by order A, B, ..., Z, AA, AB, ... (a
+    letter no named arm has); a table or a figure names arms so, and a legend says each one's
+    settings once."""
+    named = {arm for arm, label in (settings or {}).items() if arm != label}
     letters = (letter for letter in map(_letter, range(10**6)) if letter not in named)
     return {arm: arm if arm in named else next(letters) for arm in sorted(set(arms))}
 

@@ -8,9 +8,8 @@ from pathlib import Path
 
 from ub.cli.args import whole_number
 from ub.compare import (
-    arm_label,
     arm_letters,
-    arm_names,
+    arm_settings,
     comparable_runs,
     compare,
     latest_common_checkpoint,
@@ -58,8 +57,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if not figures:
         raise UbError(f"no run under {folder} evaluated checkpoint {checkpoint}")
     arms = sorted({f.arm for f in figures})
-    names = arm_names(runs)
-    settings = {names[r["run"]]: arm_label(r["settings"]) for r in runs}
+    settings = arm_settings(runs)
     reference = arms[0]
     if args.reference is not None:
         named = [arm for arm in arms if args.reference in (arm, settings[arm])]
@@ -90,8 +88,7 @@ def _print(summaries, pairs, reference: str, settings: dict[str, str], checkpoin
     paired = {(p.figure, p.arm): p for p in pairs}
     # A table names each arm by its name or a letter, and a legend above it says its settings
     # once.
-    letters = arm_letters({s.arm for s in summaries},
-                          named=[arm for arm, label in settings.items() if arm != label])
+    letters = arm_letters({s.arm for s in summaries}, settings)
     columns = ("figure", "arm", "moves", "seeds", "mean", "95% interval", "clears random",
                "less the reference", "se", "seeds up")
     rows = []

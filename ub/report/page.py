@@ -175,9 +175,9 @@ def write_sweep_report(folder: Path, out: Path) -> Path:
     """Write a folder of runs' overlaid figures and ``report.html`` (with ``ub compare``'s
     table at the latest checkpoint every run evaluated) into ``out``; return the page."""
     from ub.compare import (
-        arm_label,
         arm_letters,
         arm_names,
+        arm_settings,
         compare,
         latest_common_checkpoint,
         measured,
@@ -191,8 +191,8 @@ def write_sweep_report(folder: Path, out: Path) -> Path:
     # A run without settings (its config did not read: warned) is in no arm.
     runs = [r for r in t["runs"] if r["settings"] is not None]
     arms = arm_names(runs)
-    settings = {arms[r["run"]]: arm_label(r["settings"]) for r in runs}
-    letters = arm_letters(arms.values(), named=[a for a, label in settings.items() if a != label])
+    settings = arm_settings(runs)
+    letters = arm_letters(arms.values(), settings)
     lettered = {run: letters[arm] for run, arm in arms.items()}
     figures = draw_figures([
         ("sweep_learning_curves", "Learning curves, every run and each arm's mean",
